@@ -1,0 +1,1 @@
+//! The exported train step: StableHLO programs plus a manifest, loaded and validated

@@ -1,0 +1,1 @@
+//! Sharded checkpoints streamed to object storage, committed atomically, resharded on restore

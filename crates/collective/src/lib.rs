@@ -1,0 +1,1 @@
+//! Ring all-reduce of gradients between slices over TCP

@@ -1,0 +1,1 @@
+//! The Raft-replicated control plane: jobs, hosts, leases, generations, checkpoints

@@ -1,0 +1,1 @@
+//! Deterministic training data: a synthetic arithmetic task, JSONL and token files, tokenizers

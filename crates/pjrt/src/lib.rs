@@ -1,0 +1,1 @@
+//! Thin safe bindings to the PJRT C API: load a plugin, compile StableHLO, move buffers, execute
