@@ -1,0 +1,133 @@
+use super::*;
+use mesh::{DType, Sharding};
+use serde_json::json;
+
+fn tensor(name: &str, shape: &[u64], dtype: &str, sharding: serde_json::Value, donated: bool) -> serde_json::Value {
+    json!({"name": name, "shape": shape, "dtype": dtype, "sharding": sharding, "donated": donated})
+}
+
+/// A manifest following docs/BUNDLE.md for a model with two parameters on mesh (fsdp=2, tp=2).
+fn manifest() -> serde_json::Value {
+    let params = [("embed", vec![128u64, 64], json!([["tp"], ["fsdp"]])), ("final_norm", vec![64], json!([[]]))];
+    let each = |prefix: &str, donated: bool| -> Vec<serde_json::Value> {
+        params.iter().map(|(p, s, sh)| tensor(&format!("{prefix}{p}"), s, "float32", sh.clone(), donated)).collect()
+    };
+    let scalar = |name: &str, dtype: &str| tensor(name, &[], dtype, json!([]), false);
+    let batch = |name: &str, dtype: &str| tensor(name, &[8, 16], dtype, json!([["fsdp"], []]), false);
+    let cat = |parts: Vec<Vec<serde_json::Value>>| parts.concat();
+    let program = |name: &str, inputs: Vec<serde_json::Value>, outputs: Vec<serde_json::Value>| {
+        json!({"file": format!("programs/{name}.mlirbc"), "inputs": inputs, "outputs": outputs})
+    };
+    json!({
+        "format": "podctl-bundle/1",
+        "exporter": {"version": "0.1.0", "jax": "0.10.2"},
+        "platform": "cpu",
+        "mesh": [{"name": "fsdp", "size": 2}, {"name": "tp", "size": 2}],
+        "model": {"preset": "test", "vocab_size": 128, "hidden_size": 64, "num_layers": 1, "num_heads": 2,
+                  "num_kv_heads": 1, "head_dim": 32, "intermediate_size": 128, "rope_theta": 1e6,
+                  "rms_norm_eps": 1e-6, "tie_embeddings": true},
+        "train": {"kind": "sft", "micro_batch": 8, "seq_len": 16, "param_dtype": "float32",
+                  "compute_dtype": "float32", "remat": "none", "loss_chunk": 8, "attention": "xla"},
+        "optimizer": {"name": "adamw", "b1": 0.9, "b2": 0.95, "eps": 1e-8, "weight_decay": 0.1, "max_grad_norm": 1.0},
+        "params": each("params/", false),
+        "programs": {
+            "init": program("init", vec![scalar("seed", "uint32")],
+                cat(vec![each("params/", false), each("opt/mu/", false), each("opt/nu/", false)])),
+            "zero_grads": program("zero_grads", vec![], each("grads/", false)),
+            "grad_step": program("grad_step",
+                cat(vec![each("params/", false), each("grads/", true),
+                         vec![batch("batch/tokens", "int32"), batch("batch/targets", "int32"), batch("batch/loss_mask", "float32")]]),
+                cat(vec![each("grads/", false), vec![scalar("loss_sum", "float32"), scalar("token_count", "float32")]])),
+            "apply_step": program("apply_step",
+                cat(vec![each("params/", true), each("opt/mu/", true), each("opt/nu/", true), each("grads/", true),
+                         vec![scalar("step", "int32"), scalar("learning_rate", "float32"), scalar("grad_scale", "float32")]]),
+                cat(vec![each("params/", false), each("opt/mu/", false), each("opt/nu/", false), each("grads/", false),
+                         vec![scalar("grad_norm", "float32")]])),
+        }
+    })
+}
+
+fn write(manifest: &serde_json::Value) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("programs")).unwrap();
+    for name in TRAIN_PROGRAMS {
+        std::fs::write(dir.path().join(format!("programs/{name}.mlirbc")), name.as_bytes()).unwrap();
+    }
+    std::fs::write(dir.path().join("manifest.json"), serde_json::to_vec_pretty(manifest).unwrap()).unwrap();
+    dir
+}
+
+fn load_err(m: &serde_json::Value) -> String {
+    Bundle::load(write(m).path()).unwrap_err().to_string()
+}
+
+#[test]
+fn loads_a_valid_bundle() {
+    let dir = write(&manifest());
+    let b = Bundle::load(dir.path()).unwrap();
+    assert_eq!(b.manifest().params.len(), 2);
+    assert_eq!(b.mesh().num_devices(), 4);
+    assert_eq!(b.id().len(), 64);
+    assert_eq!(b.program_bytes("grad_step").unwrap(), b"grad_step");
+    let p = &b.program("grad_step").unwrap().inputs[0];
+    assert_eq!((p.dtype, p.num_bytes()), (DType::Float32, 128 * 64 * 4));
+    assert_eq!(p.sharding, Sharding::new(vec![vec!["tp".into()], vec!["fsdp".into()]]));
+}
+
+#[test]
+fn identity_covers_programs() {
+    let dir = write(&manifest());
+    let before = Bundle::load(dir.path()).unwrap().id().to_string();
+    assert_eq!(Bundle::load(dir.path()).unwrap().id(), before, "identity is deterministic");
+    std::fs::write(dir.path().join("programs/apply_step.mlirbc"), b"changed").unwrap();
+    assert_ne!(Bundle::load(dir.path()).unwrap().id(), before);
+}
+
+#[test]
+fn refuses_another_mesh() {
+    let b = Bundle::load(write(&manifest()).path()).unwrap();
+    let other = IciMesh::new([("fsdp", 4), ("tp", 1)]).unwrap();
+    let e = b.check_mesh(&other).unwrap_err().to_string();
+    assert!(e.contains("lowered for mesh (fsdp=2, tp=2), but the job runs on (fsdp=4, tp=1)"), "{e}");
+    b.check_mesh(&IciMesh::new([("fsdp", 2), ("tp", 2)]).unwrap()).unwrap();
+}
+
+#[test]
+fn names_the_broken_field() {
+    let mut m = manifest();
+    m["format"] = json!("podctl-bundle/9");
+    assert!(load_err(&m).contains("format: 'podctl-bundle/9' is not a format"));
+
+    let mut m = manifest();
+    m["programs"]["grad_step"]["inputs"][2]["donated"] = json!(false);
+    let e = load_err(&m);
+    assert!(e.contains("programs.grad_step.inputs[2]: expected 'grads/embed'"), "{e}");
+
+    let mut m = manifest();
+    m["programs"]["apply_step"]["inputs"].as_array_mut().unwrap().pop();
+    let e = load_err(&m);
+    assert!(e.contains("programs.apply_step.inputs[10]: expected 'grad_scale'"), "{e}");
+
+    let mut m = manifest();
+    m["params"][0]["sharding"] = json!([["dp"], []]);
+    let e = load_err(&m);
+    assert!(e.contains("params[0] (params/embed)") && e.contains("axis 'dp'"), "{e}");
+
+    let mut m = manifest();
+    m["programs"].as_object_mut().unwrap().remove("zero_grads");
+    assert!(load_err(&m).contains("programs.zero_grads: missing"));
+
+    let mut m = manifest();
+    m["programs"]["init"]["file"] = json!("../../etc/passwd");
+    assert!(load_err(&m).contains("must be a path inside the bundle directory"));
+}
+
+#[test]
+fn reports_io_and_parse_errors_with_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Bundle::load(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("manifest.json") && e.starts_with("cannot read"), "{e}");
+    std::fs::write(dir.path().join("manifest.json"), b"{\"format\": 3").unwrap();
+    let e = Bundle::load(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("is not a valid bundle manifest") && e.contains("line 1"), "{e}");
+}
