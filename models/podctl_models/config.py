@@ -1,0 +1,222 @@
+"""Model presets, train and optimizer settings, and the checks that tie them to a mesh.
+
+Every field check raises `ConfigError` naming the field, the value and the fix, because the
+exporter's CLI turns these messages straight into its exit-2 diagnostics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+# The names of the ICI mesh axes the model shards over; a bundle's mesh always has both, major
+# first, so every sharding in the manifest names axes the mesh has.
+MESH_AXES = ("fsdp", "tp")
+
+DTYPES = ("float32", "bfloat16")
+REMAT_POLICIES = ("none", "dots", "full")
+ATTENTION_IMPLS = ("xla",)
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work; the message names the field, the value and the fix."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A Qwen3-family decoder's architecture (the manifest's `model` object)."""
+
+    preset: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    tie_embeddings: bool = True
+
+    def validate(self) -> None:
+        for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                      "head_dim", "intermediate_size"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"model.{field} = {value!r}: must be a positive integer")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"model.num_heads = {self.num_heads} is not a multiple of model.num_kv_heads = "
+                f"{self.num_kv_heads}: grouped-query attention needs whole groups")
+        if self.head_dim % 2:
+            raise ConfigError(f"model.head_dim = {self.head_dim}: RoPE needs an even head_dim")
+        if not self.tie_embeddings:
+            raise ConfigError("model.tie_embeddings = false: only tied embeddings are implemented")
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # Character vocabulary (PAD=0, BOS=1, EOS=2, printable ASCII = its code): trains a synthetic
+    # arithmetic task on 2 CPU cores in minutes.
+    "tiny": ModelConfig("tiny", vocab_size=128, hidden_size=128, num_layers=2, num_heads=4,
+                        num_kv_heads=2, head_dim=32, intermediate_size=384),
+    # The same vocabulary, ~3.2M parameters: big enough for meaningful throughput numbers on CPU.
+    "small": ModelConfig("small", vocab_size=128, hidden_size=256, num_layers=4, num_heads=8,
+                         num_kv_heads=4, head_dim=32, intermediate_size=768),
+    # Published Qwen3 dimensions (config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B).
+    "qwen3-0.6b": ModelConfig("qwen3-0.6b", vocab_size=151_936, hidden_size=1024, num_layers=28,
+                              num_heads=16, num_kv_heads=8, head_dim=128, intermediate_size=3072),
+    "qwen3-1.7b": ModelConfig("qwen3-1.7b", vocab_size=151_936, hidden_size=2048, num_layers=28,
+                              num_heads=16, num_kv_heads=8, head_dim=128, intermediate_size=6144),
+}
+
+
+def preset(name: str) -> ModelConfig:
+    """The preset called `name`, or a `ConfigError` listing the known ones."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ConfigError(
+            f"preset = {name!r} is unknown; choose one of {', '.join(PRESETS)}") from None
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How one micro-batch is computed (the manifest's `train` object)."""
+
+    micro_batch: int = 8
+    seq_len: int = 128
+    param_dtype: str = "float32"
+    compute_dtype: str = "float32"
+    remat: str = "none"
+    loss_chunk: int = 64
+    attention: str = "xla"
+    kind: str = "sft"
+
+    def validate(self) -> None:
+        for field in ("micro_batch", "seq_len", "loss_chunk"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"train.{field} = {value!r}: must be a positive integer")
+        for field in ("param_dtype", "compute_dtype"):
+            value = getattr(self, field)
+            if value not in DTYPES:
+                raise ConfigError(f"train.{field} = {value!r}: choose one of {', '.join(DTYPES)}")
+        if self.remat not in REMAT_POLICIES:
+            raise ConfigError(
+                f"train.remat = {self.remat!r}: choose one of {', '.join(REMAT_POLICIES)}")
+        if self.attention not in ATTENTION_IMPLS:
+            raise ConfigError(
+                f"train.attention = {self.attention!r}: choose one of {', '.join(ATTENTION_IMPLS)}")
+        if self.kind != "sft":
+            raise ConfigError(f"train.kind = {self.kind!r}: only 'sft' is implemented")
+        if self.seq_len % self.loss_chunk:
+            raise ConfigError(
+                f"train.loss_chunk = {self.loss_chunk} does not divide train.seq_len = "
+                f"{self.seq_len}; pick a divisor of seq_len")
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "micro_batch": self.micro_batch, "seq_len": self.seq_len,
+                "param_dtype": self.param_dtype, "compute_dtype": self.compute_dtype,
+                "remat": self.remat, "loss_chunk": self.loss_chunk, "attention": self.attention}
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW's hyperparameters except the learning rate, which the host passes every step."""
+
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    max_grad_norm: float = 1.0
+
+    def validate(self) -> None:
+        for field in ("b1", "b2"):
+            value = getattr(self, field)
+            if not 0.0 <= value < 1.0:
+                raise ConfigError(f"optimizer.{field} = {value!r}: must be in [0, 1)")
+        if not self.eps > 0.0:
+            raise ConfigError(f"optimizer.eps = {self.eps!r}: must be > 0")
+        if not self.weight_decay >= 0.0:
+            raise ConfigError(f"optimizer.weight_decay = {self.weight_decay!r}: must be >= 0")
+        if not self.max_grad_norm > 0.0:
+            raise ConfigError(f"optimizer.max_grad_norm = {self.max_grad_norm!r}: must be > 0")
+
+    def to_json(self) -> dict:
+        return {"name": "adamw", **dataclasses.asdict(self)}
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """The ICI mesh of one slice: sizes of the `fsdp` and `tp` axes, in `axes` order."""
+
+    axes: tuple[tuple[str, int], ...] = (("fsdp", 1), ("tp", 1))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.axes)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(size for _, size in self.axes)
+
+    @property
+    def num_devices(self) -> int:
+        n = 1
+        for size in self.sizes:
+            n *= size
+        return n
+
+    def size(self, name: str) -> int:
+        return dict(self.axes)[name]
+
+    def to_json(self) -> list:
+        return [{"name": name, "size": size} for name, size in self.axes]
+
+
+def parse_mesh(text: str) -> MeshConfig:
+    """Parses `fsdp=2,tp=2` (either order; a missing axis has size 1 and goes last)."""
+    axes: list[tuple[str, int]] = []
+    for part in text.split(","):
+        name, sep, value = part.strip().partition("=")
+        name = name.strip()
+        if not sep:
+            raise ConfigError(f"mesh = {text!r}: write axes as name=size, e.g. fsdp=2,tp=2")
+        if name not in MESH_AXES:
+            raise ConfigError(
+                f"mesh = {text!r}: axis {name!r} is unknown; the axes are {', '.join(MESH_AXES)}")
+        if any(name == seen for seen, _ in axes):
+            raise ConfigError(f"mesh = {text!r}: axis {name!r} appears twice")
+        try:
+            size = int(value)
+        except ValueError:
+            raise ConfigError(
+                f"mesh = {text!r}: size of axis {name!r} is {value!r}, not an integer") from None
+        if size <= 0:
+            raise ConfigError(f"mesh = {text!r}: axis {name!r} has size {size}; it must be >= 1")
+        axes.append((name, size))
+    for name in MESH_AXES:
+        if all(name != seen for seen, _ in axes):
+            axes.append((name, 1))
+    return MeshConfig(tuple(axes))
+
+
+def check_mesh_fits(model: ModelConfig, train: TrainConfig, mesh: MeshConfig) -> None:
+    """Refuses a mesh that does not split every sharded dimension into equal shards."""
+    fsdp, tp = mesh.size("fsdp"), mesh.size("tp")
+    checks = [
+        ("model.num_heads", model.num_heads, "tp", tp),
+        ("model.num_kv_heads", model.num_kv_heads, "tp", tp),
+        ("model.intermediate_size", model.intermediate_size, "tp", tp),
+        ("model.vocab_size", model.vocab_size, "tp", tp),
+        ("model.hidden_size", model.hidden_size, "fsdp", fsdp),
+        ("train.micro_batch", train.micro_batch, "fsdp", fsdp),
+    ]
+    for field, value, axis, size in checks:
+        if value % size:
+            raise ConfigError(
+                f"{field} = {value} is not divisible by mesh axis {axis}={size}; choose a mesh "
+                f"whose {axis} size divides {value}")

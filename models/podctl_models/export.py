@@ -1,0 +1,243 @@
+"""Writes a bundle (docs/BUNDLE.md): the four programs lowered with `jax.export` plus a manifest.
+
+    python -m podctl_models.export --preset tiny --mesh fsdp=2,tp=2 --micro-batch 8 \
+        --seq-len 128 --out DIR
+
+Lowering needs shapes only: the mesh is a `jax.sharding.AbstractMesh`, so a TPU bundle for any
+slice is written on a CPU-only machine. Exit status 2 means the settings cannot work (the message
+names the field); nothing is written in that case.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Lowering never needs an accelerator; without this, JAX would initialize libtpu when present.
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import argparse
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jax
+from jax import export as jax_export
+from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
+
+from . import __version__, qwen3
+from .config import (ConfigError, MeshConfig, ModelConfig, OptimizerConfig, TrainConfig,
+                     check_mesh_fits, parse_mesh, preset)
+from .programs import PROGRAM_NAMES, Program, TensorSpec, build_programs
+
+FORMAT = "podctl-bundle/1"
+PLATFORMS = ("cpu", "tpu")
+
+
+@dataclass(frozen=True)
+class BundleConfig:
+    """Everything a bundle is lowered for."""
+
+    model: ModelConfig
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    platform: str = "cpu"
+
+    def validate(self) -> None:
+        self.model.validate()
+        self.train.validate()
+        self.optimizer.validate()
+        if self.platform not in PLATFORMS:
+            raise ConfigError(
+                f"platform = {self.platform!r}: choose one of {', '.join(PLATFORMS)}")
+        check_mesh_fits(self.model, self.train, self.mesh)
+
+
+@dataclass(frozen=True)
+class ExportedProgram:
+    program: Program
+    exported: jax_export.Exported
+
+
+def abstract_mesh(mesh: MeshConfig) -> AbstractMesh:
+    return AbstractMesh(mesh.sizes, mesh.names)
+
+
+def _sharding(mesh: AbstractMesh, tensor: TensorSpec) -> NamedSharding:
+    return NamedSharding(mesh, P(*tensor.spec))
+
+
+def lower(program: Program, mesh: AbstractMesh, platform: str) -> jax_export.Exported:
+    """Lowers one program for `platform` over `mesh`, donating its `donated` inputs."""
+    in_shardings = tuple(_sharding(mesh, t) for t in program.inputs)
+    out_shardings = tuple(_sharding(mesh, t) for t in program.outputs)
+    jitted = jax.jit(program.fn, in_shardings=in_shardings, out_shardings=out_shardings,
+                     donate_argnums=tuple(sorted(program.donated)))
+    args = [jax.ShapeDtypeStruct(t.shape, t.dtype, sharding=s)
+            for t, s in zip(program.inputs, in_shardings)]
+    return jax_export.export(jitted, platforms=[platform])(*args)
+
+
+def check_kept_args(name: str, exported: jax_export.Exported, inputs: tuple[TensorSpec, ...]):
+    """Refuses a module from which JAX dropped unused arguments: the manifest would lie."""
+    kept = tuple(exported.module_kept_var_idx)
+    if kept != tuple(range(len(inputs))):
+        dropped = [inputs[i].name for i in range(len(inputs)) if i not in kept]
+        raise ConfigError(
+            f"program {name}: JAX dropped unused inputs {dropped}; every input must be used "
+            f"(remove it from the program's signature or use it)")
+
+
+_MAIN_SIGNATURE = re.compile(r"func\.func public @main\((.*?)\)\s*->", re.S)
+_ARG_START = re.compile(r"%arg(\d+):")
+
+
+def aliased_inputs(exported: jax_export.Exported) -> set[int]:
+    """Indices of the module's arguments that carry `tf.aliasing_output` (donated and reused)."""
+    match = _MAIN_SIGNATURE.search(exported.mlir_module())
+    if match is None:
+        return set()
+    signature = match.group(1)
+    starts = list(_ARG_START.finditer(signature))
+    aliased = set()
+    for i, start in enumerate(starts):
+        end = starts[i + 1].start() if i + 1 < len(starts) else len(signature)
+        if "tf.aliasing_output" in signature[start.end():end]:
+            aliased.add(int(start.group(1)))
+    return aliased
+
+
+def check_donation(name: str, exported: jax_export.Exported, program: Program):
+    """Refuses a module in which a donated input does not alias an output."""
+    missing = sorted(program.donated - aliased_inputs(exported))
+    if missing:
+        names = [program.inputs[i].name for i in missing]
+        raise ConfigError(
+            f"program {name}: donated inputs {names} alias no output (no tf.aliasing_output); "
+            f"each needs an output of the same shape, dtype and sharding")
+
+
+def export_programs(cfg: BundleConfig) -> dict[str, ExportedProgram]:
+    """Validates `cfg` and lowers all four programs; raises ConfigError on anything unusable."""
+    cfg.validate()
+    mesh = abstract_mesh(cfg.mesh)
+    programs = build_programs(cfg.model, cfg.train, cfg.optimizer, mesh)
+    result = {}
+    for name in PROGRAM_NAMES:
+        program = programs[name]
+        exported = lower(program, mesh, cfg.platform)
+        check_kept_args(name, exported, program.inputs)
+        check_donation(name, exported, program)
+        result[name] = ExportedProgram(program, exported)
+    return result
+
+
+def manifest(cfg: BundleConfig, programs: dict[str, ExportedProgram]) -> dict:
+    param_specs = qwen3.param_specs(cfg.model)
+    params = [TensorSpec(f"params/{s.path}", s.shape, cfg.train.param_dtype, s.spec).manifest()
+              for s in param_specs]
+    entries = {}
+    for name, item in programs.items():
+        program = item.program
+        entries[name] = {
+            "file": f"programs/{name}.mlirbc",
+            "jax_file": f"programs/{name}.jaxexport",
+            "inputs": [t.manifest(donated=i in program.donated)
+                       for i, t in enumerate(program.inputs)],
+            "outputs": [t.manifest() for t in program.outputs],
+        }
+    return {
+        "format": FORMAT,
+        "exporter": {"version": __version__, "jax": jax.__version__},
+        "platform": cfg.platform,
+        "mesh": cfg.mesh.to_json(),
+        "model": cfg.model.to_json(),
+        "train": cfg.train.to_json(),
+        "optimizer": cfg.optimizer.to_json(),
+        "params": params,
+        "programs": entries,
+    }
+
+
+def write_bundle(cfg: BundleConfig, out: Path) -> dict:
+    """Exports and writes the bundle to `out`; the manifest is written last, atomically."""
+    programs = export_programs(cfg)
+    (out / "programs").mkdir(parents=True, exist_ok=True)
+    for name, item in programs.items():
+        (out / "programs" / f"{name}.mlirbc").write_bytes(item.exported.mlir_module_serialized)
+        (out / "programs" / f"{name}.jaxexport").write_bytes(item.exported.serialize())
+    document = manifest(cfg, programs)
+    tmp = out / "manifest.json.tmp"
+    tmp.write_text(json.dumps(document, indent=1) + "\n")
+    tmp.replace(out / "manifest.json")
+    return document
+
+
+def summary(cfg: BundleConfig, document: dict) -> str:
+    sizes = dict(cfg.mesh.axes)
+    lines = [f"{cfg.model.preset}: {qwen3.num_params(cfg.model):,} parameters, mesh "
+             + ",".join(f"{n}={s}" for n, s in cfg.mesh.axes) + f", platform {cfg.platform}"]
+    for name, entry in document["programs"].items():
+        tensors = [TensorSpec(t["name"], tuple(t["shape"]), t["dtype"],
+                              tuple(a[0] if a else None for a in t["sharding"]))
+                   for t in entry["inputs"]]
+        total = sum(t.nbytes for t in tensors)
+        per_device = sum(t.shard_bytes(sizes) for t in tensors)
+        lines.append(f"  {name:<11} {len(tensors):>3} args, {total / 2**20:,.1f} MiB global, "
+                     f"{per_device / 2**20:,.1f} MiB per device")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> tuple[BundleConfig, Path]:
+    defaults_train, defaults_opt = TrainConfig(), OptimizerConfig()
+    parser = argparse.ArgumentParser(prog="python -m podctl_models.export",
+                                     description="Export a podctl bundle (docs/BUNDLE.md).")
+    parser.add_argument("--preset", required=True, help="tiny | small | qwen3-0.6b | qwen3-1.7b")
+    parser.add_argument("--mesh", default="fsdp=1,tp=1", help="ICI mesh, e.g. fsdp=2,tp=2")
+    parser.add_argument("--micro-batch", type=int, default=defaults_train.micro_batch)
+    parser.add_argument("--seq-len", type=int, default=defaults_train.seq_len)
+    parser.add_argument("--remat", default=defaults_train.remat)
+    parser.add_argument("--loss-chunk", type=int, default=None,
+                        help=f"time steps per loss chunk (default: min({defaults_train.loss_chunk}"
+                             ", seq-len))")
+    parser.add_argument("--param-dtype", default=defaults_train.param_dtype)
+    parser.add_argument("--compute-dtype", default=defaults_train.compute_dtype)
+    parser.add_argument("--attention", default=defaults_train.attention)
+    parser.add_argument("--platform", default="cpu")
+    parser.add_argument("--b1", type=float, default=defaults_opt.b1)
+    parser.add_argument("--b2", type=float, default=defaults_opt.b2)
+    parser.add_argument("--eps", type=float, default=defaults_opt.eps)
+    parser.add_argument("--weight-decay", type=float, default=defaults_opt.weight_decay)
+    parser.add_argument("--max-grad-norm", type=float, default=defaults_opt.max_grad_norm)
+    parser.add_argument("--out", required=True, type=Path, help="bundle directory to write")
+    args = parser.parse_args(argv)
+    loss_chunk = args.loss_chunk
+    if loss_chunk is None:
+        loss_chunk = min(defaults_train.loss_chunk, args.seq_len)
+    train = TrainConfig(micro_batch=args.micro_batch, seq_len=args.seq_len,
+                        param_dtype=args.param_dtype, compute_dtype=args.compute_dtype,
+                        remat=args.remat, loss_chunk=loss_chunk, attention=args.attention)
+    opt = OptimizerConfig(b1=args.b1, b2=args.b2, eps=args.eps, weight_decay=args.weight_decay,
+                          max_grad_norm=args.max_grad_norm)
+    cfg = BundleConfig(preset(args.preset), train, opt, parse_mesh(args.mesh), args.platform)
+    return cfg, args.out
+
+
+def main(argv: list[str] | None = None) -> int:
+    start = time.perf_counter()
+    try:
+        cfg, out = parse_args(argv)
+        document = write_bundle(cfg, out)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(summary(cfg, document))
+    print(f"wrote {out} in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

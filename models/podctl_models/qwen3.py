@@ -1,0 +1,212 @@
+"""The Qwen3 decoder in plain JAX: parameters are a flat dict of arrays keyed by path.
+
+Layers are stacked on a leading `[num_layers]` axis and run with `lax.scan`, so a 28-layer model
+traces and compiles one layer body. Shardings follow the ICI mesh `(fsdp, tp)`: matrices stored
+`[in, out]` split `(fsdp, tp)` for the projections into heads/MLP and `(tp, fsdp)` for the
+projections back to the residual stream, the embedding's vocabulary over `tp`, norms replicated,
+and activations' batch over `fsdp`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from .config import ModelConfig, TrainConfig
+from . import loss as loss_lib
+
+Params = dict[str, jax.Array]
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One parameter: where it lives in the model, its global shape, and how it is split."""
+
+    path: str
+    shape: tuple[int, ...]
+    # Mesh axis per dimension (None = not split); JAX's PartitionSpec as a tuple.
+    spec: tuple[str | None, ...]
+    # Standard deviation of its normal init; None means "initialized to ones" (norm scales).
+    init_std: float | None
+    # Rank of one layer's slice (the stacked layer axis not counted): AdamW decays only matrices.
+    layer_rank: int
+
+    @property
+    def decays(self) -> bool:
+        return self.layer_rank >= 2
+
+
+def param_specs(model: ModelConfig) -> list[ParamSpec]:
+    """The parameters in canonical order (the manifest's `params` order)."""
+    L, H, I = model.num_layers, model.hidden_size, model.intermediate_size
+    q_out = model.num_heads * model.head_dim
+    kv_out = model.num_kv_heads * model.head_dim
+    # Scaled normal: unit-variance activations through each matrix, and the projections back into
+    # the residual stream shrunk by the depth so the stream's variance stays bounded.
+    residual_scale = 1.0 / math.sqrt(2 * L)
+
+    def matrix(path, fan_in, fan_out, spec, scale=1.0):
+        return ParamSpec(path, (L, fan_in, fan_out), (None, *spec), scale / math.sqrt(fan_in), 2)
+
+    def norm(path, size):
+        return ParamSpec(path, (L, size), (None, None), None, 1)
+
+    return [
+        ParamSpec("embed", (model.vocab_size, H), ("tp", "fsdp"), 1.0 / math.sqrt(H), 2),
+        norm("layers/input_norm", H),
+        matrix("layers/q_proj", H, q_out, ("fsdp", "tp")),
+        matrix("layers/k_proj", H, kv_out, ("fsdp", "tp")),
+        matrix("layers/v_proj", H, kv_out, ("fsdp", "tp")),
+        norm("layers/q_norm", model.head_dim),
+        norm("layers/k_norm", model.head_dim),
+        matrix("layers/o_proj", q_out, H, ("tp", "fsdp"), residual_scale),
+        norm("layers/post_norm", H),
+        matrix("layers/gate_proj", H, I, ("fsdp", "tp")),
+        matrix("layers/up_proj", H, I, ("fsdp", "tp")),
+        matrix("layers/down_proj", I, H, ("tp", "fsdp"), residual_scale),
+        ParamSpec("final_norm", (H,), (None,), None, 1),
+    ]
+
+
+def num_params(model: ModelConfig) -> int:
+    return sum(math.prod(s.shape) for s in param_specs(model))
+
+
+def init_params(model: ModelConfig, seed: jax.Array, dtype: Any) -> Params:
+    """Deterministic init from a uint32 seed: parameter `i` draws from `fold_in(key(seed), i)`.
+
+    Threefry is partitionable in this JAX, so the values do not depend on the mesh.
+    """
+    key = jax.random.key(seed)
+    params = {}
+    for index, spec in enumerate(param_specs(model)):
+        if spec.init_std is None:
+            params[spec.path] = jnp.ones(spec.shape, dtype)
+        else:
+            draw = jax.random.normal(jax.random.fold_in(key, index), spec.shape, jnp.float32)
+            params[spec.path] = (draw * spec.init_std).astype(dtype)
+    return params
+
+
+class Sharder:
+    """Applies activation sharding constraints on `mesh`; does nothing without a mesh."""
+
+    def __init__(self, mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh | None):
+        self.mesh = mesh
+
+    def __call__(self, x: jax.Array, *spec: str | None) -> jax.Array:
+        if self.mesh is None:
+            return x
+        return lax.with_sharding_constraint(x, NamedSharding(self.mesh, P(*spec)))
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm over the last axis, statistics in float32 (as Qwen3 does), result in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return normed.astype(x.dtype) * weight.astype(x.dtype)
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float, dtype: Any) -> tuple[jax.Array, jax.Array]:
+    """cos/sin `[seq_len, head_dim]` for rotate-half RoPE (the Hugging Face Qwen3 layout)."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x: `[batch, seq, ..., head_dim]`; cos/sin: `[seq, head_dim]`."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    extra = (1,) * (x.ndim - 3)
+    cos = cos.reshape(cos.shape[0], *extra, cos.shape[1])
+    sin = sin.reshape(sin.shape[0], *extra, sin.shape[1])
+    return x * cos + rotated * sin
+
+
+def _attention(x, layer, cos, sin, model: ModelConfig, shard: Sharder):
+    batch, seq, _ = x.shape
+    kv, group, hd = model.num_kv_heads, model.num_heads // model.num_kv_heads, model.head_dim
+    dtype = x.dtype
+    q = (x @ layer["layers/q_proj"].astype(dtype)).reshape(batch, seq, kv, group, hd)
+    k = (x @ layer["layers/k_proj"].astype(dtype)).reshape(batch, seq, kv, hd)
+    v = (x @ layer["layers/v_proj"].astype(dtype)).reshape(batch, seq, kv, hd)
+    q = shard(q, "fsdp", None, "tp", None, None)
+    k = shard(k, "fsdp", None, "tp", None)
+    v = shard(v, "fsdp", None, "tp", None)
+    q = apply_rope(rms_norm(q, layer["layers/q_norm"], model.rms_norm_eps), cos, sin)
+    k = apply_rope(rms_norm(k, layer["layers/k_norm"], model.rms_norm_eps), cos, sin)
+    q = q * jnp.asarray(hd ** -0.5, dtype)
+    # Scores and softmax in float32 whatever the compute dtype.
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    causal = lax.broadcasted_iota(jnp.int32, (seq, seq), 0) >= lax.broadcasted_iota(
+        jnp.int32, (seq, seq), 1)
+    scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    out = out.reshape(batch, seq, kv * group * hd)
+    return out @ layer["layers/o_proj"].astype(dtype)
+
+
+def _mlp(x, layer, shard: Sharder):
+    dtype = x.dtype
+    gate = shard(x @ layer["layers/gate_proj"].astype(dtype), "fsdp", None, "tp")
+    up = shard(x @ layer["layers/up_proj"].astype(dtype), "fsdp", None, "tp")
+    return (jax.nn.silu(gate) * up) @ layer["layers/down_proj"].astype(dtype)
+
+
+_REMAT_POLICIES = {
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "full": jax.checkpoint_policies.nothing_saveable,
+}
+
+
+def hidden_states(params: Params, tokens: jax.Array, model: ModelConfig, train: TrainConfig,
+                  mesh=None) -> jax.Array:
+    """The final-normed hidden states `[batch, seq, hidden]` in the compute dtype."""
+    shard = Sharder(mesh)
+    dtype = jnp.dtype(train.compute_dtype)
+    x = jnp.take(params["embed"], tokens, axis=0).astype(dtype)
+    x = shard(x, "fsdp", None, None)
+    cos, sin = rope_tables(tokens.shape[1], model.head_dim, model.rope_theta, dtype)
+
+    def layer_body(x, layer):
+        h = rms_norm(x, layer["layers/input_norm"], model.rms_norm_eps)
+        x = shard(x + _attention(h, layer, cos, sin, model, shard), "fsdp", None, None)
+        h = rms_norm(x, layer["layers/post_norm"], model.rms_norm_eps)
+        x = shard(x + _mlp(h, layer, shard), "fsdp", None, None)
+        return x, None
+
+    if train.remat != "none":
+        layer_body = jax.checkpoint(layer_body, policy=_REMAT_POLICIES[train.remat],
+                                    prevent_cse=False)
+    layers = {path: value for path, value in params.items() if path.startswith("layers/")}
+    x, _ = lax.scan(layer_body, x, layers)
+    return rms_norm(x, params["final_norm"], model.rms_norm_eps)
+
+
+def sft_loss(params: Params, tokens: jax.Array, targets: jax.Array, loss_mask: jax.Array,
+             model: ModelConfig, train: TrainConfig, mesh=None, chunked: bool = True):
+    """`(loss_sum, token_count)`: summed float32 cross-entropy over the masked targets."""
+    hidden = hidden_states(params, tokens, model, train, mesh)
+    embed = params["embed"].astype(hidden.dtype)
+    if chunked:
+        loss_sum = loss_lib.chunked_loss_sum(hidden, embed, targets, loss_mask, train.loss_chunk,
+                                             Sharder(mesh))
+    else:
+        loss_sum = loss_lib.loss_sum(hidden, embed, targets, loss_mask, Sharder(mesh))
+    return loss_sum, jnp.sum(loss_mask)
+
+
+def logits(params: Params, tokens: jax.Array, model: ModelConfig, train: TrainConfig) -> jax.Array:
+    """Full float32 logits `[batch, seq, vocab]`; for tests and sampling, never for training."""
+    hidden = hidden_states(params, tokens, model, train)
+    return jnp.einsum("bth,vh->btv", hidden, params["embed"].astype(hidden.dtype),
+                      preferred_element_type=jnp.float32)
