@@ -1,0 +1,79 @@
+"""The reference CLI, run as the Rust tests run it: a separate process, arrays in files."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from podctl_models.config import OptimizerConfig, TrainConfig, preset
+from podctl_models.programs import build_programs
+
+from conftest import arithmetic_batch, assert_close_to_scale
+
+PROGRAMS = build_programs(preset("tiny"), TrainConfig(), OptimizerConfig())
+
+
+def reference(*args):
+    return subprocess.run([sys.executable, "-m", "podctl_models.reference", *map(str, args)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def write_inputs(folder, arrays):
+    folder.mkdir()
+    for i, array in enumerate(arrays):
+        np.asarray(array).astype(np.asarray(array).dtype.newbyteorder("<")).tofile(folder / f"{i}.bin")
+
+
+def read_outputs(folder, program):
+    return [np.fromfile(folder / f"{i}.bin", dtype=t.dtype).reshape(t.shape)
+            for i, t in enumerate(program.outputs)]
+
+
+def test_run_on_a_2x2_mesh_matches_single_device_jax(bundle_2x2, tmp_path):
+    # init on 4 devices, from a file, is bitwise the single-device init.
+    write_inputs(tmp_path / "init_in", [np.uint32(11)])
+    done = reference("run", "--bundle", bundle_2x2, "--program", "init",
+                     "--inputs", tmp_path / "init_in", "--outputs", tmp_path / "init_out")
+    assert done.returncode == 0, done.stderr
+    state = read_outputs(tmp_path / "init_out", PROGRAMS["init"])
+    want_state = jax.jit(PROGRAMS["init"].fn)(jnp.uint32(11))
+    for got, want in zip(state, want_state):
+        np.testing.assert_array_equal(got, np.asarray(want))
+
+    # grad_step on 4 devices equals the unsharded computation up to float32 rounding.
+    n = len(state) // 3
+    params = state[:n]
+    grads = [np.full(p.shape, 0.5, np.float32) for p in params]
+    batch = arithmetic_batch(8, 128, seed=3)
+    write_inputs(tmp_path / "grad_in", [*params, *grads, *batch])
+    done = reference("run", "--bundle", bundle_2x2, "--program", "grad_step",
+                     "--inputs", tmp_path / "grad_in", "--outputs", tmp_path / "grad_out")
+    assert done.returncode == 0, done.stderr
+    got = read_outputs(tmp_path / "grad_out", PROGRAMS["grad_step"])
+    want = jax.jit(PROGRAMS["grad_step"].fn)(*params, *grads, *batch)
+    for g, w in zip(got[:n], want[:n]):
+        assert_close_to_scale(g - 0.5, np.asarray(w) - 0.5, 1e-5)
+    np.testing.assert_allclose(got[n], want[n], rtol=1e-5)
+    assert got[n + 1] == batch[2].sum()
+
+
+def test_run_refuses_an_input_of_the_wrong_size(bundle_single, tmp_path):
+    write_inputs(tmp_path / "in", [np.uint64(11)])
+    done = reference("run", "--bundle", bundle_single, "--program", "init",
+                     "--inputs", tmp_path / "in", "--outputs", tmp_path / "out")
+    assert done.returncode == 2
+    assert "input seed" in done.stderr and "has 8 bytes" in done.stderr and "needs 4" in done.stderr
+    done = reference("run", "--bundle", bundle_single, "--program", "train",
+                     "--inputs", tmp_path / "in", "--outputs", tmp_path / "out")
+    assert done.returncode == 2 and "program = 'train'" in done.stderr
+
+
+def test_bench_prints_steady_state_step_time(bundle_single):
+    done = reference("bench", "--bundle", bundle_single, "--steps", "2", "--accum", "2")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(result) == {"step_ms", "steps"}
+    assert result["steps"] == 2 and result["step_ms"] > 0
