@@ -1,0 +1,194 @@
+//! A JSONL file of `{"prompt": ..., "answer": ...}` objects, one per line; example `i` is line
+//! `i + 1`.
+//!
+//! The file is memory-mapped and every line is checked once when it is opened, so a bad line
+//! stops a job before its first step rather than at step 40,000; what is kept is only the
+//! offset of each line, so random access is O(1) and the index costs 8 bytes per example.
+//! Other fields on a line (ids, metadata) are ignored.
+
+use crate::mapped::map_readonly;
+use crate::source::{Example, ExampleSource};
+use crate::{DataError, Result};
+use memmap2::Mmap;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// A JSONL example file. See the module docs.
+pub struct JsonlSource {
+    path: PathBuf,
+    map: Mmap,
+    /// Byte offset where each line starts, plus one past the end of the last line's newline, so
+    /// line `i` is `line_starts[i]..line_starts[i + 1]`.
+    line_starts: Vec<u64>,
+}
+
+impl std::fmt::Debug for JsonlSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JsonlSource").field("path", &self.path).field("examples", &self.len()).finish()
+    }
+}
+
+impl JsonlSource {
+    /// Opens `path`, indexes its lines and checks every one of them.
+    pub fn open(path: &Path) -> Result<Self> {
+        let map = map_readonly(path)?.ok_or_else(|| DataError::EmptyFile {
+            path: path.to_path_buf(),
+            what: "expected one {\"prompt\": ..., \"answer\": ...} object per line".into(),
+        })?;
+        let mut line_starts = vec![0];
+        line_starts.extend(
+            map.iter().enumerate().filter(|&(_, &byte)| byte == b'\n').map(|(offset, _)| offset as u64 + 1),
+        );
+        // A final line without a newline still counts; a final newline does not start a line.
+        if *line_starts.last().unwrap_or(&0) != map.len() as u64 {
+            line_starts.push(map.len() as u64);
+        }
+        let source = Self { path: path.to_path_buf(), map, line_starts };
+        for index in 0..source.len() {
+            source.example(index)?;
+        }
+        Ok(source)
+    }
+
+    /// Number of examples (lines).
+    pub fn len(&self) -> u64 {
+        self.line_starts.len() as u64 - 1
+    }
+
+    /// Whether the file has no examples (never true for an opened file).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn line_error(&self, index: u64, message: String) -> DataError {
+        DataError::JsonlLine { path: self.path.clone(), line: index + 1, message }
+    }
+}
+
+impl ExampleSource for JsonlSource {
+    fn num_examples(&self) -> Option<u64> {
+        Some(self.len())
+    }
+
+    fn example(&self, index: u64) -> Result<Example> {
+        if index >= self.len() {
+            return Err(DataError::ExampleOutOfRange {
+                source_name: self.path.display().to_string(),
+                index,
+                len: self.len(),
+            });
+        }
+        let (start, end) =
+            (self.line_starts[index as usize] as usize, self.line_starts[index as usize + 1] as usize);
+        let line = self.map[start..end].strip_suffix(b"\n").unwrap_or(&self.map[start..end]);
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return Err(
+                self.line_error(index, "blank line; remove it (every line must be one example)".into())
+            );
+        }
+        let value: Value = serde_json::from_slice(line).map_err(|error| {
+            self.line_error(index, format!("not valid JSON ({error}); write one object per line"))
+        })?;
+        let Value::Object(mut object) = value else {
+            return Err(self.line_error(index, format!("expected an object, found {}", kind_of(&value))));
+        };
+        let mut field = |name: &str| match object.remove(name) {
+            Some(Value::String(text)) => Ok(text),
+            Some(other) => {
+                Err(self
+                    .line_error(index, format!("field `{name}` must be a string, found {}", kind_of(&other))))
+            }
+            None => Err(self.line_error(
+                index,
+                format!("missing field `{name}`; every line needs `prompt` and `answer`"),
+            )),
+        };
+        Ok(Example { prompt: field("prompt")?, answer: field("answer")? })
+    }
+}
+
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn file_with(contents: &str) -> tempfile::NamedTempFile {
+        let mut file = tempfile::NamedTempFile::new().expect("temp file");
+        file.write_all(contents.as_bytes()).expect("write");
+        file
+    }
+
+    #[test]
+    fn reads_examples_by_line_in_any_order() {
+        let file = file_with(
+            "{\"prompt\": \"1+1?\\n\", \"answer\": \"#### 2\", \"id\": 7}\n\
+             {\"answer\": \"#### 4\", \"prompt\": \"2+2?\\n\"}\r\n\
+             {\"prompt\": \"caf\u{e9}\", \"answer\": \"\"}",
+        );
+        let source = JsonlSource::open(file.path()).expect("valid");
+        assert_eq!(source.num_examples(), Some(3));
+        let third = source.example(2).expect("third");
+        assert_eq!(third, Example { prompt: "caf\u{e9}".into(), answer: String::new() });
+        assert_eq!(source.example(1).expect("second").answer, "#### 4");
+        assert_eq!(source.example(0).expect("first").prompt, "1+1?\n");
+        let error = source.example(3).expect_err("past the end");
+        assert!(matches!(error, DataError::ExampleOutOfRange { index: 3, len: 3, .. }), "{error:?}");
+    }
+
+    #[test]
+    fn a_final_newline_does_not_add_an_example() {
+        let file = file_with("{\"prompt\": \"a\", \"answer\": \"b\"}\n");
+        assert_eq!(JsonlSource::open(file.path()).expect("valid").len(), 1);
+    }
+
+    fn open_error(contents: &str) -> String {
+        let file = file_with(contents);
+        let error = JsonlSource::open(file.path()).expect_err("invalid");
+        let message = error.to_string();
+        assert!(message.starts_with(&format!("{}:", file.path().display())), "names the file: {message}");
+        message
+    }
+
+    #[test]
+    fn bad_lines_are_errors_naming_file_line_and_field() {
+        let good = "{\"prompt\": \"p\", \"answer\": \"a\"}\n";
+        let message = open_error(&format!("{good}{good}{{\"prompt\": \"p\"}}\n"));
+        assert!(message.contains(":3: missing field `answer`"), "{message}");
+        let message = open_error(&format!("{good}{{\"prompt\": 5, \"answer\": \"a\"}}\n"));
+        assert!(message.contains(":2: field `prompt` must be a string, found a number"), "{message}");
+        let message = open_error(&format!("{good}{{\"prompt\": \"p\", \"answer\": null}}\n"));
+        assert!(message.contains(":2: field `answer` must be a string, found null"), "{message}");
+        let message = open_error(&format!("{good}{good}{good}{{\"prompt\": \"p\", \n"));
+        assert!(message.contains(":4: not valid JSON"), "{message}");
+        let message = open_error(&format!("{good}[1, 2]\n"));
+        assert!(message.contains(":2: expected an object, found an array"), "{message}");
+        let message = open_error(&format!("{good}\n{good}"));
+        assert!(message.contains(":2: blank line"), "{message}");
+    }
+
+    #[test]
+    fn empty_and_missing_files_are_errors() {
+        let file = file_with("");
+        let error = JsonlSource::open(file.path()).expect_err("empty");
+        assert!(matches!(error, DataError::EmptyFile { .. }), "{error:?}");
+        let error = JsonlSource::open(Path::new("/nonexistent/train.jsonl")).expect_err("missing");
+        assert!(error.to_string().contains("/nonexistent/train.jsonl"), "{error}");
+    }
+}

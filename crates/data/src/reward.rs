@@ -1,0 +1,273 @@
+//! Verifiable rewards for GSM8K-style answers: the final answer is the number after the last
+//! `####`, e.g. `47 + 85 = 132\n#### 132`.
+//!
+//! [`Reward::score`] breaks a completion's reward into terms (correct, has the marker, the answer
+//! is a well-formed number, nothing follows it, length) so GRPO can give partial credit for
+//! format while the model is still learning it, with weights from [`RewardWeights`].
+
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+
+/// The marker before the final answer.
+const MARKER: &str = "####";
+
+/// The final answer of `text`: what follows the last `####` on its line, trimmed, with thousands
+/// separators (commas) removed. `None` if there is no marker or nothing after it.
+///
+/// Borrows from `text` unless commas had to be removed.
+pub fn extract_final_answer(text: &str) -> Option<Cow<'_, str>> {
+    let (_, after) = text.rsplit_once(MARKER)?;
+    let answer = after.lines().next().unwrap_or("").trim();
+    if answer.is_empty() {
+        return None;
+    }
+    if answer.contains(',') { Some(Cow::Owned(answer.replace(',', ""))) } else { Some(Cow::Borrowed(answer)) }
+}
+
+/// Whether `answer` is a plain decimal number: an optional `-`, digits, and optionally `.` and
+/// more digits (`132`, `-7`, `2.50`; not `1e3`, `.5`, `132 marbles`).
+pub fn is_well_formed_number(answer: &str) -> bool {
+    let unsigned = answer.strip_prefix('-').unwrap_or(answer);
+    let (whole, fraction) = unsigned.split_once('.').unwrap_or((unsigned, "0"));
+    let all_digits = |part: &str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
+    all_digits(whole) && all_digits(fraction)
+}
+
+/// The canonical text of a well-formed number, so `0132`, `132.0` and `132` compare equal
+/// without going through floating point.
+fn canonical_number(answer: &str) -> String {
+    let (negative, unsigned) = match answer.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, answer),
+    };
+    let (whole, fraction) = unsigned.split_once('.').unwrap_or((unsigned, ""));
+    let whole = whole.trim_start_matches('0');
+    let fraction = fraction.trim_end_matches('0');
+    let mut canonical = String::new();
+    let is_zero = whole.is_empty() && fraction.is_empty();
+    if negative && !is_zero {
+        canonical.push('-');
+    }
+    canonical.push_str(if whole.is_empty() { "0" } else { whole });
+    if !fraction.is_empty() {
+        canonical.push('.');
+        canonical.push_str(fraction);
+    }
+    canonical
+}
+
+/// The reference's final answer: after its `####` if it has one, else the whole (trimmed) text.
+fn reference_answer(reference: &str) -> Cow<'_, str> {
+    extract_final_answer(reference).unwrap_or_else(|| Cow::Owned(reference.trim().replace(',', "")))
+}
+
+fn answers_match(found: &str, expected: &str) -> bool {
+    if is_well_formed_number(found) && is_well_formed_number(expected) {
+        canonical_number(found) == canonical_number(expected)
+    } else {
+        found == expected
+    }
+}
+
+/// Whether `completion`'s final answer equals `reference`'s (a full `... #### 132` answer or the
+/// bare `132`). Numbers compare by value (`1,320` = `1320` = `1320.0`), anything else as text.
+pub fn exact_match(completion: &str, reference: &str) -> bool {
+    match extract_final_answer(completion) {
+        Some(found) => answers_match(&found, &reference_answer(reference)),
+        None => false,
+    }
+}
+
+/// Weights of the reward terms. The total is the weighted sum of the terms that hold, minus
+/// `length_penalty` per character beyond `soft_max_chars`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RewardWeights {
+    /// The final answer is right.
+    pub exact_match: f32,
+    /// The completion has a `####` marker.
+    pub has_marker: f32,
+    /// What follows the last marker is a well-formed number.
+    pub well_formed: f32,
+    /// Nothing but whitespace follows the final answer's line (the model stopped).
+    pub stops_cleanly: f32,
+    /// Subtracted per character beyond `soft_max_chars`.
+    pub length_penalty: f32,
+    /// Completions up to this many characters carry no length penalty.
+    pub soft_max_chars: u32,
+}
+
+impl Default for RewardWeights {
+    /// Correctness dominates; the format terms are small nudges; no length penalty.
+    fn default() -> Self {
+        Self {
+            exact_match: 1.0,
+            has_marker: 0.1,
+            well_formed: 0.1,
+            stops_cleanly: 0.1,
+            length_penalty: 0.0,
+            soft_max_chars: 512,
+        }
+    }
+}
+
+impl RewardWeights {
+    /// Checks that every weight is a finite number; the error names the field.
+    pub fn validate(&self) -> crate::Result<()> {
+        let weights = [
+            ("reward.exact_match", self.exact_match),
+            ("reward.has_marker", self.has_marker),
+            ("reward.well_formed", self.well_formed),
+            ("reward.stops_cleanly", self.stops_cleanly),
+            ("reward.length_penalty", self.length_penalty),
+        ];
+        match weights.into_iter().find(|(_, weight)| !weight.is_finite()) {
+            Some((field, weight)) => Err(crate::DataError::InvalidConfig {
+                field,
+                message: format!("{weight} is not a finite number; use a plain number such as 0.1"),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// One completion's reward, term by term.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reward {
+    /// The final answer equals the reference's.
+    pub exact_match: bool,
+    /// The completion contains `####`.
+    pub has_marker: bool,
+    /// The final answer is a well-formed number.
+    pub well_formed: bool,
+    /// Only whitespace follows the final answer's line.
+    pub stops_cleanly: bool,
+    /// Length of the completion in characters.
+    pub length_chars: usize,
+    /// The weighted total.
+    pub total: f32,
+}
+
+impl Reward {
+    /// Scores `completion` against `reference` (an answer with `####`, or a bare number).
+    pub fn score(completion: &str, reference: &str, weights: &RewardWeights) -> Reward {
+        let after_marker = completion.rsplit_once(MARKER).map(|(_, after)| after);
+        let final_answer = extract_final_answer(completion);
+        let well_formed = final_answer.as_deref().is_some_and(is_well_formed_number);
+        let exact_match =
+            final_answer.as_deref().is_some_and(|found| answers_match(found, &reference_answer(reference)));
+        let stops_cleanly = after_marker
+            .is_some_and(|after| after.split_once('\n').is_none_or(|(_, rest)| rest.trim().is_empty()));
+        let length_chars = completion.chars().count();
+        let term = |holds: bool, weight: f32| if holds { weight } else { 0.0 };
+        let excess = length_chars.saturating_sub(weights.soft_max_chars as usize) as f32;
+        // A fixed order of additions, so the total is bitwise reproducible.
+        let total = term(exact_match, weights.exact_match)
+            + term(after_marker.is_some(), weights.has_marker)
+            + term(well_formed, weights.well_formed)
+            + term(stops_cleanly, weights.stops_cleanly)
+            - weights.length_penalty * excess;
+        Reward {
+            exact_match,
+            has_marker: after_marker.is_some(),
+            well_formed,
+            stops_cleanly,
+            length_chars,
+            total,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extracts_the_number_after_the_last_marker() {
+        assert_eq!(extract_final_answer("47 + 85 = 132\n#### 132").as_deref(), Some("132"));
+        assert_eq!(extract_final_answer("#### 1\nmore\n####   1,320  \ntail").as_deref(), Some("1320"));
+        assert_eq!(extract_final_answer("####-7").as_deref(), Some("-7"));
+        assert_eq!(extract_final_answer("#### 132 marbles").as_deref(), Some("132 marbles"));
+        assert_eq!(extract_final_answer("no marker 132"), None);
+        assert_eq!(extract_final_answer("#### \n 132"), None);
+        assert_eq!(extract_final_answer("132 ####"), None);
+        assert!(matches!(extract_final_answer("#### 132"), Some(Cow::Borrowed(_))));
+    }
+
+    #[test]
+    fn well_formed_numbers() {
+        for good in ["0", "132", "-7", "2.50", "007"] {
+            assert!(is_well_formed_number(good), "{good}");
+        }
+        for bad in ["", "-", "1.", ".5", "1e3", "+5", "132 marbles", "1.2.3", "--1", "x"] {
+            assert!(!is_well_formed_number(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn exact_match_compares_numbers_by_value() {
+        let reference = "40 * 33 = 1320\n#### 1320";
+        assert!(exact_match("so 40 * 33 = 1320\n#### 1320", reference));
+        assert!(exact_match("#### 1,320", reference));
+        assert!(exact_match("#### 1320.00", reference));
+        assert!(exact_match("#### 01320", "1320"));
+        assert!(exact_match("#### -0", "0"));
+        assert!(!exact_match("#### 132", reference));
+        assert!(!exact_match("1320", reference), "no marker, no match");
+        assert!(!exact_match("#### 1320\n#### 13", reference), "the last marker counts");
+        assert!(exact_match("#### seven", "#### seven"), "non-numbers compare as text");
+    }
+
+    #[test]
+    fn score_breaks_the_reward_into_terms() {
+        let weights = RewardWeights::default();
+        let reference = "47 + 85 = 132\n#### 132";
+        let perfect = Reward::score("47 + 85 = 132\n#### 132", reference, &weights);
+        assert!(perfect.exact_match && perfect.has_marker && perfect.well_formed && perfect.stops_cleanly);
+        assert_eq!(perfect.total, 1.0 + 0.1 + 0.1 + 0.1);
+
+        let wrong = Reward::score("47 + 85 = 122\n#### 122\n", reference, &weights);
+        assert!(!wrong.exact_match && wrong.well_formed && wrong.stops_cleanly);
+        assert_eq!(wrong.total, 0.1 + 0.1 + 0.1);
+
+        let rambling = Reward::score("#### 132\nand then some more text", reference, &weights);
+        assert!(rambling.exact_match && !rambling.stops_cleanly);
+
+        let wordy = Reward::score("#### 132 marbles", reference, &weights);
+        assert!(!wordy.exact_match && !wordy.well_formed && wordy.stops_cleanly && wordy.has_marker);
+
+        let nothing = Reward::score("I don't know", reference, &weights);
+        assert_eq!(
+            nothing,
+            Reward {
+                exact_match: false,
+                has_marker: false,
+                well_formed: false,
+                stops_cleanly: false,
+                length_chars: 12,
+                total: 0.0
+            }
+        );
+    }
+
+    #[test]
+    fn length_penalty_applies_beyond_the_soft_maximum() {
+        let weights = RewardWeights { length_penalty: 0.01, soft_max_chars: 10, ..RewardWeights::default() };
+        let short = Reward::score("#### 5", "5", &weights);
+        assert_eq!(short.total, 1.0 + 0.1 + 0.1 + 0.1);
+        let long = Reward::score(&format!("{}#### 5", " ".repeat(14)), "5", &weights);
+        assert_eq!(long.length_chars, 20);
+        assert_eq!(long.total, 1.0 + 0.1 + 0.1 + 0.1 - 0.01 * 10.0);
+    }
+
+    #[test]
+    fn weights_parse_with_defaults_and_refuse_non_finite_values() {
+        let weights: RewardWeights = serde_json::from_str(r#"{"has_marker": 0.0}"#).expect("parses");
+        assert_eq!(weights, RewardWeights { has_marker: 0.0, ..RewardWeights::default() });
+        assert!(serde_json::from_str::<RewardWeights>(r#"{"exact": 1.0}"#).is_err());
+        let error = RewardWeights { length_penalty: f32::NAN, ..RewardWeights::default() }
+            .validate()
+            .expect_err("nan");
+        assert!(error.to_string().starts_with("reward.length_penalty:"), "{error}");
+    }
+}
