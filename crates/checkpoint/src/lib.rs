@@ -1,1 +1,48 @@
-//! Sharded checkpoints streamed to object storage, committed atomically, resharded on restore
+//! Sharded checkpoints streamed to object storage, committed atomically, resharded on restore.
+//!
+//! # Layout
+//! - [`topology`]: the `dcn x ici` mesh, its hosts, and the arrays on it ([`ArraySpec`]).
+//! - [`plan`]: the pure assignment of every distinct shard to one writer host, balancing bytes;
+//!   replicated shards are written once.
+//! - [`save`]: one host's stream object, uploaded in bounded parts straight from the caller's
+//!   buffers, in the calling task ([`save_host`]) or in the background ([`AsyncSaver`]).
+//! - [`commit`]: [`finalize`] writes `manifest.json` after every host report is in, records the
+//!   commit through a [`CommitLog`], then writes the `COMMITTED` marker.
+//! - [`restore`]: [`Checkpoint`] reads any region of any array with ranged GETs, verifying the
+//!   CRC of every chunk it touches; [`newest_verified`] falls back past corrupt checkpoints.
+//! - [`gc`]: retention, orphan collection, and the `list` / `remove` operations of the CLI.
+//! - [`manifest`]: the format and the checks that make an untrusted manifest safe.
+//! - [`store`]: `file://`, `s3://`, `gs://` URLs to an object store.
+//!
+//! The on-storage format is documented in `docs/CHECKPOINTS.md`.
+//!
+//! **Architecture Invariant:** this crate knows nothing of the coordinator, PJRT or gRPC. It
+//! takes host byte buffers and their place in a global array and streams them to an
+//! [`object_store::ObjectStore`]; the coordinator plugs in by implementing [`CommitLog`].
+//!
+//! **Architecture Invariant:** a checkpoint is visible only once committed, and it is committed
+//! only after all of its bytes and its manifest are durable. Nothing reads a manifest's numbers
+//! before [`Manifest::check`] has bounded them.
+#![deny(missing_docs)]
+
+pub mod commit;
+mod error;
+pub mod gc;
+pub mod layout;
+pub mod manifest;
+pub mod plan;
+pub mod restore;
+pub mod save;
+pub mod store;
+pub mod topology;
+
+pub use commit::{CommitLog, CommitRecord, StoreCommitLog, committed_newest_first, finalize};
+pub use error::{CheckpointError, Result};
+pub use gc::{GcReport, Listing, Retention, gc, list, remove};
+pub use manifest::{DataPosition, Limits, Manifest};
+pub use restore::{Checkpoint, ReadOptions, RestoredShard, VerifyReport, newest_verified};
+pub use save::{
+    AsyncSaver, HostReport, SaveHandle, SaveOptions, SaveSpec, SaverStatus, ShardBuffer, save_host,
+};
+pub use store::{Storage, StoreOptions};
+pub use topology::{ArraySpec, Topology};

@@ -1,0 +1,284 @@
+//! Retention and garbage collection, plus the listing and removal the CLI offers.
+//!
+//! [`plan_gc`] is a pure function of what is committed, what is stored, which saves are still
+//! running and the time, so the rules are tested without a store: keep the last K commits and
+//! every Nth step, always the newest commit; expire other commits; collect directories that
+//! were never committed (a failed or killed save) unless their save is active or was touched
+//! less than `min_orphan_age` ago.
+
+use crate::commit::{CommitLog, CommitRecord};
+use crate::error::Result;
+use crate::layout::{COMMITTED, parse_dir_name};
+use crate::store::Storage;
+use object_store::path::Path;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Which committed checkpoints to keep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Keep this many of the newest commits (the newest is kept even when this is 0).
+    pub keep_last: usize,
+    /// Also keep every commit whose step is a multiple of this (0 turns it off).
+    pub keep_every: u64,
+    /// Leave uncommitted directories alone until their newest object is this old: a guard for
+    /// saves run by someone who did not pass their id as active.
+    pub min_orphan_age: Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self { keep_last: 3, keep_every: 0, min_orphan_age: Duration::from_secs(3600) }
+    }
+}
+
+/// One checkpoint directory found in storage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredSave {
+    /// The directory name.
+    pub dir: String,
+    /// Its step.
+    pub step: u64,
+    /// Its save id.
+    pub save_id: String,
+    /// Keys of the objects in it.
+    pub objects: Vec<Path>,
+    /// Total bytes of those objects.
+    pub bytes: u64,
+    /// When the newest of them was written, seconds since the Unix epoch.
+    pub newest_write_unix: i64,
+}
+
+/// What a garbage collection will do.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GcPlan {
+    /// Commits kept.
+    pub keep: Vec<CommitRecord>,
+    /// Commits forgotten and deleted.
+    pub expire: Vec<CommitRecord>,
+    /// Uncommitted directories deleted.
+    pub orphans: Vec<String>,
+}
+
+/// Decides what to keep and what to delete. `active` are the ids of saves still running.
+pub fn plan_gc(
+    committed: &[CommitRecord],
+    stored: &[StoredSave],
+    retention: &Retention,
+    active: &BTreeSet<String>,
+    now_unix: i64,
+) -> GcPlan {
+    let mut commits = committed.to_vec();
+    commits.sort_by(|a, b| (b.step, &b.save_id).cmp(&(a.step, &a.save_id)));
+    commits.dedup();
+    let newest_step = commits.first().map(|c| c.step);
+    let mut plan = GcPlan::default();
+    for (rank, c) in commits.into_iter().enumerate() {
+        let keep = rank < retention.keep_last
+            || Some(c.step) == newest_step
+            || (retention.keep_every > 0 && c.step % retention.keep_every == 0)
+            || active.contains(&c.save_id);
+        if keep { plan.keep.push(c) } else { plan.expire.push(c) }
+    }
+    let committed_dirs: BTreeSet<String> = committed.iter().map(CommitRecord::dir).collect();
+    let min_age = i64::try_from(retention.min_orphan_age.as_secs()).unwrap_or(i64::MAX);
+    for s in stored {
+        let young = now_unix.saturating_sub(s.newest_write_unix) < min_age;
+        if !committed_dirs.contains(&s.dir) && !active.contains(&s.save_id) && !young {
+            plan.orphans.push(s.dir.clone());
+        }
+    }
+    plan
+}
+
+/// Every checkpoint directory under the root, by step then save id.
+pub async fn scan(storage: &Storage) -> Result<Vec<StoredSave>> {
+    let mut dirs: BTreeMap<(u64, String), StoredSave> = BTreeMap::new();
+    for meta in storage.list_all().await? {
+        let Some((dir, _)) = storage.split_key(&meta.location) else { continue };
+        let Some((step, save_id)) = parse_dir_name(&dir) else { continue };
+        let entry = dirs.entry((step, save_id.clone())).or_insert_with(|| StoredSave {
+            dir,
+            step,
+            save_id,
+            objects: Vec::new(),
+            bytes: 0,
+            newest_write_unix: i64::MIN,
+        });
+        entry.objects.push(meta.location);
+        entry.bytes += meta.size;
+        entry.newest_write_unix = entry.newest_write_unix.max(meta.last_modified.timestamp());
+    }
+    Ok(dirs.into_values().collect())
+}
+
+/// What a garbage collection did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GcReport {
+    /// The plan that was carried out.
+    pub plan: GcPlan,
+    /// Objects deleted.
+    pub objects_deleted: usize,
+    /// Bytes freed.
+    pub bytes_freed: u64,
+}
+
+/// Applies `retention` and removes orphans. `active` are the save ids still running, which are
+/// never touched. A commit is forgotten before any of its objects is deleted, and its marker
+/// goes before its data, so an interrupted collection never leaves a committed checkpoint with
+/// missing pieces, only an orphan for the next run.
+pub async fn gc(
+    storage: &Storage,
+    log: &impl CommitLog,
+    retention: &Retention,
+    active: &[String],
+) -> Result<GcReport> {
+    let stored = scan(storage).await?;
+    let committed = log.list().await?;
+    let active: BTreeSet<String> = active.iter().cloned().collect();
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    let plan = plan_gc(&committed, &stored, retention, &active, now);
+    let mut report = GcReport::default();
+    for commit in &plan.expire {
+        log.remove(commit).await?;
+        let dir = commit.dir();
+        storage.delete(&storage.key(&dir, COMMITTED)).await?;
+        if let Some(save) = stored.iter().find(|s| s.dir == dir) {
+            delete_save(storage, save, &mut report).await?;
+        }
+    }
+    for dir in &plan.orphans {
+        if let Some(save) = stored.iter().find(|s| &s.dir == dir) {
+            delete_save(storage, save, &mut report).await?;
+        }
+    }
+    report.plan = plan;
+    Ok(report)
+}
+
+async fn delete_save(storage: &Storage, save: &StoredSave, report: &mut GcReport) -> Result<()> {
+    // The marker first: a directory whose deletion is interrupted must not look committed.
+    let marker = storage.key(&save.dir, COMMITTED);
+    storage.delete(&marker).await?;
+    for key in save.objects.iter().filter(|k| **k != marker) {
+        storage.delete(key).await?;
+    }
+    report.objects_deleted += save.objects.len();
+    report.bytes_freed += save.bytes;
+    storage.sweep_local_dir(&save.dir)
+}
+
+/// One checkpoint directory as the CLI lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listing {
+    /// Its step.
+    pub step: u64,
+    /// Its save id.
+    pub save_id: String,
+    /// Its directory.
+    pub dir: String,
+    /// Whether the log records it as committed.
+    pub committed: bool,
+    /// Objects stored.
+    pub objects: usize,
+    /// Bytes stored.
+    pub bytes: u64,
+}
+
+/// Every checkpoint directory, committed or not, by step.
+pub async fn list(storage: &Storage, log: &impl CommitLog) -> Result<Vec<Listing>> {
+    let committed: BTreeSet<String> = log.list().await?.iter().map(CommitRecord::dir).collect();
+    Ok(scan(storage)
+        .await?
+        .into_iter()
+        .map(|s| Listing {
+            committed: committed.contains(&s.dir),
+            step: s.step,
+            save_id: s.save_id,
+            dir: s.dir,
+            objects: s.objects.len(),
+            bytes: s.bytes,
+        })
+        .collect())
+}
+
+/// Removes one checkpoint (committed or not): forgets the commit, then deletes the marker, then
+/// the data. Returns the number of objects deleted.
+pub async fn remove(storage: &Storage, log: &impl CommitLog, step: u64, save_id: &str) -> Result<usize> {
+    crate::layout::validate_save_id(save_id)?;
+    let dir = crate::layout::dir_name(step, save_id);
+    for commit in log.list().await?.into_iter().filter(|c| c.dir() == dir) {
+        log.remove(&commit).await?;
+    }
+    let mut report = GcReport::default();
+    let Some(save) = scan(storage).await?.into_iter().find(|s| s.dir == dir) else {
+        return Err(crate::error::CheckpointError::NotFound {
+            what: format!("checkpoint {dir} under {}", storage.url()),
+            hint: "see `list` for what is stored".into(),
+        });
+    };
+    delete_save(storage, &save, &mut report).await?;
+    Ok(report.objects_deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn commit(step: u64) -> CommitRecord {
+        CommitRecord {
+            step,
+            save_id: format!("s{step}"),
+            bundle: "00".into(),
+            manifest_size: 1,
+            manifest_crc32c: 0,
+        }
+    }
+
+    fn stored(step: u64, written: i64) -> StoredSave {
+        StoredSave {
+            dir: crate::layout::dir_name(step, &format!("s{step}")),
+            step,
+            save_id: format!("s{step}"),
+            objects: vec![],
+            bytes: 0,
+            newest_write_unix: written,
+        }
+    }
+
+    fn steps(records: &[CommitRecord]) -> Vec<u64> {
+        records.iter().map(|c| c.step).collect()
+    }
+
+    const NOW: i64 = 1_000_000;
+
+    #[test]
+    fn keeps_the_last_k_and_every_nth() {
+        let committed: Vec<_> = [100, 200, 300, 400, 500, 600].map(commit).to_vec();
+        let r = Retention { keep_last: 2, keep_every: 300, min_orphan_age: Duration::ZERO };
+        let plan = plan_gc(&committed, &[], &r, &BTreeSet::new(), NOW);
+        assert_eq!(steps(&plan.keep), vec![600, 500, 300]);
+        assert_eq!(steps(&plan.expire), vec![400, 200, 100]);
+    }
+
+    #[test]
+    fn never_expires_the_newest() {
+        let committed: Vec<_> = [1, 2, 3].map(commit).to_vec();
+        let r = Retention { keep_last: 0, keep_every: 0, min_orphan_age: Duration::ZERO };
+        let plan = plan_gc(&committed, &[], &r, &BTreeSet::new(), NOW);
+        assert_eq!(steps(&plan.keep), vec![3]);
+        assert_eq!(steps(&plan.expire), vec![2, 1]);
+    }
+
+    #[test]
+    fn orphans_are_collected_unless_active_or_young() {
+        let committed = vec![commit(100)];
+        let saves = vec![stored(100, 0), stored(200, 0), stored(300, 0), stored(400, NOW - 10)];
+        let r = Retention { keep_last: 1, keep_every: 0, min_orphan_age: Duration::from_secs(60) };
+        let active = BTreeSet::from(["s300".to_string()]);
+        let plan = plan_gc(&committed, &saves, &r, &active, NOW);
+        assert_eq!(plan.orphans, vec![crate::layout::dir_name(200, "s200")]);
+        assert_eq!(steps(&plan.keep), vec![100]);
+        assert!(plan.expire.is_empty());
+    }
+}

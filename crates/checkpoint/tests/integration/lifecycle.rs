@@ -1,0 +1,224 @@
+//! Async saves, retention, removal and hostile manifests on the file:// backend.
+
+use crate::common::*;
+use checkpoint::layout::{COMMITTED, MANIFEST};
+use checkpoint::manifest::{Limits, Manifest};
+use checkpoint::{
+    AsyncSaver, Checkpoint, CheckpointError, CommitLog, CommitRecord, Retention, SaveOptions, SaverStatus,
+    Storage, StoreCommitLog, finalize, gc,
+};
+use object_store::ObjectStoreExt;
+use object_store::path::Path;
+use std::time::Duration;
+
+fn open_dir() -> (tempfile::TempDir, Storage, StoreCommitLog) {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::open(dir.path().to_str().unwrap(), &Default::default()).unwrap();
+    let log = StoreCommitLog::new(storage.clone());
+    (dir, storage, log)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_save_refuses_to_stack_and_then_commits() {
+    let (dir, _, log) = open_dir();
+    // Throttled parts keep the first save running long enough to ask for a second one.
+    let throttled = object_store::throttle::ThrottledStore::new(
+        object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap(),
+        object_store::throttle::ThrottleConfig {
+            wait_put_per_call: Duration::from_millis(200),
+            ..Default::default()
+        },
+    );
+    let storage = Storage::from_store(std::sync::Arc::new(throttled), "", "throttled", None).unwrap();
+    let options = SaveOptions { chunk_size: 4096, part_size: 5 << 20, max_parts_in_flight: 1 };
+    let saver = AsyncSaver::new(storage.clone(), options).unwrap();
+    let topology = checkpoint::Topology::single_host(ici(&[("fsdp", 2)])).unwrap();
+    let arrays = vec![checkpoint::ArraySpec::new(
+        "w",
+        vec![3 << 20, 2],
+        mesh::DType::Float32,
+        spec(&[&["fsdp"], &[]]),
+    )];
+    let first = save_spec(10, "s10", topology.clone(), arrays.clone());
+    let fulls = fulls(&first);
+    let handle = saver.start(&first, 0, host_buffers(&first, &fulls, 0)).unwrap();
+    assert!(
+        matches!(saver.status(), SaverStatus::Running { step: 10, bytes_total, .. } if bytes_total == 24 << 20)
+    );
+
+    let second = save_spec(20, "s20", topology, arrays);
+    let e =
+        saver.start(&second, 0, host_buffers(&second, &fulls, 0)).err().expect("the second save is refused");
+    assert!(matches!(e, CheckpointError::SaveInProgress { running_step: 10, requested_step: 20, .. }), "{e}");
+    assert!(e.to_string().contains("still running"), "{e}");
+
+    let report = handle.finish().await.unwrap();
+    assert_eq!(saver.status(), SaverStatus::Idle);
+    let commit = finalize(&storage, &first, &[report], &log).await.unwrap();
+    let checkpoint = Checkpoint::open(&storage, &commit, &Limits::default()).await.unwrap();
+    assert_eq!(checkpoint.verify().await.unwrap().bytes, 24 << 20);
+    // Now the next one may start.
+    let again = saver.start(&second, 0, host_buffers(&second, &fulls, 0)).unwrap();
+    again.finish().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_hand_over_fails_before_anything_uploads() {
+    let (dir, storage, _) = open_dir();
+    let saver = AsyncSaver::new(storage, SaveOptions::default()).unwrap();
+    let spec = save_spec(1, "x", hsdp(), state(1));
+    let fulls = fulls(&spec);
+    let mut buffers = host_buffers(&spec, &fulls, 0);
+    buffers.retain(|b| b.array != "params/wq");
+    let e = saver.start(&spec, 0, buffers).err().unwrap().to_string();
+    assert!(e.contains("array 'params/wq'") && e.contains("no buffer"), "{e}");
+    let mut buffers = host_buffers(&spec, &fulls, 1);
+    buffers[0].data.truncate(3);
+    let e = saver.start(&spec, 1, buffers).err().unwrap().to_string();
+    assert!(e.contains("has 3 bytes"), "{e}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing was written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_keeps_last_k_every_nth_and_collects_orphans() {
+    let (dir, storage, log) = open_dir();
+    let mut commits = Vec::new();
+    for step in [100, 200, 300, 400, 500] {
+        let spec = save_spec(step, &format!("s{step}"), hsdp(), state(1));
+        commits.push(save_and_commit(&storage, &log, &spec, &small_chunks()).await.0);
+    }
+    // A failed save (host 0 only) and one still running, both newer than every commit.
+    for (step, id) in [(600, "failed"), (700, "running")] {
+        let spec = save_spec(step, id, hsdp(), state(1));
+        let buffers = host_buffers(&spec, &fulls(&spec), 0);
+        checkpoint::save_host(&storage, &spec, 0, buffers, &small_chunks()).await.unwrap();
+    }
+    let retention = Retention { keep_last: 2, keep_every: 200, min_orphan_age: Duration::ZERO };
+    let report = gc(&storage, &log, &retention, &["running".to_string()]).await.unwrap();
+    let kept: Vec<u64> = report.plan.keep.iter().map(|c| c.step).collect();
+    assert_eq!(kept, vec![500, 400, 200]);
+    assert_eq!(report.plan.orphans, vec!["000000000600-failed".to_string()]);
+    let mut left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["000000000200-s200", "000000000400-s400", "000000000500-s500", "000000000700-running"]);
+    let mut listed: Vec<u64> = log.list().await.unwrap().iter().map(|c| c.step).collect();
+    listed.sort();
+    assert_eq!(listed, vec![200, 400, 500]);
+
+    // Keeping nothing still keeps the newest.
+    let none = Retention { keep_last: 0, keep_every: 0, min_orphan_age: Duration::ZERO };
+    gc(&storage, &log, &none, &["running".to_string()]).await.unwrap();
+    let listed: Vec<u64> = log.list().await.unwrap().iter().map(|c| c.step).collect();
+    assert_eq!(listed, vec![500]);
+    let checkpoint = Checkpoint::open(&storage, &commits[4], &Limits::default()).await.unwrap();
+    checkpoint.verify().await.unwrap();
+
+    // The CLI's remove takes a checkpoint out explicitly.
+    let removed = checkpoint::remove(&storage, &log, 700, "running").await.unwrap();
+    assert!(removed > 0);
+    assert!(!dir.path().join("000000000700-running").exists());
+}
+
+/// Commits a forged manifest for an existing checkpoint, with a matching commit record, so only
+/// the manifest checks stand between it and a restore.
+async fn forge(
+    storage: &Storage,
+    log: &StoreCommitLog,
+    base: &CommitRecord,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> CommitRecord {
+    let key = format!("{}/{MANIFEST}", base.dir());
+    let store = storage.object_store();
+    let bytes = store.get(&Path::from(key)).await.unwrap().bytes().await.unwrap();
+    let mut value: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    edit(&mut value);
+    let forged = serde_json::to_vec(&value).unwrap();
+    let dir = format!("{:012}-forged", base.step + 1);
+    for name in ["host-0.shards", "host-1.shards"] {
+        let from = Path::from(format!("{}/{name}", base.dir()));
+        store.copy(&from, &Path::from(format!("{dir}/{name}"))).await.unwrap();
+    }
+    let record = CommitRecord {
+        step: base.step + 1,
+        save_id: "forged".into(),
+        bundle: base.bundle.clone(),
+        manifest_size: forged.len() as u64,
+        manifest_crc32c: crc32c::crc32c(&forged),
+    };
+    store.put(&Path::from(format!("{dir}/{MANIFEST}")), forged.into()).await.unwrap();
+    log.record(&record).await.unwrap();
+    assert!(store.head(&Path::from(format!("{dir}/{COMMITTED}"))).await.is_ok());
+    record
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malicious_manifests_are_refused_before_allocating() {
+    let (_dir, storage, log) = open_dir();
+    let spec = save_spec(10, "good", hsdp(), state(1));
+    let (good, _) = save_and_commit(&storage, &log, &spec, &small_chunks()).await;
+    let cases: Vec<(&str, Box<dyn FnOnce(&mut serde_json::Value)>)> = vec![
+        (
+            "exceeds the limit",
+            Box::new(|m| {
+                // A 1 TiB array.
+                m["arrays"][1]["shape"] = serde_json::json!([1u64 << 28, 1024]);
+            }),
+        ),
+        (
+            "the store holds",
+            Box::new(|m| {
+                // Claims the object is longer than it is, with the chunk list to match.
+                let size = m["objects"][0]["size"].as_u64().unwrap() + 4096;
+                m["objects"][0]["size"] = serde_json::json!(size);
+                let n = size.div_ceil(1024) as usize;
+                m["objects"][0]["chunk_crc32c"] = serde_json::json!(vec![0u32; n]);
+            }),
+        ),
+        (
+            "runs past the end",
+            Box::new(|m| {
+                m["arrays"][0]["shards"][0]["offset"] = serde_json::json!(u64::MAX - 3);
+            }),
+        ),
+        (
+            "byte ranges overlap",
+            Box::new(|m| {
+                let shards = m["arrays"][0]["shards"].as_array_mut().unwrap();
+                let (object, offset) = (shards[0]["object"].clone(), shards[0]["offset"].clone());
+                let other = m["arrays"].as_array_mut().unwrap()[3]["shards"].as_array_mut().unwrap();
+                other[0]["object"] = object;
+                other[0]["offset"] = offset;
+            }),
+        ),
+        (
+            "not a plain file name",
+            Box::new(|m| {
+                m["objects"][0]["name"] = serde_json::json!("../../etc/passwd");
+            }),
+        ),
+        (
+            "not a plain file name",
+            Box::new(|m| {
+                m["objects"][0]["name"] = serde_json::json!("/abs/host-0.shards");
+            }),
+        ),
+    ];
+    for (expected, edit) in cases {
+        let forged = forge(&storage, &log, &good, edit).await;
+        let e = Checkpoint::open(&storage, &forged, &Limits::default()).await.unwrap_err().to_string();
+        assert!(e.contains(expected), "expected '{expected}', got: {e}");
+        checkpoint::remove(&storage, &log, forged.step, &forged.save_id).await.unwrap();
+    }
+    // A manifest swapped after commit no longer matches the commit's CRC.
+    let mut tampered = good.clone();
+    tampered.manifest_crc32c ^= 1;
+    let e = Checkpoint::open(&storage, &tampered, &Limits::default()).await.unwrap_err().to_string();
+    assert!(e.contains("differs from the committed"), "{e}");
+    // And the genuine one still opens.
+    let genuine = Checkpoint::open(&storage, &good, &Limits::default()).await.unwrap();
+    let m: &Manifest = genuine.manifest();
+    assert_eq!(m.step, 10);
+}
