@@ -1,0 +1,161 @@
+//! Device buffers: an array on one device, owned by this handle and freed when it is dropped.
+
+use crate::client::{ClientInner, Device};
+use crate::element_type::ElementType;
+use crate::error::{Error, Result};
+use crate::ffi;
+use crate::plugin::slice_from;
+use std::sync::Arc;
+
+/// An array in one device's memory.
+pub struct Buffer {
+    pub(crate) client: Arc<ClientInner>,
+    pub(crate) raw: *mut ffi::PJRT_Buffer,
+}
+
+// SAFETY: PJRT buffers may be read and destroyed from any thread; the plugin orders device work.
+unsafe impl Send for Buffer {}
+// SAFETY: every `&self` method only reads (metadata, copies to host).
+unsafe impl Sync for Buffer {}
+
+impl Buffer {
+    pub(crate) fn from_raw(client: Arc<ClientInner>, raw: *mut ffi::PJRT_Buffer) -> Buffer {
+        Buffer { client, raw }
+    }
+
+    /// The element type.
+    pub fn element_type(&self) -> Result<ElementType> {
+        let plugin = self.client.plugin;
+        let mut args = new_args!(PJRT_Buffer_ElementType_Args);
+        args.buffer = self.raw;
+        // SAFETY: the buffer is live.
+        plugin
+            .check(unsafe { call!(plugin, PJRT_Buffer_ElementType)(&mut args) }, "PJRT_Buffer_ElementType")?;
+        ElementType::from_raw(args.type_)
+    }
+
+    /// The dimensions, major first.
+    pub fn dims(&self) -> Result<Vec<i64>> {
+        let plugin = self.client.plugin;
+        let mut args = new_args!(PJRT_Buffer_Dimensions_Args);
+        args.buffer = self.raw;
+        // SAFETY: the buffer is live; the dims live as long as it.
+        plugin
+            .check(unsafe { call!(plugin, PJRT_Buffer_Dimensions)(&mut args) }, "PJRT_Buffer_Dimensions")?;
+        // SAFETY: (pointer, count) from the plugin.
+        Ok(unsafe { slice_from(args.dims, args.num_dims) }.to_vec())
+    }
+
+    /// Bytes the buffer takes on the device (may exceed the dense size: padding, tiling).
+    pub fn on_device_size(&self) -> Result<usize> {
+        let plugin = self.client.plugin;
+        let mut args = new_args!(PJRT_Buffer_OnDeviceSizeInBytes_Args);
+        args.buffer = self.raw;
+        // SAFETY: the buffer is live.
+        plugin.check(
+            unsafe { call!(plugin, PJRT_Buffer_OnDeviceSizeInBytes)(&mut args) },
+            "PJRT_Buffer_OnDeviceSizeInBytes",
+        )?;
+        Ok(args.on_device_size_in_bytes)
+    }
+
+    /// The device holding the buffer.
+    pub fn device(&self) -> Result<Device> {
+        let plugin = self.client.plugin;
+        let mut args = new_args!(PJRT_Buffer_Device_Args);
+        args.buffer = self.raw;
+        // SAFETY: the buffer is live.
+        plugin.check(unsafe { call!(plugin, PJRT_Buffer_Device)(&mut args) }, "PJRT_Buffer_Device")?;
+        Device::from_raw(&self.client, args.device)
+    }
+
+    /// The address of the buffer's memory as the plugin reports it. Only good for comparing
+    /// identities, e.g. that a donated input's memory was reused for an output.
+    pub fn device_address(&self) -> Result<usize> {
+        let plugin = self.client.plugin;
+        let mut args = new_args!(PJRT_Buffer_UnsafePointer_Args);
+        args.buffer = self.raw;
+        // SAFETY: the buffer is live; the address is only returned, never dereferenced.
+        plugin.check(
+            unsafe { call!(plugin, PJRT_Buffer_UnsafePointer)(&mut args) },
+            "PJRT_Buffer_UnsafePointer",
+        )?;
+        Ok(args.buffer_pointer)
+    }
+
+    /// Copies the buffer to a new host vector: dense, row-major.
+    pub fn to_host(&self) -> Result<Vec<u8>> {
+        let mut host = vec![0u8; self.host_size()?];
+        self.copy_to_host(&mut host)?;
+        Ok(host)
+    }
+
+    /// Copies the buffer into `dst`, which must have exactly the dense size of the array.
+    pub fn to_host_into(&self, dst: &mut [u8]) -> Result<()> {
+        let size = self.host_size()?;
+        if dst.len() != size {
+            return Err(Error::InvalidArgument {
+                what: "host destination",
+                reason: format!(
+                    "the buffer holds {size} bytes but the destination has {}; pass a slice of exactly that size",
+                    dst.len()
+                ),
+            });
+        }
+        self.copy_to_host(dst)
+    }
+
+    /// The dense host size, checked against what the plugin says it will write.
+    fn host_size(&self) -> Result<usize> {
+        let plugin = self.client.plugin;
+        let mut args = new_args!(PJRT_Buffer_ToHostBuffer_Args);
+        args.src = self.raw;
+        // A null destination asks for the size only.
+        // SAFETY: the buffer is live.
+        plugin.check(
+            unsafe { call!(plugin, PJRT_Buffer_ToHostBuffer)(&mut args) },
+            "PJRT_Buffer_ToHostBuffer",
+        )?;
+        plugin.await_event(args.event, "PJRT_Buffer_ToHostBuffer")?;
+        Ok(args.dst_size)
+    }
+
+    fn copy_to_host(&self, dst: &mut [u8]) -> Result<()> {
+        let plugin = self.client.plugin;
+        let mut args = new_args!(PJRT_Buffer_ToHostBuffer_Args);
+        args.src = self.raw;
+        args.dst = dst.as_mut_ptr().cast();
+        args.dst_size = dst.len();
+        // SAFETY: `dst` is writable for `dst_size` bytes and stays borrowed until the copy's
+        // event has been awaited below.
+        plugin.check(
+            unsafe { call!(plugin, PJRT_Buffer_ToHostBuffer)(&mut args) },
+            "PJRT_Buffer_ToHostBuffer",
+        )?;
+        plugin.await_event(args.event, "PJRT_Buffer_ToHostBuffer")
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let plugin = self.client.plugin;
+        let mut args = new_args!(PJRT_Buffer_Destroy_Args);
+        args.buffer = self.raw;
+        // SAFETY: this handle is the buffer's only owner; the plugin keeps the memory alive until
+        // device work that uses it completes.
+        let result = function!(plugin, PJRT_Buffer_Destroy)
+            .and_then(|destroy| plugin.check(unsafe { destroy(&mut args) }, "PJRT_Buffer_Destroy"));
+        if let Err(error) = result {
+            tracing::warn!(%error, "destroying a PJRT buffer failed");
+        }
+    }
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buffer")
+            .field("element_type", &self.element_type().ok())
+            .field("dims", &self.dims().ok())
+            .finish()
+    }
+}
