@@ -91,7 +91,8 @@ pub fn plan_gc(
     plan
 }
 
-/// Every checkpoint directory under the root, by step then save id.
+/// Every checkpoint directory under the root, by step then save id; on `file://` including
+/// directories that hold only a killed writer's staging files.
 pub async fn scan(storage: &Storage) -> Result<Vec<StoredSave>> {
     let mut dirs: BTreeMap<(u64, String), StoredSave> = BTreeMap::new();
     for meta in storage.list_all().await? {
@@ -108,6 +109,18 @@ pub async fn scan(storage: &Storage) -> Result<Vec<StoredSave>> {
         entry.objects.push(meta.location);
         entry.bytes += meta.size;
         entry.newest_write_unix = entry.newest_write_unix.max(meta.last_modified.timestamp());
+    }
+    for (dir, newest) in storage.local_dirs()? {
+        let Some((step, save_id)) = parse_dir_name(&dir) else { continue };
+        let entry = dirs.entry((step, save_id.clone())).or_insert_with(|| StoredSave {
+            dir,
+            step,
+            save_id,
+            objects: Vec::new(),
+            bytes: 0,
+            newest_write_unix: i64::MIN,
+        });
+        entry.newest_write_unix = entry.newest_write_unix.max(newest);
     }
     Ok(dirs.into_values().collect())
 }

@@ -289,6 +289,42 @@ impl Storage {
         Ok(objects)
     }
 
+    /// For `file://`: every directory under the root on disk with the newest modification time
+    /// of its entries (seconds since the Unix epoch). A writer killed mid-upload can leave a
+    /// directory holding only staging files, which no listing shows.
+    pub(crate) fn local_dirs(&self) -> Result<Vec<(String, i64)>> {
+        let Some(base) = &self.local_dir else { return Ok(Vec::new()) };
+        let root = self.root.parts().fold(base.clone(), |p, part| p.join(part.as_ref()));
+        let io = |path: &std::path::Path, e: std::io::Error| {
+            CheckpointError::invalid(format!("directory {}", path.display()), e.to_string())
+        };
+        let entries = match std::fs::read_dir(&root) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io(&root, e)),
+        };
+        let unix = |m: std::fs::Metadata| {
+            m.modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs() as i64)
+        };
+        let mut dirs = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| io(&root, e))?;
+            if !entry.file_type().map_err(|e| io(&entry.path(), e))?.is_dir() {
+                continue;
+            }
+            let mut newest = unix(entry.metadata().map_err(|e| io(&entry.path(), e))?);
+            for inner in std::fs::read_dir(entry.path()).map_err(|e| io(&entry.path(), e))? {
+                let inner = inner.map_err(|e| io(&entry.path(), e))?;
+                newest = newest.max(unix(inner.metadata().map_err(|e| io(&inner.path(), e))?));
+            }
+            dirs.push((entry.file_name().to_string_lossy().into_owned(), newest));
+        }
+        Ok(dirs)
+    }
+
     /// Removes what a killed `file://` writer left in `dir` that listings do not show (staged
     /// multipart files), then the directory itself if it is empty.
     pub(crate) fn sweep_local_dir(&self, dir: &str) -> Result<()> {

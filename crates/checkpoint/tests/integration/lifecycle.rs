@@ -29,9 +29,11 @@ async fn an_async_save_refuses_to_stack_and_then_commits() {
             ..Default::default()
         },
     );
-    let storage = Storage::from_store(std::sync::Arc::new(throttled), "", "throttled", None).unwrap();
+    // Only the saver's writes go through the throttle (it cannot serve local file reads).
+    let slow = Storage::from_store(std::sync::Arc::new(throttled), "", "throttled", None).unwrap();
+    let storage = Storage::open(dir.path().to_str().unwrap(), &Default::default()).unwrap();
     let options = SaveOptions { chunk_size: 4096, part_size: 5 << 20, max_parts_in_flight: 1 };
-    let saver = AsyncSaver::new(storage.clone(), options).unwrap();
+    let saver = AsyncSaver::new(slow, options).unwrap();
     let topology = checkpoint::Topology::single_host(ici(&[("fsdp", 2)])).unwrap();
     let arrays = vec![checkpoint::ArraySpec::new(
         "w",
@@ -134,6 +136,8 @@ async fn forge(
     let store = storage.object_store();
     let bytes = store.get(&Path::from(key)).await.unwrap().bytes().await.unwrap();
     let mut value: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    value["step"] = serde_json::json!(base.step + 1);
+    value["save_id"] = serde_json::json!("forged");
     edit(&mut value);
     let forged = serde_json::to_vec(&value).unwrap();
     let dir = format!("{:012}-forged", base.step + 1);
