@@ -1,0 +1,149 @@
+//! `collective-peer`: one member process, driven by a parent over stdin/stdout (one JSON value
+//! per line). The integration tests and the benchmark spawn it to run members as real processes.
+//!
+//! 1. It binds `127.0.0.1:0` and prints `{"addr": "..."}`.
+//! 2. It reads a [`Task`] (the group spec, the config and the work) and forms the group.
+//! 3. It does the work, printing progress and results; an error is printed as
+//!    `{"error": {...}}` and exits with status 3.
+//!
+//! `collective-peer raw-sink` instead measures plain TCP: it prints its address, accepts one
+//! connection, reads until EOF and prints how many bytes arrived in how long.
+
+use podctl_collective::{AbortHandle, Buffer, Config, Endpoint, Error, GroupSpec};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::io::{BufRead, Read, Write};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// What the parent asks for.
+#[derive(Deserialize)]
+struct Task {
+    spec: GroupSpec,
+    config: Config,
+    work: Work,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Work {
+    /// Reduce the buffers in `inputs` (one file per local rank, raw little-endian bytes) and
+    /// write the sums to `outputs`.
+    AllReduce { dtype: mesh::DType, inputs: Vec<PathBuf>, outputs: Vec<PathBuf> },
+    /// Reduce `elems`-element buffers `iterations` times, printing `{"iteration": k}` after each.
+    Loop { elems: usize, iterations: usize },
+    /// Time `iters` all-reduces of `elems` float32 elements after `warmup` untimed ones.
+    Bench { elems: usize, warmup: usize, iters: usize },
+}
+
+fn main() -> ExitCode {
+    let raw = std::env::args().nth(1).is_some_and(|a| a == "raw-sink");
+    let result = if raw { raw_sink() } else { member() };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(report) => {
+            say(&json!({ "error": report }));
+            ExitCode::from(3)
+        }
+    }
+}
+
+/// Prints one line to the parent.
+fn say(value: &Value) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{value}");
+    let _ = out.flush();
+}
+
+/// An error as the parent reads it.
+fn report(e: &Error) -> Value {
+    let (kind, rank) = match e {
+        Error::PeerLost { rank, .. } => ("PeerLost", Some(*rank)),
+        Error::PeerAborted { rank, .. } => ("PeerAborted", Some(*rank)),
+        Error::PeerFailed { rank, .. } => ("PeerFailed", Some(*rank)),
+        Error::Timeout { rank, .. } => ("Timeout", Some(*rank)),
+        Error::Protocol { rank, .. } => ("Protocol", Some(*rank)),
+        Error::Aborted => ("Aborted", None),
+        _ => ("Other", None),
+    };
+    json!({ "kind": kind, "rank": rank, "message": e.to_string() })
+}
+
+fn other(message: String) -> Value {
+    json!({ "kind": "Other", "rank": null, "message": message })
+}
+
+fn member() -> Result<(), Value> {
+    let endpoint =
+        Endpoint::bind("127.0.0.1:0".parse().map_err(|e| other(format!("{e}")))?).map_err(|e| report(&e))?;
+    say(&json!({ "addr": endpoint.local_addr().to_string() }));
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line).map_err(|e| other(format!("reading the task: {e}")))?;
+    let task: Task = serde_json::from_str(&line).map_err(|e| other(format!("parsing the task: {e}")))?;
+    let group = endpoint.form(&task.spec, &task.config, &AbortHandle::new()).map_err(|e| report(&e))?;
+    match task.work {
+        Work::AllReduce { dtype, inputs, outputs } => {
+            let buffers = inputs
+                .iter()
+                .map(|path| {
+                    let bytes =
+                        std::fs::read(path).map_err(|e| other(format!("reading {}: {e}", path.display())))?;
+                    Buffer::from_vec(dtype, bytes).map_err(|e| report(&e))
+                })
+                .collect::<Result<Vec<_>, Value>>()?;
+            let sums = group.all_reduce(buffers).map_err(|e| report(&e))?;
+            for (path, sum) in outputs.iter().zip(&sums) {
+                std::fs::write(path, sum.as_bytes())
+                    .map_err(|e| other(format!("writing {}: {e}", path.display())))?;
+            }
+            say(&json!({ "done": true }));
+        }
+        Work::Loop { elems, iterations } => {
+            let mut buffers: Vec<Buffer> =
+                group.local_ranks().iter().map(|_| Buffer::from_f32(&vec![0.0; elems])).collect();
+            for iteration in 0..iterations {
+                buffers = group.all_reduce(buffers).map_err(|e| report(&e))?;
+                say(&json!({ "iteration": iteration }));
+            }
+            say(&json!({ "done": true }));
+        }
+        Work::Bench { elems, warmup, iters } => {
+            let mut buffers: Vec<Buffer> =
+                group.local_ranks().iter().map(|_| Buffer::from_f32(&vec![0.0; elems])).collect();
+            let mut times = Vec::with_capacity(iters);
+            for i in 0..warmup + iters {
+                let start = Instant::now();
+                buffers = group.all_reduce(buffers).map_err(|e| report(&e))?;
+                if i >= warmup {
+                    times.push(start.elapsed().as_secs_f64());
+                }
+            }
+            say(&json!({ "times": times }));
+        }
+    }
+    Ok(())
+}
+
+fn raw_sink() -> Result<(), Value> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| other(format!("bind: {e}")))?;
+    let addr = listener.local_addr().map_err(|e| other(format!("local_addr: {e}")))?;
+    say(&json!({ "addr": addr.to_string() }));
+    let (mut stream, _) = listener.accept().map_err(|e| other(format!("accept: {e}")))?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(60))).map_err(|e| other(format!("{e}")))?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    let mut first: Option<Instant> = None;
+    loop {
+        let n = stream.read(&mut buf).map_err(|e| other(format!("read: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        first.get_or_insert_with(Instant::now);
+        total += n as u64;
+    }
+    let secs = first.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    say(&json!({ "bytes": total, "secs": secs }));
+    Ok(())
+}
