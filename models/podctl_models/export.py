@@ -16,6 +16,7 @@ import os
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import argparse
+import contextlib
 import json
 import re
 import sys
@@ -58,8 +59,26 @@ class BundleConfig:
 
 @dataclass(frozen=True)
 class ExportedProgram:
+    """A program's signature and the module JAX lowered for it."""
+
     program: Program
     exported: jax_export.Exported
+
+
+@contextlib.contextmanager
+def reproducible_locations():
+    """Source locations without directories or caller frames, so the same settings give the same
+    bytes (and bundle identity) from any checkout and any caller, CLI or test."""
+    settings = {"jax_include_full_tracebacks_in_locations": False,
+                "jax_hlo_source_file_canonicalization_regex": r".*/"}
+    saved = {name: getattr(jax.config, name) for name in settings}
+    try:
+        for name, value in settings.items():
+            jax.config.update(name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            jax.config.update(name, value)
 
 
 def abstract_mesh(mesh: MeshConfig) -> AbstractMesh:
@@ -128,7 +147,8 @@ def export_programs(cfg: BundleConfig) -> dict[str, ExportedProgram]:
     result = {}
     for name in PROGRAM_NAMES:
         program = programs[name]
-        exported = lower(program, mesh, cfg.platform)
+        with reproducible_locations():
+            exported = lower(program, mesh, cfg.platform)
         check_kept_args(name, exported, program.inputs)
         check_donation(name, exported, program)
         result[name] = ExportedProgram(program, exported)
@@ -162,6 +182,24 @@ def manifest(cfg: BundleConfig, programs: dict[str, ExportedProgram]) -> dict:
     }
 
 
+def dumps_manifest(document: dict) -> str:
+    """Indented JSON with one tensor per line: a 1.7B manifest stays readable."""
+    tensors: list[str] = []
+
+    def stash(value):
+        if isinstance(value, dict) and "shape" in value and "sharding" in value:
+            tensors.append(json.dumps(value))
+            return f"@tensor{len(tensors) - 1}@"
+        if isinstance(value, dict):
+            return {k: stash(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [stash(v) for v in value]
+        return value
+
+    text = json.dumps(stash(document), indent=1)
+    return re.sub(r'"@tensor(\d+)@"', lambda m: tensors[int(m.group(1))], text) + "\n"
+
+
 def write_bundle(cfg: BundleConfig, out: Path) -> dict:
     """Exports and writes the bundle to `out`; the manifest is written last, atomically."""
     programs = export_programs(cfg)
@@ -171,7 +209,7 @@ def write_bundle(cfg: BundleConfig, out: Path) -> dict:
         (out / "programs" / f"{name}.jaxexport").write_bytes(item.exported.serialize())
     document = manifest(cfg, programs)
     tmp = out / "manifest.json.tmp"
-    tmp.write_text(json.dumps(document, indent=1) + "\n")
+    tmp.write_text(dumps_manifest(document))
     tmp.replace(out / "manifest.json")
     return document
 

@@ -146,6 +146,16 @@ def test_cli_writes_a_valid_bundle_and_prints_a_summary(tmp_path, capsys):
     assert m["optimizer"]["weight_decay"] == 0.05
 
 
+def test_export_is_bitwise_reproducible_from_any_caller(bundle_single, tmp_path):
+    assert main(["--preset", "tiny", "--out", str(tmp_path)]) == 0
+    files = sorted(p.relative_to(bundle_single) for p in bundle_single.rglob("*") if p.is_file())
+    assert len(files) == 9
+    for name in files:
+        assert (tmp_path / name).read_bytes() == (bundle_single / name).read_bytes(), name
+    for name in files:
+        assert b"/work/" not in (tmp_path / name).read_bytes(), name
+
+
 @pytest.mark.parametrize("argv, field", [
     (["--preset", "llama-7b"], "preset"),
     (["--preset", "tiny", "--mesh", "tp=3"], "model.num_heads"),

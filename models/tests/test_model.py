@@ -153,3 +153,17 @@ def test_grad_step_accumulates_micro_batches_as_one_batch():
         assert_close_to_scale(got, want, 1e-5)
     np.testing.assert_allclose(out_a[n] + out_b[n], out_ab[n], rtol=1e-5)
     assert float(out_a[n + 1] + out_b[n + 1]) == float(out_ab[n + 1]) == float(mask.sum())
+
+
+def test_bfloat16_compute_tracks_float32_and_keeps_float32_gradients():
+    params = random_params(MODEL, 6)
+    tokens, targets, mask = arithmetic_batch(2, 16, seed=4)
+    bf16 = dataclasses.replace(TRAIN, compute_dtype="bfloat16")
+
+    def loss(train):
+        return jax.jit(jax.value_and_grad(
+            lambda p: qwen3.sft_loss(p, tokens, targets, mask, MODEL, train)[0]))(params)
+
+    (value_32, _), (value_16, grads_16) = loss(TRAIN), loss(bf16)
+    np.testing.assert_allclose(float(value_16), float(value_32), rtol=2e-2)
+    assert all(g.dtype == jnp.float32 for g in grads_16.values())
