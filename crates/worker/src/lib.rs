@@ -1,1 +1,55 @@
-//! One per host: compiles the bundle, runs the step on the host's devices, syncs and saves
+//! The worker: one per host. It compiles a bundle's programs for the host's devices, keeps the
+//! parameters and optimizer state resident on device, and runs the train step.
+//!
+//! - [`slice`]: a PJRT client over the slice's devices, programs compiled for them, and
+//!   [`DeviceArray`]s, global arrays held as one buffer per device, moved to and from the host by
+//!   their sharding.
+//! - [`trainer`]: the train state on device and the step: accumulate gradients over
+//!   micro-batches, then apply.
+//! - [`run`]: the loop over steps for a job, reporting each step to an observer.
+//!
+//! **Architecture Invariant:** the worker never interprets StableHLO; everything it knows about a
+//! program comes from the bundle manifest. Buffers stay on device between steps; the host sees
+//! only batches going in and metrics coming out (and, for syncs and saves, gradients and state).
+#![deny(missing_docs)]
+
+pub mod run;
+pub mod slice;
+pub mod trainer;
+
+pub use run::{Observer, RunSummary, StepMetrics, train};
+pub use slice::{Arg, DeviceArray, Program, Slice};
+pub use trainer::Trainer;
+
+/// Why the worker stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// A PJRT call failed.
+    #[error("{context}: {source}")]
+    Pjrt {
+        /// What the worker was doing.
+        context: String,
+        /// The plugin's error.
+        source: pjrt::Error,
+    },
+    /// The bundle is unusable.
+    #[error(transparent)]
+    Bundle(#[from] bundle::BundleError),
+    /// The data could not be produced.
+    #[error(transparent)]
+    Data(#[from] data::DataError),
+    /// The plugin, the bundle and the job disagree.
+    #[error("{0}")]
+    Mismatch(String),
+}
+
+/// Attaches what the worker was doing to a PJRT error.
+pub(crate) trait PjrtContext<T> {
+    fn context(self, context: impl FnOnce() -> String) -> Result<T, WorkerError>;
+}
+
+impl<T> PjrtContext<T> for Result<T, pjrt::Error> {
+    fn context(self, context: impl FnOnce() -> String) -> Result<T, WorkerError> {
+        self.map_err(|source| WorkerError::Pjrt { context: context(), source })
+    }
+}

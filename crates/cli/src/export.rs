@@ -1,0 +1,101 @@
+//! Exporting a job's bundle once, through the project's Python exporter, and caching it.
+//!
+//! The cache key is the SHA-256 of the exporter's sources and the export arguments, so a change
+//! to either exports again and nothing else does.
+
+use crate::toolchain::Toolchain;
+use anyhow::{Context, Result, bail};
+use job::JobSpec;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The exporter arguments that define a job's bundle (everything but `--out`).
+pub fn export_args(job: &JobSpec, platform: &str) -> Vec<String> {
+    let o = &job.optimizer;
+    let t = &job.train;
+    [
+        ("--preset", job.model.clone()),
+        ("--mesh", format!("fsdp={},tp={}", job.mesh.ici.fsdp, job.mesh.ici.tp)),
+        ("--micro-batch", job.batch.micro.to_string()),
+        ("--seq-len", job.seq_len.to_string()),
+        ("--remat", t.remat.clone()),
+        ("--loss-chunk", t.loss_chunk.to_string()),
+        ("--param-dtype", t.param_dtype.to_string()),
+        ("--compute-dtype", t.compute_dtype.to_string()),
+        ("--platform", platform.to_string()),
+        ("--b1", o.b1.to_string()),
+        ("--b2", o.b2.to_string()),
+        ("--eps", o.eps.to_string()),
+        ("--weight-decay", o.weight_decay.to_string()),
+        ("--max-grad-norm", o.max_grad_norm.to_string()),
+    ]
+    .into_iter()
+    .flat_map(|(flag, value)| [flag.to_string(), value])
+    .collect()
+}
+
+/// Returns the cached bundle for `args`, exporting it first if needed.
+pub fn ensure_bundle(tools: &Toolchain, args: &[String], on_export: impl FnOnce()) -> Result<PathBuf> {
+    let key = cache_key(&tools.models_dir(), args)?;
+    let dir = tools.cache.join("bundles").join(&key[..16]);
+    if dir.join("manifest.json").exists() {
+        return Ok(dir);
+    }
+    on_export();
+    std::fs::create_dir_all(tools.cache.join("bundles"))
+        .with_context(|| format!("creating the bundle cache {}", tools.cache.display()))?;
+    let staging = tools.cache.join("bundles").join(format!(".{}-{}", &key[..16], std::process::id()));
+    let output = Command::new(&tools.python)
+        .args(["-m", "podctl_models.export"])
+        .args(args)
+        .arg("--out")
+        .arg(&staging)
+        .env("PYTHONPATH", tools.models_dir())
+        .output()
+        .with_context(|| format!("running the exporter with {}", tools.python.display()))?;
+    if !output.status.success() {
+        let _ = std::fs::remove_dir_all(&staging);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let message = stderr.lines().filter(|l| !l.trim().is_empty()).last().unwrap_or("no message");
+        bail!("exporting the bundle failed: {message}");
+    }
+    // Rename into place so that a concurrent or interrupted export never leaves half a bundle.
+    match std::fs::rename(&staging, &dir) {
+        Ok(()) => Ok(dir),
+        Err(_) if dir.join("manifest.json").exists() => {
+            let _ = std::fs::remove_dir_all(&staging);
+            Ok(dir)
+        }
+        Err(e) => Err(e).with_context(|| format!("moving the bundle into {}", dir.display())),
+    }
+}
+
+fn cache_key(models: &Path, args: &[String]) -> Result<String> {
+    let mut files = Vec::new();
+    collect_sources(&models.join("podctl_models"), &mut files)
+        .with_context(|| format!("reading the exporter sources in {}", models.display()))?;
+    files.sort();
+    let mut hash = Sha256::new();
+    for file in files {
+        hash.update(file.strip_prefix(models).unwrap_or(&file).to_string_lossy().as_bytes());
+        hash.update(std::fs::read(&file)?);
+    }
+    for arg in args {
+        hash.update(arg.as_bytes());
+        hash.update([0]);
+    }
+    Ok(hex::encode(hash.finalize()))
+}
+
+fn collect_sources(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            collect_sources(&path, out)?;
+        } else if path.extension().is_some_and(|e| e == "py" || e == "json") {
+            out.push(path);
+        }
+    }
+    Ok(())
+}

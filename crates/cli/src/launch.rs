@@ -1,0 +1,158 @@
+//! `podctl launch`: run a job on this machine.
+
+use crate::export::{ensure_bundle, export_args};
+use crate::progress::{Progress, human_rate};
+use crate::toolchain::Toolchain;
+use anyhow::{Result, bail};
+use bundle::Bundle;
+use data::{BatchSpec, Loader};
+use indicatif::ProgressBar;
+use job::JobSpec;
+use record::RunRecord;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use worker::{Slice, Trainer};
+
+/// `summary.json`.
+#[derive(Serialize)]
+struct Summary<'a> {
+    job: &'a str,
+    model: &'a str,
+    parameters: u64,
+    mesh: String,
+    bundle: &'a str,
+    steps: u64,
+    first_loss: f64,
+    final_loss: f64,
+    compile_seconds: f64,
+    train_seconds: f64,
+    tokens_per_second: f64,
+}
+
+pub fn run(job_path: &Path, dry_run: bool, out: Option<PathBuf>) -> Result<()> {
+    let mut job = JobSpec::load(job_path)?;
+    if out.is_some() {
+        job.output = out;
+    }
+    let tools = Toolchain::discover()?;
+    let bundle = resolve_bundle(&tools, &job)?;
+    let manifest = bundle.manifest();
+    let parameters: u64 = manifest.params.iter().map(|p| p.shape.iter().product::<u64>()).sum();
+    println!(
+        "job {}: {} ({} parameters) on {} x mesh {}, global batch {} = {} micro-batches of {} x {} tokens, {} steps",
+        job.name,
+        job.model,
+        human_count(parameters),
+        job.mesh.dcn,
+        job.ici_mesh(),
+        job.batch.global,
+        job.micro_batches_per_step(),
+        job.batch.micro,
+        job.seq_len,
+        job.steps,
+    );
+    if dry_run {
+        println!("bundle {} ({})", bundle.dir().display(), &bundle.id()[..12]);
+        return Ok(());
+    }
+    if job.mesh.dcn != 1 {
+        bail!("mesh.dcn = {}: this build trains one slice per job; set mesh.dcn to 1", job.mesh.dcn);
+    }
+
+    let plugin_path = tools.plugin(job.runtime.plugin.as_deref())?;
+    let plugin = pjrt::Plugin::load(&plugin_path)?;
+    let spinner =
+        spinner(format!("compiling for {} {} devices", job.ici_mesh().num_devices(), manifest.platform));
+    let compile_started = Instant::now();
+    let slice = Slice::open(plugin, &manifest.platform, &job.ici_mesh())?;
+    let mut trainer = Trainer::new(slice, &bundle)?;
+    let compile_seconds = compile_started.elapsed().as_secs_f64();
+    spinner.finish_and_clear();
+    println!("compiled in {compile_seconds:.1}s");
+
+    let spec = BatchSpec::new(job.batch.global as usize, job.batch.micro as usize, job.seq_len as usize)?;
+    let loader = Loader::from_config(&job.data, spec, job.seed)?;
+    let run_dir = job.output_dir();
+    let record = RunRecord::create(&run_dir)?;
+    let mut progress = Progress::new(record, job.steps);
+    let outcome = worker::train(&mut trainer, &job, &loader, &mut progress);
+    let record = progress.finish()?;
+    let summary = outcome?;
+
+    record.summary(&Summary {
+        job: &job.name,
+        model: &job.model,
+        parameters,
+        mesh: job.ici_mesh().to_string(),
+        bundle: bundle.id(),
+        steps: summary.steps,
+        first_loss: summary.first_loss,
+        final_loss: summary.final_loss,
+        compile_seconds,
+        train_seconds: summary.seconds,
+        tokens_per_second: summary.tokens_per_second,
+    })?;
+    let plots = record.plot()?;
+    println!(
+        "done: {} steps in {:.1}s ({}), loss {:.4} -> {:.4} ({:.1}% of the first)",
+        summary.steps,
+        summary.seconds,
+        human_rate(summary.tokens_per_second),
+        summary.first_loss,
+        summary.final_loss,
+        100.0 * summary.final_loss / summary.first_loss
+    );
+    let names: Vec<_> = plots.iter().filter_map(|p| p.file_name()?.to_str()).collect();
+    println!("run record in {}: metrics.jsonl, summary.json, {}", run_dir.display(), names.join(", "));
+    Ok(())
+}
+
+/// The job's bundle: the one it names, or the cached export of its model and shapes.
+fn resolve_bundle(tools: &Toolchain, job: &JobSpec) -> Result<Bundle> {
+    let dir = match &job.bundle {
+        Some(dir) => dir.clone(),
+        None => {
+            let args = export_args(job, "cpu");
+            let mut spinner = None;
+            let dir = ensure_bundle(tools, &args, || {
+                spinner = Some(self::spinner(format!("exporting {} for mesh {}", job.model, job.ici_mesh())))
+            })?;
+            if let Some(s) = spinner {
+                s.finish_and_clear();
+            }
+            dir
+        }
+    };
+    let bundle = Bundle::load(&dir)?;
+    bundle.check_mesh(&job.ici_mesh())?;
+    let train = &bundle.manifest().train;
+    if train.micro_batch != job.batch.micro || train.seq_len != job.seq_len {
+        bail!(
+            "bundle {} was lowered for micro-batch {} x seq_len {}, but the job asks for {} x {}; \
+             drop `bundle:` from the job to export a matching one",
+            dir.display(),
+            train.micro_batch,
+            train.seq_len,
+            job.batch.micro,
+            job.seq_len
+        );
+    }
+    Ok(bundle)
+}
+
+fn spinner(message: String) -> ProgressBar {
+    let bar = ProgressBar::new_spinner();
+    bar.set_message(message);
+    bar.enable_steady_tick(Duration::from_millis(120));
+    bar
+}
+
+fn human_count(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.2}B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.1}M", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{:.1}k", n as f64 / 1e3),
+        n => n.to_string(),
+    }
+}

@@ -1,0 +1,85 @@
+//! `podctl`: the command line. It parses arguments and hands them to the libraries; anything
+//! more than glue belongs in a library crate.
+
+mod export;
+mod launch;
+mod progress;
+mod toolchain;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Train large models on pods of accelerators that come and go.
+#[derive(Parser)]
+#[command(name = "podctl", version, about)]
+struct Cli {
+    /// Log filter (e.g. `info`, `podctl=debug`); also read from RUST_LOG.
+    #[arg(long, global = true, env = "PODCTL_LOG", default_value = "warn")]
+    log: String,
+    /// Logs as JSON lines instead of text.
+    #[arg(long, global = true)]
+    log_json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a training job. Without a cluster, everything runs on this machine.
+    Launch {
+        /// The job spec (YAML).
+        job: PathBuf,
+        /// Check the spec, resolve the bundle and the layout, then stop.
+        #[arg(long)]
+        dry_run: bool,
+        /// The run directory (overrides the spec's `output`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    quiet_xla_logs();
+    let cli = Cli::parse();
+    init_logging(&cli.log, cli.log_json);
+    let result = match cli.command {
+        Command::Launch { job, dry_run, out } => launch::run(&job, dry_run, out),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            // Library errors often repeat their source in their own message; print what is new.
+            let mut shown = error.to_string();
+            for cause in error.chain().skip(1) {
+                let cause = cause.to_string();
+                if !shown.contains(&cause) {
+                    eprintln!("  caused by: {cause}");
+                    shown = cause;
+                }
+            }
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// XLA inside the PJRT plugin logs INFO lines to stderr; keep warnings and errors unless the
+/// user chose a level.
+fn quiet_xla_logs() {
+    if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
+        // SAFETY: called first thing in main, before any thread exists.
+        unsafe { std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "1") };
+    }
+}
+
+fn init_logging(filter: &str, json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}

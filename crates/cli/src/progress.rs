@@ -1,0 +1,116 @@
+//! What the user sees during a run: a progress bar on a terminal, a line every few steps
+//! otherwise, and every step written to the run record.
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use record::{RecordError, RunRecord};
+use serde::Serialize;
+use std::collections::VecDeque;
+use std::io::IsTerminal;
+use std::time::Duration;
+use worker::{Observer, StepMetrics};
+
+/// One line of `metrics.jsonl`.
+#[derive(Serialize)]
+struct StepLine {
+    step: u64,
+    loss: f64,
+    learning_rate: f64,
+    grad_norm: f32,
+    target_tokens: u64,
+    tokens: u64,
+    step_seconds: f64,
+    tokens_per_second: f64,
+    truncated_rows: u64,
+}
+
+/// Shows progress and records each step.
+pub struct Progress {
+    bar: ProgressBar,
+    record: RunRecord,
+    total: u64,
+    plain_every: u64,
+    /// Recent step times, for a tokens/s figure that follows the current speed.
+    recent: VecDeque<(u64, f64)>,
+    /// The first failure to write the record; training goes on, the launch reports it.
+    record_error: Option<RecordError>,
+}
+
+impl Progress {
+    pub fn new(record: RunRecord, total: u64) -> Self {
+        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{spinner:.green} step {pos}/{len} [{bar:30.cyan/blue}] {msg} · ETA {eta}",
+            )
+            .expect("template parses")
+            .progress_chars("=> "),
+        );
+        bar.enable_steady_tick(Duration::from_millis(200));
+        Self {
+            bar,
+            record,
+            total,
+            plain_every: (total / 10).max(1),
+            recent: VecDeque::new(),
+            record_error: None,
+        }
+    }
+
+    /// Ends the bar and hands back the record (or the first error writing it).
+    pub fn finish(self) -> Result<RunRecord, RecordError> {
+        self.bar.finish_and_clear();
+        match self.record_error {
+            Some(error) => Err(error),
+            None => Ok(self.record),
+        }
+    }
+}
+
+impl Observer for Progress {
+    fn on_step(&mut self, m: &StepMetrics) {
+        self.recent.push_back((m.tokens, m.seconds));
+        if self.recent.len() > 10 {
+            self.recent.pop_front();
+        }
+        let (tokens, seconds) = self.recent.iter().fold((0, 0.0), |(t, s), (dt, ds)| (t + dt, s + ds));
+        let tokens_per_second = tokens as f64 / seconds.max(1e-9);
+        let line = StepLine {
+            step: m.step,
+            loss: m.loss,
+            learning_rate: m.learning_rate,
+            grad_norm: m.grad_norm,
+            target_tokens: m.target_tokens,
+            tokens: m.tokens,
+            step_seconds: m.seconds,
+            tokens_per_second,
+            truncated_rows: m.truncated_rows,
+        };
+        if let Err(e) = self.record.step(&line)
+            && self.record_error.is_none()
+        {
+            self.record_error = Some(e);
+        }
+        self.bar.set_position(m.step);
+        self.bar.set_message(format!("loss {:.4} · {}", m.loss, human_rate(tokens_per_second)));
+        if !std::io::stderr().is_terminal() && (m.step % self.plain_every == 0 || m.step == self.total) {
+            eprintln!(
+                "step {}/{} loss {:.4} lr {:.2e} grad_norm {:.3} {}",
+                m.step,
+                self.total,
+                m.loss,
+                m.learning_rate,
+                m.grad_norm,
+                human_rate(tokens_per_second)
+            );
+        }
+    }
+}
+
+/// `12.3k tok/s`.
+pub fn human_rate(tokens_per_second: f64) -> String {
+    match tokens_per_second {
+        r if r >= 1e6 => format!("{:.2}M tok/s", r / 1e6),
+        r if r >= 1e3 => format!("{:.1}k tok/s", r / 1e3),
+        r => format!("{r:.0} tok/s"),
+    }
+}

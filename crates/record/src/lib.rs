@@ -1,0 +1,220 @@
+//! The run record: what a run leaves in its directory for people to look at.
+//!
+//! ```text
+//! <run>/metrics.jsonl   one JSON object per step ({"step": 1, "loss": ..., ...})
+//! <run>/events.jsonl    one JSON object per event (preemption, recovery, save, ...) with times
+//! <run>/loss.png        loss per step (and reward.png, step_time.png, timeline.png when there is
+//!                       something to draw)
+//! <run>/summary.json    the run at a glance
+//! ```
+//!
+//! Lines are flushed as they are written, so `tail -f` and a crash both see every step.
+#![deny(missing_docs)]
+
+mod plot;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// Why the record could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// A file in the run directory could not be written.
+    #[error("cannot write {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A plot could not be drawn.
+    #[error("cannot draw {path}: {reason}")]
+    Plot {
+        /// The image.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// One event of a run, as written to `events.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct Event {
+    /// Seconds since the record was opened.
+    pub t: f64,
+    /// Wall-clock time, seconds since the Unix epoch.
+    pub unix: f64,
+    /// What happened: `preemption`, `recovery`, `checkpoint`, ...
+    pub kind: String,
+    /// The step the job was at.
+    pub step: u64,
+    /// Anything else worth knowing.
+    #[serde(default)]
+    pub detail: Value,
+}
+
+/// An open run directory.
+pub struct RunRecord {
+    dir: PathBuf,
+    started: Instant,
+    metrics: BufWriter<File>,
+    events_file: BufWriter<File>,
+    steps: Vec<Map<String, Value>>,
+    events: Vec<Event>,
+}
+
+impl RunRecord {
+    /// Creates the run directory (and parents) and starts fresh metric and event files.
+    pub fn create(dir: impl AsRef<Path>) -> Result<Self, RecordError> {
+        let dir = dir.as_ref().to_path_buf();
+        std::fs::create_dir_all(&dir).map_err(|source| RecordError::Io { path: dir.clone(), source })?;
+        let open = |name: &str| {
+            let path = dir.join(name);
+            File::create(&path).map(BufWriter::new).map_err(|source| RecordError::Io { path, source })
+        };
+        Ok(Self {
+            metrics: open("metrics.jsonl")?,
+            events_file: open("events.jsonl")?,
+            dir,
+            started: Instant::now(),
+            steps: Vec::new(),
+            events: Vec::new(),
+        })
+    }
+
+    /// The run directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Appends one step's metrics; `metrics` must serialize to a JSON object with a `step`.
+    pub fn step(&mut self, metrics: &impl Serialize) -> Result<(), RecordError> {
+        let Value::Object(fields) = serde_json::to_value(metrics).unwrap_or(Value::Null) else {
+            return Err(self.io_error("metrics.jsonl", "step metrics must serialize to a JSON object"));
+        };
+        let line = Value::Object(fields.clone()).to_string();
+        writeln!(self.metrics, "{line}")
+            .and_then(|()| self.metrics.flush())
+            .map_err(|source| RecordError::Io { path: self.dir.join("metrics.jsonl"), source })?;
+        self.steps.push(fields);
+        Ok(())
+    }
+
+    /// Appends an event.
+    pub fn event(&mut self, kind: &str, step: u64, detail: Value) -> Result<(), RecordError> {
+        let unix = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        let event = Event { t: self.started.elapsed().as_secs_f64(), unix, kind: kind.into(), step, detail };
+        let line = serde_json::to_string(&event).expect("events serialize");
+        writeln!(self.events_file, "{line}")
+            .and_then(|()| self.events_file.flush())
+            .map_err(|source| RecordError::Io { path: self.dir.join("events.jsonl"), source })?;
+        self.events.push(event);
+        Ok(())
+    }
+
+    /// The events so far.
+    pub fn events(&self) -> &[Event] {
+        &self.events
+    }
+
+    /// Writes `summary.json`.
+    pub fn summary(&self, summary: &impl Serialize) -> Result<(), RecordError> {
+        let path = self.dir.join("summary.json");
+        let text = serde_json::to_string_pretty(summary).expect("summaries serialize");
+        std::fs::write(&path, text + "\n").map_err(|source| RecordError::Io { path, source })
+    }
+
+    /// Draws the plots the metrics allow: `loss.png` always, `reward.png` when steps carry a
+    /// `reward`, `step_time.png` when they carry `step_seconds`, `timeline.png` when there are
+    /// events. Returns the files written.
+    pub fn plot(&self) -> Result<Vec<PathBuf>, RecordError> {
+        let mut written = Vec::new();
+        let series = |key: &str| -> Vec<(f64, f64)> {
+            self.steps
+                .iter()
+                .filter_map(|m| Some((m.get("step")?.as_f64()?, m.get(key)?.as_f64()?)))
+                .filter(|(_, y)| y.is_finite())
+                .collect()
+        };
+        let markers: Vec<(f64, String)> =
+            self.events.iter().map(|e| (e.step as f64, e.kind.clone())).collect();
+        for (file, key, title, unit) in [
+            ("loss.png", "loss", "Loss", "loss per target token"),
+            ("reward.png", "reward", "Reward", "mean reward"),
+            ("step_time.png", "step_seconds", "Step time", "seconds"),
+        ] {
+            let points = series(key);
+            if points.is_empty() && key != "loss" {
+                continue;
+            }
+            let path = self.dir.join(file);
+            plot::lines(&path, title, "step", unit, &[(key, points)], &markers)?;
+            written.push(path);
+        }
+        if !self.events.is_empty() {
+            let path = self.dir.join("timeline.png");
+            plot::timeline(&path, &self.events)?;
+            written.push(path);
+        }
+        Ok(written)
+    }
+
+    fn io_error(&self, file: &str, message: &str) -> RecordError {
+        RecordError::Io { path: self.dir.join(file), source: std::io::Error::other(message.to_string()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn writes_metrics_events_and_plots() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut record = RunRecord::create(dir.path().join("run")).unwrap();
+        for step in 1..=20u64 {
+            let loss = 4.0 / step as f64;
+            record
+                .step(&json!({"step": step, "loss": loss, "step_seconds": 0.1, "reward": step as f64 / 20.0}))
+                .unwrap();
+        }
+        record.event("preemption", 7, json!({"slice": 1})).unwrap();
+        record.event("recovery", 8, json!({"seconds": 1.5})).unwrap();
+        record.summary(&json!({"steps": 20})).unwrap();
+        let written = record.plot().unwrap();
+        let names: Vec<_> =
+            written.iter().map(|p| p.file_name().unwrap().to_str().unwrap().to_string()).collect();
+        assert_eq!(names, ["loss.png", "reward.png", "step_time.png", "timeline.png"]);
+        for path in &written {
+            let bytes = std::fs::read(path).unwrap();
+            assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{path:?} is a PNG");
+        }
+        let metrics = std::fs::read_to_string(dir.path().join("run/metrics.jsonl")).unwrap();
+        assert_eq!(metrics.lines().count(), 20);
+        let first: Value = serde_json::from_str(metrics.lines().next().unwrap()).unwrap();
+        assert_eq!(first["loss"], 4.0);
+        let events: Vec<Event> = std::fs::read_to_string(dir.path().join("run/events.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(events.len(), 2);
+        assert_eq!((events[0].kind.as_str(), events[0].step), ("preemption", 7));
+        assert!(events[1].t >= events[0].t);
+    }
+
+    #[test]
+    fn only_loss_is_drawn_without_other_series() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut record = RunRecord::create(dir.path()).unwrap();
+        record.step(&json!({"step": 1, "loss": 2.0})).unwrap();
+        let written = record.plot().unwrap();
+        assert_eq!(written, vec![dir.path().join("loss.png")]);
+        assert!(record.step(&json!([1, 2])).is_err());
+    }
+}

@@ -1,0 +1,110 @@
+//! The loop over optimizer steps for one slice.
+
+use crate::WorkerError;
+use crate::trainer::Trainer;
+use data::Loader;
+use job::JobSpec;
+use std::time::Instant;
+
+/// What one optimizer step did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepMetrics {
+    /// 1-based step number.
+    pub step: u64,
+    /// Mean loss per target token.
+    pub loss: f64,
+    /// Target tokens that counted towards the loss.
+    pub target_tokens: u64,
+    /// Tokens processed (rows x sequence length).
+    pub tokens: u64,
+    /// The learning rate applied.
+    pub learning_rate: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f32,
+    /// Wall time of the step.
+    pub seconds: f64,
+    /// Rows whose example was cut at the sequence length.
+    pub truncated_rows: u64,
+}
+
+/// Receives each step as it completes.
+pub trait Observer {
+    /// Called after every optimizer step.
+    fn on_step(&mut self, metrics: &StepMetrics);
+}
+
+/// The run at a glance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSummary {
+    /// Steps run.
+    pub steps: u64,
+    /// Loss of the first step.
+    pub first_loss: f64,
+    /// Loss of the last step.
+    pub final_loss: f64,
+    /// Wall time of the training loop.
+    pub seconds: f64,
+    /// Tokens per second over the loop.
+    pub tokens_per_second: f64,
+}
+
+/// Seeds the bundle's `init` program from the job seed (the program takes 32 bits).
+pub fn init_seed(job_seed: u64) -> u32 {
+    (job_seed ^ (job_seed >> 32)) as u32
+}
+
+/// Initializes the state and trains the job's steps on one slice holding the whole global batch.
+pub fn train(
+    trainer: &mut Trainer,
+    job: &JobSpec,
+    loader: &Loader,
+    observer: &mut dyn Observer,
+) -> Result<RunSummary, WorkerError> {
+    trainer.init(init_seed(job.seed))?;
+    let micro_batches = job.micro_batches_per_step();
+    let started = Instant::now();
+    let (mut first_loss, mut final_loss, mut tokens) = (f64::NAN, f64::NAN, 0u64);
+    for step in 0..job.steps {
+        let step_started = Instant::now();
+        let (mut target_tokens, mut truncated_rows, mut step_tokens) = (0u64, 0u64, 0u64);
+        for micro in 0..micro_batches {
+            let batch = loader.micro_batch(step, micro)?;
+            target_tokens += batch.token_count();
+            truncated_rows += batch.truncated_rows as u64;
+            step_tokens += (batch.rows * batch.seq_len) as u64;
+            trainer.grad_step(&batch)?;
+        }
+        if target_tokens == 0 {
+            return Err(WorkerError::Mismatch(format!(
+                "step {} has no target tokens to learn from; check the data and seq_len",
+                step + 1
+            )));
+        }
+        let learning_rate = job.optimizer.learning_rate(step, job.steps);
+        let applied = trainer.apply(step + 1, learning_rate as f32, 1.0 / target_tokens as f32)?;
+        let loss = applied.loss_sum / applied.token_count;
+        if step == 0 {
+            first_loss = loss;
+        }
+        final_loss = loss;
+        tokens += step_tokens;
+        observer.on_step(&StepMetrics {
+            step: step + 1,
+            loss,
+            target_tokens,
+            tokens: step_tokens,
+            learning_rate,
+            grad_norm: applied.grad_norm,
+            seconds: step_started.elapsed().as_secs_f64(),
+            truncated_rows,
+        });
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(RunSummary {
+        steps: job.steps,
+        first_loss,
+        final_loss,
+        seconds,
+        tokens_per_second: tokens as f64 / seconds,
+    })
+}

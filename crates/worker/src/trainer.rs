@@ -1,0 +1,178 @@
+//! The train state on device and the train step.
+//!
+//! Parameters, AdamW moments and the gradient accumulator live on device from `init` to the end
+//! of the run. A step is `grad_step` once per micro-batch (each call adds its gradient into the
+//! donated accumulator) and then `apply_step`, which consumes everything and hands back the new
+//! state plus a zeroed accumulator in the same memory. Program signatures are the ones
+//! docs/BUNDLE.md fixes and `bundle::Bundle::load` has checked, so positions are known here.
+
+use crate::WorkerError;
+use crate::slice::{Arg, DeviceArray, Program, Slice};
+use bundle::{Bundle, Manifest};
+
+/// What one optimizer step produced.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AppliedStep {
+    /// Summed loss over every micro-batch of the step (on this slice).
+    pub loss_sum: f64,
+    /// Target tokens that counted (on this slice).
+    pub token_count: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f32,
+}
+
+/// A slice's compiled programs and the train state they work on.
+pub struct Trainer {
+    slice: Slice,
+    manifest: Manifest,
+    init: Program,
+    zero_grads: Program,
+    grad_step: Program,
+    apply_step: Program,
+    state: Option<State>,
+}
+
+struct State {
+    params: Vec<DeviceArray>,
+    mu: Vec<DeviceArray>,
+    nu: Vec<DeviceArray>,
+    grads: Vec<DeviceArray>,
+    /// `(loss_sum, token_count)` of the micro-batches since the last apply, read at apply time
+    /// so the host never waits on the device between micro-batches.
+    pending: Vec<(DeviceArray, DeviceArray)>,
+}
+
+impl Trainer {
+    /// Compiles the bundle's training programs for the slice (in parallel: compiles dominate
+    /// start-up).
+    pub fn new(slice: Slice, bundle: &Bundle) -> Result<Self, WorkerError> {
+        let [init, zero_grads, grad_step, apply_step] = std::thread::scope(|scope| {
+            let handles = bundle::TRAIN_PROGRAMS.map(|name| {
+                let slice = &slice;
+                scope.spawn(move || slice.compile(bundle, name))
+            });
+            handles.map(|h| h.join().expect("compile thread panicked"))
+        });
+        Ok(Self {
+            manifest: bundle.manifest().clone(),
+            init: init?,
+            zero_grads: zero_grads?,
+            grad_step: grad_step?,
+            apply_step: apply_step?,
+            slice,
+            state: None,
+        })
+    }
+
+    /// The slice the trainer runs on.
+    pub fn slice(&self) -> &Slice {
+        &self.slice
+    }
+
+    /// The bundle's manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Exact per-device memory of the grad step, the largest program.
+    pub fn grad_step_memory(&self) -> Result<pjrt::MemoryStats, WorkerError> {
+        self.grad_step.memory_stats()
+    }
+
+    /// Initializes parameters from `seed` and zeroes the optimizer state and gradients.
+    pub fn init(&mut self, seed: u32) -> Result<(), WorkerError> {
+        let seed = self.slice.scalar(&self.init.spec().inputs[0], seed.to_le_bytes())?;
+        let mut out = self.init.run(vec![Arg::Borrow(&seed)])?.into_iter();
+        let n = self.manifest.params.len();
+        let params = out.by_ref().take(n).collect();
+        let mu = out.by_ref().take(n).collect();
+        let nu = out.by_ref().take(n).collect();
+        let grads = self.zero_grads.run(vec![])?;
+        self.state = Some(State { params, mu, nu, grads, pending: Vec::new() });
+        Ok(())
+    }
+
+    /// Adds one micro-batch's gradient to the accumulator.
+    pub fn grad_step(&mut self, batch: &data::Batch) -> Result<(), WorkerError> {
+        let train = &self.manifest.train;
+        if batch.rows as u64 != train.micro_batch || batch.seq_len as u64 != train.seq_len {
+            return Err(WorkerError::Mismatch(format!(
+                "a batch of {}x{} does not fit the bundle's grad_step, lowered for micro_batch {} x seq_len {}",
+                batch.rows, batch.seq_len, train.micro_batch, train.seq_len
+            )));
+        }
+        let state = self.state.as_mut().ok_or_else(not_initialized)?;
+        let n = self.manifest.params.len();
+        let inputs = &self.grad_step.spec().inputs;
+        let tokens = self.slice.upload(&inputs[2 * n], bytemuck::cast_slice(&batch.tokens))?;
+        let targets = self.slice.upload(&inputs[2 * n + 1], bytemuck::cast_slice(&batch.targets))?;
+        let mask = self.slice.upload(&inputs[2 * n + 2], bytemuck::cast_slice(&batch.loss_mask))?;
+
+        let mut args: Vec<Arg<'_>> = state.params.iter().map(Arg::Borrow).collect();
+        args.extend(std::mem::take(&mut state.grads).into_iter().map(Arg::Donate));
+        args.extend([Arg::Borrow(&tokens), Arg::Borrow(&targets), Arg::Borrow(&mask)]);
+        let mut out = self.grad_step.run(args)?;
+        let token_count = out.pop().expect("signature checked");
+        let loss_sum = out.pop().expect("signature checked");
+        state.grads = out;
+        state.pending.push((loss_sum, token_count));
+        Ok(())
+    }
+
+    /// Applies the accumulated gradient: AdamW step `step` (1-based) at `learning_rate`, with the
+    /// summed gradient scaled by `grad_scale` (1 / the global batch's target tokens).
+    pub fn apply(
+        &mut self,
+        step: u64,
+        learning_rate: f32,
+        grad_scale: f32,
+    ) -> Result<AppliedStep, WorkerError> {
+        let state = self.state.take().ok_or_else(not_initialized)?;
+        let n = self.manifest.params.len();
+        let inputs = &self.apply_step.spec().inputs;
+        let step_index = i32::try_from(step).map_err(|_| {
+            WorkerError::Mismatch(format!("step {step} does not fit the program's int32 step"))
+        })?;
+        let step_arg = self.slice.scalar(&inputs[4 * n], step_index.to_le_bytes())?;
+        let lr = self.slice.scalar(&inputs[4 * n + 1], learning_rate.to_le_bytes())?;
+        let scale = self.slice.scalar(&inputs[4 * n + 2], grad_scale.to_le_bytes())?;
+
+        let (mut loss_sum, mut token_count) = (0.0f64, 0.0f64);
+        for (loss, tokens) in &state.pending {
+            loss_sum += self.slice.read_f32(loss)? as f64;
+            token_count += self.slice.read_f32(tokens)? as f64;
+        }
+        let args: Vec<Arg<'_>> = [state.params, state.mu, state.nu, state.grads]
+            .into_iter()
+            .flatten()
+            .map(Arg::Donate)
+            .chain([Arg::Borrow(&step_arg), Arg::Borrow(&lr), Arg::Borrow(&scale)])
+            .collect();
+        let mut out = self.apply_step.run(args)?;
+        let grad_norm = self.slice.read_f32(&out.pop().expect("signature checked"))?;
+        let mut out = out.into_iter();
+        let params = out.by_ref().take(n).collect();
+        let mu = out.by_ref().take(n).collect();
+        let nu = out.by_ref().take(n).collect();
+        let grads = out.collect();
+        self.state = Some(State { params, mu, nu, grads, pending: Vec::new() });
+        Ok(AppliedStep { loss_sum, token_count, grad_norm })
+    }
+
+    /// Copies the parameters and optimizer state to the host, named as in the bundle
+    /// (`params/...`, `opt/mu/...`, `opt/nu/...`), each a whole row-major array.
+    pub fn download_state(&self) -> Result<Vec<(String, Vec<u8>)>, WorkerError> {
+        let state = self.state.as_ref().ok_or_else(not_initialized)?;
+        let outputs = &self.init.spec().outputs;
+        let arrays = state.params.iter().chain(&state.mu).chain(&state.nu);
+        outputs
+            .iter()
+            .zip(arrays)
+            .map(|(spec, a)| Ok((spec.name.clone(), self.slice.download(spec, a)?)))
+            .collect()
+    }
+}
+
+fn not_initialized() -> WorkerError {
+    WorkerError::Mismatch("the train state is not initialized; call init first".into())
+}
