@@ -117,15 +117,12 @@ impl Client {
                 ),
             });
         }
-        if let Some(assignment) = &options.device_assignment {
-            if let Some(unknown) = assignment.iter().flatten().find(|id| !ids.contains(id)) {
-                return Err(Error::InvalidCompileOptions {
-                    field: "device_assignment",
-                    reason: format!(
-                        "names device {unknown}, which the client does not have (its ids: {ids:?})"
-                    ),
-                });
-            }
+        let assigned = options.device_assignment.iter().flatten().flatten();
+        if let Some(unknown) = assigned.into_iter().find(|id| !ids.contains(id)) {
+            return Err(Error::InvalidCompileOptions {
+                field: "device_assignment",
+                reason: format!("names device {unknown}, which the client does not have (its ids: {ids:?})"),
+            });
         }
         let plugin = self.inner.plugin;
         let program = mlir_program(mlir);

@@ -24,8 +24,9 @@ pub struct CompileOptions {
     pub use_spmd_partitioning: bool,
     /// Use Shardy; JAX 0.10 lowers sharded modules with `sdy` attributes, which need it.
     pub use_shardy_partitioner: bool,
-    /// `[replica][partition] -> device id`; `None` lets the plugin choose (partition p on the
-    /// p-th device for one replica).
+    /// `[replica][partition] -> device id`. `None` compiles generically, for any assignment
+    /// (a client then runs partition p on its p-th device); JAX always passes one, and XLA's
+    /// generated code differs slightly between the two, so pass JAX's to reproduce its numbers.
     pub device_assignment: Option<Vec<Vec<i64>>>,
 }
 

@@ -92,4 +92,4 @@ pub use error::{Error, ErrorCode, Result};
 pub use executable::{Executable, ExecuteArg, LoadedExecutable, MemoryStats};
 pub use named_value::NamedValue;
 pub use plugin::Plugin;
-pub use topology::Topology;
+pub use topology::{LIBTPU_AOT_ENV, Topology};

@@ -7,6 +7,16 @@ use crate::executable::Executable;
 use crate::ffi;
 use crate::plugin::{Plugin, string_from};
 
+/// The environment libtpu needs to compile ahead of time on a machine without TPUs, set on the
+/// process before [`Plugin::load`]: `TPU_SKIP_MDS_QUERY` keeps it from querying the cloud
+/// metadata server (what JAX sets); the others only silence warnings about the missing host.
+pub const LIBTPU_AOT_ENV: [(&str, &str); 4] = [
+    ("TPU_SKIP_MDS_QUERY", "1"),
+    ("TPU_ACCELERATOR_TYPE", "v6e-8"),
+    ("TPU_WORKER_HOSTNAMES", "localhost"),
+    ("TPU_WORKER_ID", "0"),
+];
+
 /// A description of devices, e.g. libtpu's `"v6e:2x4"` (eight v6e chips), made with
 /// [`Plugin::topology`].
 pub struct Topology {
