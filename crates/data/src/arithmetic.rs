@@ -20,7 +20,8 @@ const DOMAIN_PROBLEM: u64 = 0x6172_6974_685f_7072; // "arith_pr"
 /// Domain tag of the split hash. Deliberately not mixed with the seed: a problem's split is a
 /// property of the problem, so no two seeds can leak held-out problems into training.
 const DOMAIN_SPLIT: u64 = 0x6172_6974_685f_7370; // "arith_sp"
-/// One problem in `HELD_OUT_ONE_IN` is held out.
+/// One problem in `HELD_OUT_ONE_IN` is held out: those whose split hash is in the lowest
+/// `1 / HELD_OUT_ONE_IN` of the hash space.
 const HELD_OUT_ONE_IN: u64 = 8;
 /// Draws before giving up on finding a problem of the requested split: with a one-in-eight split
 /// the chance of a spurious failure is (7/8)^4096, i.e. never, unless the configured problem
@@ -102,7 +103,7 @@ impl Problem {
     /// The split this problem belongs to, whatever the seed.
     pub fn split(&self) -> Split {
         let op = self.op as u64;
-        if hash_words(&[DOMAIN_SPLIT, op, self.a, self.b]) % HELD_OUT_ONE_IN == 0 {
+        if hash_words(&[DOMAIN_SPLIT, op, self.a, self.b]) < u64::MAX / HELD_OUT_ONE_IN {
             Split::HeldOut
         } else {
             Split::Train

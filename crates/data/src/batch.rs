@@ -56,7 +56,8 @@ impl BatchSpec {
         if self.seq_len == 0 {
             return error("seq_len is 0; set it to the bundle's train.seq_len".into());
         }
-        if self.global_batch % self.micro_batch != 0 {
+        let leftover_rows = self.global_batch % self.micro_batch;
+        if leftover_rows != 0 {
             let below = self.global_batch / self.micro_batch * self.micro_batch;
             let above = below + self.micro_batch;
             let suggestion = if below == 0 { format!("{above}") } else { format!("{below} or {above}") };
@@ -343,7 +344,7 @@ fn lay_out_example(
 
 fn build_tokenizer(config: &TokenizerConfig) -> Result<Box<dyn Tokenizer>> {
     Ok(match config {
-        TokenizerConfig::Char => Box::new(CharTokenizer),
+        TokenizerConfig::Char {} => Box::new(CharTokenizer),
         TokenizerConfig::Hf(hf) => {
             let special = SpecialTokens { pad: hf.pad.clone(), bos: hf.bos.clone(), eos: hf.eos.clone() };
             Box::new(HfTokenizer::from_file(&hf.path, &special)?)

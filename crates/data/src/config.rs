@@ -56,7 +56,7 @@ impl Default for ArithmeticConfig {
             ops: vec![Op::Add, Op::Sub, Op::Mul],
             max_multiplier: 9,
             split: Split::Train,
-            tokenizer: TokenizerConfig::Char,
+            tokenizer: TokenizerConfig::Char {},
         }
     }
 }
@@ -115,20 +115,26 @@ pub struct TokenFileConfig {
 }
 
 /// Which tokenizer turns text into ids.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum TokenizerConfig {
-    /// [`crate::CharTokenizer`]: printable ASCII, vocabulary 128.
-    #[default]
-    Char,
+    /// [`crate::CharTokenizer`]: printable ASCII, vocabulary 128. A struct variant with no
+    /// fields (not a unit variant) so that serde refuses stray fields such as a `path`.
+    Char {},
     /// [`crate::HfTokenizer`]: a Hugging Face `tokenizer.json`.
     Hf(HfTokenizerConfig),
+}
+
+impl Default for TokenizerConfig {
+    fn default() -> Self {
+        TokenizerConfig::Char {}
+    }
 }
 
 impl TokenizerConfig {
     fn validate(&self) -> Result<()> {
         match self {
-            TokenizerConfig::Char => Ok(()),
+            TokenizerConfig::Char {} => Ok(()),
             TokenizerConfig::Hf(hf) => {
                 if hf.path.as_os_str().is_empty() {
                     return Err(invalid(
@@ -239,6 +245,9 @@ mod tests {
         let error = parse("{ kind: jsonl, path: a.jsonl, tokenizer: { kind: char }, shuffle: true }")
             .expect_err("unknown");
         assert!(error.contains("shuffle"), "{error}");
+        let error = parse("{ kind: arithmetic, tokenizer: { kind: char, path: t.json } }")
+            .expect_err("char has no path");
+        assert!(error.contains("path"), "{error}");
         let error = parse("{ kind: parquet, path: a }").expect_err("kind");
         assert!(error.contains("parquet"), "{error}");
         let error = parse("{ kind: tokens, path: c.bin, dtype: u8 }").expect_err("dtype");

@@ -64,7 +64,8 @@ impl TokenFile {
             what: format!("expected little-endian {} token ids", dtype.name()),
         })?;
         let bytes = map.len() as u64;
-        if bytes % dtype.size() != 0 {
+        let partial_token_bytes = bytes % dtype.size();
+        if partial_token_bytes != 0 {
             return Err(DataError::TokenFileSize {
                 path: path.to_path_buf(),
                 bytes,

@@ -98,20 +98,34 @@ fn mask_covers_exactly_the_answer_and_eos() {
 
 #[test]
 fn truncation_is_counted_never_silent() {
-    // Digits 4..=6 make long prompts; seq_len 96 cuts some of them.
+    // Long operands make long examples; a row length at the median of the first micro-batch's
+    // example lengths truncates about half of them.
     let config = ArithmeticConfig { digits: [4, 6], ..ArithmeticConfig::default() };
-    let seq_len = 96;
-    let loader = arithmetic(config.clone(), spec(32, 32, seq_len), 5);
     let source = Arithmetic::new(&config, 5).expect("valid");
+    // BOS + prompt + answer + EOS, in characters (the char tokenizer's tokens).
+    let full_len = |e: &Example| e.prompt.len() + e.answer.len() + 2;
+    let mut lengths: Vec<usize> = (0..32).map(|i| full_len(&source.example(i).expect("example"))).collect();
+    lengths.sort_unstable();
+    let seq_len = lengths[16] - 1;
+    let loader = arithmetic(config, spec(32, 32, seq_len), 5);
     let batch = loader.micro_batch(0, 0).expect("batch");
     let too_long = batch
         .example_indices
         .iter()
-        .map(|&i| source.example(i).expect("example"))
-        .filter(|e| e.prompt.len() + e.answer.len() + 2 > seq_len + 1)
+        .filter(|&&i| full_len(&source.example(i).expect("example")) > seq_len + 1)
         .count();
     assert!(too_long > 0 && too_long < 32, "the test needs a mix, got {too_long}");
     assert_eq!(batch.truncated_rows, too_long);
+    // A truncated row has no EOS target and its mask ends at the last position.
+    for r in 0..32 {
+        let targets = row(&batch.targets, seq_len, r);
+        let has_eos = targets.contains(&(CharTokenizer::EOS as i32));
+        let example = source.example(batch.example_indices[r]).expect("example");
+        assert_eq!(has_eos, full_len(&example) <= seq_len + 1);
+        if !has_eos {
+            assert_eq!(row(&batch.loss_mask, seq_len, r)[seq_len - 1], 1.0);
+        }
+    }
 }
 
 #[test]
@@ -147,7 +161,7 @@ fn jsonl_file(lines: usize) -> tempfile::NamedTempFile {
 fn jsonl_epochs_are_seeded_bijections() {
     let file = jsonl_file(37);
     let config =
-        DataConfig::Jsonl(JsonlConfig { path: file.path().into(), tokenizer: TokenizerConfig::Char });
+        DataConfig::Jsonl(JsonlConfig { path: file.path().into(), tokenizer: TokenizerConfig::Char {} });
     for (global, micro) in [(1, 1), (6, 3), (8, 2)] {
         let loader = Loader::from_config(&config, spec(global, micro, 32), 77).expect("loader");
         assert_eq!(loader.epoch_len(), Some(37));
@@ -188,7 +202,7 @@ fn a_bad_jsonl_line_fails_the_loader_with_file_and_line() {
     let mut file = jsonl_file(3);
     writeln!(file, "{{\"prompt\": \"x\", \"answer\": 4}}").expect("write");
     let config =
-        DataConfig::Jsonl(JsonlConfig { path: file.path().into(), tokenizer: TokenizerConfig::Char });
+        DataConfig::Jsonl(JsonlConfig { path: file.path().into(), tokenizer: TokenizerConfig::Char {} });
     let error = Loader::from_config(&config, spec(1, 1, 8), 0).expect_err("line 4 is bad");
     let message = error.to_string();
     assert!(message.contains(&format!("{}:4:", file.path().display())), "{message}");
