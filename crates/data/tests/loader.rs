@@ -271,3 +271,21 @@ fn custom_example_sources_plug_in() {
     answers.sort();
     assert_eq!(answers, ["#### 0", "#### 1", "#### 16", "#### 4", "#### 9"]);
 }
+
+#[test]
+fn golden_values_pin_the_streams_across_versions_and_platforms() {
+    // A change here changes every run's data: resumed jobs would see different batches than
+    // the steps before the restart. Update only on purpose.
+    let source = Arithmetic::new(&ArithmeticConfig::default(), 0).expect("valid");
+    assert_eq!(
+        source.example(0).expect("example"),
+        Example {
+            prompt: "There were 772 stickers on a shelf. Ines took 606 of them. How many stickers are on the shelf now?\n"
+                .into(),
+            answer: "772 - 606 = 166\n#### 166".into(),
+        }
+    );
+    let permutation = podctl_data::EpochPermutation::new(0, 0, 10);
+    let order: Vec<u64> = (0..10).map(|i| permutation.apply(i).expect("in range")).collect();
+    assert_eq!(order, [2, 6, 4, 9, 3, 7, 5, 8, 0, 1]);
+}
