@@ -1,0 +1,8 @@
+//! Worker integration tests against the real CPU PJRT plugin and JAX (through the project's
+//! Python environment, which `scripts/setup.sh` prepares).
+
+extern crate podctl_worker as worker;
+
+mod determinism;
+mod parity;
+mod support;

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs what podctl needs on a fresh machine, pinned, inside the project; safe to rerun.
+#   .venv/             Python 3.11: JAX 0.10.2, the CPU PJRT plugin (xla-cpu-pjrt), libtpu (TPU
+#                      AOT compiles), the exporter (models/, editable), object-store emulators
+#   target/release/podctl   (only with --release)
+# Nothing is installed outside the project; every version comes from a pin in this repository.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+release=0
+for arg in "$@"; do
+  case "$arg" in
+    --release) release=1 ;;
+    *) echo "usage: scripts/setup.sh [--release]" >&2; exit 2 ;;
+  esac
+done
+
+python=${PYTHON:-python3}
+if ! "$python" -c 'import sys; assert sys.version_info[:2] == (3, 11)' 2>/dev/null; then
+  echo "setup: need Python 3.11 (JAX 0.10.2 wheels); set PYTHON=/path/to/python3.11" >&2
+  exit 1
+fi
+
+# The stamp records what was installed, so a rerun with unchanged pins takes no time.
+stamp=.venv/.podctl-setup
+want=$(cat models/requirements.lock scripts/requirements/*.txt models/pyproject.toml | sha256sum | cut -c1-16)
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$python" -m venv .venv
+fi
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setup: installing pinned Python packages into .venv (first time: a few minutes)"
+  .venv/bin/pip install --quiet --disable-pip-version-check -r models/requirements.lock
+  for req in scripts/requirements/*.txt; do
+    case "$req" in *-bench.txt) continue ;; esac   # benchmarks install their own baselines
+    .venv/bin/pip install --quiet --disable-pip-version-check -r "$req"
+  done
+  .venv/bin/pip install --quiet --disable-pip-version-check --no-deps -e models
+  echo "$want" > "$stamp"
+fi
+
+if [ "$release" = 1 ]; then
+  echo "setup: building podctl (release)"
+  cargo build --release --locked -p podctl-cli
+fi
