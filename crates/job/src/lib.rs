@@ -84,6 +84,9 @@ pub struct JobSpec {
     /// A bundle exported beforehand; podctl exports one for the job when absent.
     #[serde(default)]
     pub bundle: Option<PathBuf>,
+    /// When and where to save checkpoints; none are saved when absent.
+    #[serde(default)]
+    pub checkpoint: Option<CheckpointSpec>,
     /// Where the job runs.
     #[serde(default)]
     pub runtime: RuntimeSpec,
@@ -149,6 +152,28 @@ impl Default for TrainOptions {
             compute_dtype: mesh::DType::Float32,
         }
     }
+}
+
+/// Checkpoint schedule, place and retention.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSpec {
+    /// Save after every this many steps (and after the last step).
+    pub every: u64,
+    /// The checkpoint root: `file://...`, `s3://bucket/prefix` or `gs://bucket/prefix`;
+    /// `<output>/checkpoints` by default.
+    #[serde(default)]
+    pub uri: Option<String>,
+    /// Keep the last this many committed checkpoints.
+    #[serde(default = "default_keep")]
+    pub keep: u32,
+    /// Also keep every checkpoint whose step is a multiple of this (0: none).
+    #[serde(default)]
+    pub keep_every: u64,
+}
+
+fn default_keep() -> u32 {
+    3
 }
 
 /// Where and how the job runs.
@@ -249,6 +274,27 @@ impl JobSpec {
         if self.train.loss_chunk == 0 {
             return invalid("train.loss_chunk", "is 0; use a positive number of time steps".into());
         }
+        if let Some(checkpoint) = &self.checkpoint {
+            if checkpoint.every == 0 {
+                return invalid(
+                    "checkpoint.every",
+                    "is 0; save every N >= 1 steps, or drop `checkpoint:`".into(),
+                );
+            }
+            if checkpoint.keep == 0 {
+                return invalid("checkpoint.keep", "is 0; keep at least the latest checkpoint".into());
+            }
+            if let Some(uri) = &checkpoint.uri
+                && !["file://", "s3://", "gs://"].iter().any(|scheme| uri.starts_with(scheme))
+            {
+                return invalid(
+                    "checkpoint.uri",
+                    format!(
+                        "'{uri}' is not a checkpoint location; use file:///path, s3://bucket/prefix or gs://bucket/prefix"
+                    ),
+                );
+            }
+        }
         self.optimizer.validate(self.steps)?;
         self.data.validate()?;
         Ok(())
@@ -273,6 +319,21 @@ impl JobSpec {
     /// The run directory.
     pub fn output_dir(&self) -> PathBuf {
         self.output.clone().unwrap_or_else(|| PathBuf::from("runs").join(&self.name))
+    }
+
+    /// The checkpoint root URI, when the job saves checkpoints.
+    pub fn checkpoint_uri(&self) -> Option<String> {
+        let checkpoint = self.checkpoint.as_ref()?;
+        Some(checkpoint.uri.clone().unwrap_or_else(|| {
+            let dir = self.output_dir().join("checkpoints");
+            let dir = std::path::absolute(&dir).unwrap_or(dir);
+            format!("file://{}", dir.display())
+        }))
+    }
+
+    /// Serializes the spec back to YAML-compatible JSON text (JSON is YAML), e.g. to submit it.
+    pub fn to_yaml(&self) -> String {
+        serde_json::to_string_pretty(self).expect("job specs serialize")
     }
 }
 

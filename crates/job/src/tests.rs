@@ -88,3 +88,17 @@ fn every_field_gets_a_named_error() {
         assert!(e.contains(field), "{line}: {e}");
     }
 }
+
+#[test]
+fn checkpoint_section_and_round_trip() {
+    let spec = parse(&format!("{TINY}\ncheckpoint: {{ every: 50 }}")).unwrap();
+    let uri = spec.checkpoint_uri().unwrap();
+    assert!(uri.starts_with("file:///") && uri.ends_with("runs/tiny-arith/checkpoints"), "{uri}");
+    assert_eq!(spec.checkpoint.as_ref().unwrap().keep, 3);
+    let again = JobSpec::from_yaml(&spec.to_yaml(), Path::new("again.yaml")).unwrap();
+    assert_eq!(again, spec);
+    let e = parse(&format!("{TINY}\ncheckpoint: {{ every: 5, uri: /tmp/x }}")).unwrap_err();
+    assert!(e.contains("`checkpoint.uri`"), "{e}");
+    let e = parse(&format!("{TINY}\ncheckpoint: {{ every: 0 }}")).unwrap_err();
+    assert!(e.contains("`checkpoint.every`"), "{e}");
+}
