@@ -69,15 +69,7 @@ impl Plugin {
             let head = &*api;
             (head.struct_size, (head.pjrt_api_version.major_version, head.pjrt_api_version.minor_version))
         };
-        if version.0 != ffi::PJRT_API_MAJOR as i32 {
-            return Err(Error::ApiVersionMismatch {
-                path,
-                plugin_major: version.0,
-                plugin_minor: version.1,
-                major: ffi::PJRT_API_MAJOR,
-                minor: ffi::PJRT_API_MINOR,
-            });
-        }
+        check_version(&path, version)?;
         Ok(Plugin { path, api, api_size, version, _library: library })
     }
 
@@ -199,6 +191,21 @@ impl std::fmt::Debug for Plugin {
     }
 }
 
+/// Accepts any minor version of the header's major one: argument structs carry their size, so
+/// older and newer plugins read what they know; missing functions are caught per call.
+fn check_version(path: &Path, (major, minor): (i32, i32)) -> Result<()> {
+    if major == ffi::PJRT_API_MAJOR as i32 {
+        return Ok(());
+    }
+    Err(Error::ApiVersionMismatch {
+        path: path.to_path_buf(),
+        plugin_major: major,
+        plugin_minor: minor,
+        major: ffi::PJRT_API_MAJOR,
+        minor: ffi::PJRT_API_MINOR,
+    })
+}
+
 /// Copies a (pointer, length) string the plugin owns; invalid UTF-8 is replaced, not refused.
 ///
 /// # Safety
@@ -242,6 +249,20 @@ mod tests {
         std::fs::write(&path, b"not an ELF file").unwrap();
         let error = Plugin::load(&path).unwrap_err();
         assert!(matches!(error, Error::PluginLoad { .. }), "{error}");
+    }
+
+    #[test]
+    fn only_the_major_version_must_match() {
+        let path = Path::new("/plugins/pjrt.so");
+        assert!(check_version(path, (0, 81)).is_ok());
+        assert!(check_version(path, (0, 115)).is_ok());
+        let error = check_version(path, (1, 2)).unwrap_err();
+        assert!(matches!(error, Error::ApiVersionMismatch { plugin_major: 1, .. }));
+        assert_eq!(
+            error.to_string(),
+            "/plugins/pjrt.so implements PJRT C API 1.2, but podctl-pjrt was built against 0.81; \
+             use a plugin of major version 0"
+        );
     }
 
     #[test]
