@@ -6,17 +6,21 @@
 //! 3. It does the work, printing progress and results; an error is printed as
 //!    `{"error": {...}}` and exits with status 3.
 //!
-//! `collective-peer raw-sink` instead measures plain TCP: it prints its address, accepts one
-//! connection, reads until EOF and prints how many bytes arrived in how long.
+//! Two modes measure plain TCP for the benchmark's baselines:
+//! - `collective-peer raw-sink` prints its address, accepts one connection, reads until EOF and
+//!   prints how many bytes arrived in how long;
+//! - `collective-peer raw-ring` prints its address, reads `{"next": ADDR, "bytes": N}`, then sends
+//!   N bytes to `next` while receiving N bytes from whoever connects to it, and prints how long
+//!   both took: a ring of plain streams, the ceiling for an all-reduce's links on this machine.
 
 use podctl_collective::{AbortHandle, Buffer, Config, Endpoint, Error, GroupSpec};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::io::{BufRead, Read, Write};
-use std::net::TcpListener;
+use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What the parent asks for.
 #[derive(Deserialize)]
@@ -39,8 +43,11 @@ enum Work {
 }
 
 fn main() -> ExitCode {
-    let raw = std::env::args().nth(1).is_some_and(|a| a == "raw-sink");
-    let result = if raw { raw_sink() } else { member() };
+    let result = match std::env::args().nth(1).as_deref() {
+        Some("raw-sink") => raw_sink(),
+        Some("raw-ring") => raw_ring(),
+        _ => member(),
+    };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(report) => {
@@ -126,24 +133,59 @@ fn member() -> Result<(), Value> {
     Ok(())
 }
 
+/// Reads from `stream` until EOF or `limit` bytes; returns the byte count.
+fn drain(stream: &mut TcpStream, limit: u64) -> Result<u64, Value> {
+    stream.set_read_timeout(Some(Duration::from_secs(60))).map_err(|e| other(format!("{e}")))?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    while total < limit {
+        let n = stream.read(&mut buf).map_err(|e| other(format!("read: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+    }
+    Ok(total)
+}
+
+fn raw_ring() -> Result<(), Value> {
+    #[derive(Deserialize)]
+    struct RingTask {
+        next: String,
+        bytes: u64,
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| other(format!("bind: {e}")))?;
+    let addr = listener.local_addr().map_err(|e| other(format!("local_addr: {e}")))?;
+    say(&json!({ "addr": addr.to_string() }));
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line).map_err(|e| other(format!("reading the task: {e}")))?;
+    let task: RingTask = serde_json::from_str(&line).map_err(|e| other(format!("parsing the task: {e}")))?;
+    let receiver = std::thread::spawn(move || -> Result<u64, Value> {
+        let (mut stream, _) = listener.accept().map_err(|e| other(format!("accept: {e}")))?;
+        drain(&mut stream, task.bytes)
+    });
+    let mut next =
+        TcpStream::connect(&task.next).map_err(|e| other(format!("connect {}: {e}", task.next)))?;
+    let start = Instant::now();
+    let block = vec![1u8; 4 << 20];
+    let mut left = task.bytes;
+    while left > 0 {
+        let n = left.min(block.len() as u64) as usize;
+        next.write_all(&block[..n]).map_err(|e| other(format!("write: {e}")))?;
+        left -= n as u64;
+    }
+    let received = receiver.join().map_err(|_| other("receiver thread panicked".into()))??;
+    say(&json!({ "bytes": received, "secs": start.elapsed().as_secs_f64() }));
+    Ok(())
+}
+
 fn raw_sink() -> Result<(), Value> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| other(format!("bind: {e}")))?;
     let addr = listener.local_addr().map_err(|e| other(format!("local_addr: {e}")))?;
     say(&json!({ "addr": addr.to_string() }));
     let (mut stream, _) = listener.accept().map_err(|e| other(format!("accept: {e}")))?;
-    stream.set_read_timeout(Some(std::time::Duration::from_secs(60))).map_err(|e| other(format!("{e}")))?;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut total = 0u64;
-    let mut first: Option<Instant> = None;
-    loop {
-        let n = stream.read(&mut buf).map_err(|e| other(format!("read: {e}")))?;
-        if n == 0 {
-            break;
-        }
-        first.get_or_insert_with(Instant::now);
-        total += n as u64;
-    }
-    let secs = first.map_or(0.0, |t| t.elapsed().as_secs_f64());
-    say(&json!({ "bytes": total, "secs": secs }));
+    let start = Instant::now();
+    let total = drain(&mut stream, u64::MAX)?;
+    say(&json!({ "bytes": total, "secs": start.elapsed().as_secs_f64() }));
     Ok(())
 }
