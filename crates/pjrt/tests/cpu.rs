@@ -332,6 +332,10 @@ fn invalid_compile_options_are_refused_before_the_plugin_sees_them() {
         ..CompileOptions::spmd(4)
     });
     assert!(unknown.contains("names device 17"), "{unknown}");
+    // Options the plugin can judge only against the module come back as its typed error.
+    let mismatch = client.compile(&module, &CompileOptions::spmd(2)).err().unwrap();
+    assert_eq!(mismatch.code(), Some(ErrorCode::InvalidArgument), "{mismatch}");
+    assert!(mismatch.to_string().contains("should have 2 devices but has 4"), "{mismatch}");
     // The process is still alive and the client still works.
     assert!(client.compile(&module, &CompileOptions::spmd(4)).is_ok());
 }

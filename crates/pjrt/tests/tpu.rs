@@ -39,6 +39,8 @@ fn tpu_memory_stats_equal_jax() {
     let fixture = &manifest()["tpu_step"];
     let plugin = Plugin::load(libtpu_path()).unwrap();
     assert_eq!(plugin.api_version().0, 0);
+    let unknown = plugin.topology("v6e:3x3x3x3", &[]).err().unwrap();
+    assert!(unknown.code().is_some(), "{unknown}");
     let topology = plugin.topology(fixture["topology"].as_str().unwrap(), &[]).unwrap();
     assert_eq!(topology.platform_name().unwrap(), "tpu");
     assert_eq!(topology.num_devices().unwrap(), 8);
