@@ -239,7 +239,10 @@ impl Checkpoint {
         let chunk = self.manifest.chunk_size;
         let verify = {
             let bytes = bytes.clone();
-            let crcs = object.chunk_crc32c.clone();
+            // Only this span's CRCs travel to the blocking thread.
+            let first = (fetch.range.start / chunk) as usize;
+            let last = fetch.range.end.div_ceil(chunk) as usize;
+            let crcs = object.chunk_crc32c[first..last].to_vec();
             let (start, key) = (fetch.range.start, key.to_string());
             // CRCs of a large read are CPU work; keep it off the async workers.
             move || -> Result<()> {
@@ -247,7 +250,7 @@ impl Checkpoint {
                     let offset = start + i as u64 * chunk;
                     let index = offset / chunk;
                     let actual = crc32c::crc32c(piece);
-                    let expected = crcs[index as usize];
+                    let expected = crcs[i];
                     if actual != expected {
                         return Err(CheckpointError::Corrupt {
                             key,
