@@ -76,17 +76,25 @@ def test_logits_match_numpy_reference():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+_loss_and_grads_cache = {}
+
+
+def loss_and_grads(train: TrainConfig, params, batch):
+    """`(loss_sum, grads)` of MODEL, one compile per train setting across tests."""
+    if train not in _loss_and_grads_cache:
+        _loss_and_grads_cache[train] = jax.jit(jax.value_and_grad(
+            lambda p, b: qwen3.sft_loss(p, *b, MODEL, train)[0]))
+    return _loss_and_grads_cache[train](params, batch)
+
+
 def test_remat_policies_do_not_change_gradients():
     params = random_params(MODEL, 4)
-    tokens, targets, mask = arithmetic_batch(2, 16, seed=1)
-    grads = {}
-    for remat in ("none", "dots", "full"):
-        train = dataclasses.replace(TRAIN, remat=remat)
-        fn = jax.jit(jax.grad(lambda p: qwen3.sft_loss(p, tokens, targets, mask, MODEL, train)[0]))
-        grads[remat] = fn(params)
+    batch = arithmetic_batch(2, 16, seed=1)
+    _, want = loss_and_grads(TRAIN, params, batch)
     for remat in ("dots", "full"):
+        _, grads = loss_and_grads(dataclasses.replace(TRAIN, remat=remat), params, batch)
         for k in params:
-            assert_close_to_scale(grads[remat][k], grads["none"][k], 1e-5)
+            assert_close_to_scale(grads[k], want[k], 1e-5)
 
 
 def test_param_count_and_specs_of_tiny():
@@ -157,13 +165,9 @@ def test_grad_step_accumulates_micro_batches_as_one_batch():
 
 def test_bfloat16_compute_tracks_float32_and_keeps_float32_gradients():
     params = random_params(MODEL, 6)
-    tokens, targets, mask = arithmetic_batch(2, 16, seed=4)
-    bf16 = dataclasses.replace(TRAIN, compute_dtype="bfloat16")
-
-    def loss(train):
-        return jax.jit(jax.value_and_grad(
-            lambda p: qwen3.sft_loss(p, tokens, targets, mask, MODEL, train)[0]))(params)
-
-    (value_32, _), (value_16, grads_16) = loss(TRAIN), loss(bf16)
+    batch = arithmetic_batch(2, 16, seed=4)
+    value_32, _ = loss_and_grads(TRAIN, params, batch)
+    value_16, grads_16 = loss_and_grads(dataclasses.replace(TRAIN, compute_dtype="bfloat16"),
+                                        params, batch)
     np.testing.assert_allclose(float(value_16), float(value_32), rtol=2e-2)
     assert all(g.dtype == jnp.float32 for g in grads_16.values())

@@ -7,17 +7,16 @@ import numpy as np
 from podctl_models.config import OptimizerConfig, TrainConfig, preset
 from podctl_models.programs import build_programs
 
-from conftest import arithmetic_batch
+from conftest import arithmetic_batch, tiny_init
 
 
 def test_tiny_model_drives_the_loss_down_on_a_fixed_batch():
     train = TrainConfig(micro_batch=8, seq_len=32, loss_chunk=16)
     programs = build_programs(preset("tiny"), train, OptimizerConfig())
     n = len(programs["zero_grads"].outputs)
-    init = jax.jit(programs["init"].fn)
     grad_step = jax.jit(programs["grad_step"].fn, donate_argnums=tuple(range(n, 2 * n)))
     apply_step = jax.jit(programs["apply_step"].fn, donate_argnums=tuple(range(4 * n)))
-    state = init(jnp.uint32(0))
+    state = tiny_init(jnp.uint32(0))
     params, mu, nu = state[:n], state[n:2 * n], state[2 * n:]
     grads = jax.jit(programs["zero_grads"].fn)()
     tokens, targets, mask = arithmetic_batch(8, 32, seed=0)
