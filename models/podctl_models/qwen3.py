@@ -113,7 +113,8 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return normed.astype(x.dtype) * weight.astype(x.dtype)
 
 
-def rope_tables(seq_len: int, head_dim: int, theta: float, dtype: Any) -> tuple[jax.Array, jax.Array]:
+def rope_tables(seq_len: int, head_dim: int, theta: float,
+                dtype: Any) -> tuple[jax.Array, jax.Array]:
     """cos/sin `[seq_len, head_dim]` for rotate-half RoPE (the Hugging Face Qwen3 layout)."""
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_freq[None, :]

@@ -169,7 +169,7 @@ def run(bundle_dir: Path, program: str, inputs: Path, outputs: Path) -> None:
 
 
 def fixed_batch(bundle: Bundle) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A deterministic batch: random non-special tokens, next-token targets, every target counted."""
+    """A deterministic batch: random non-special tokens, next-token targets, all counted."""
     train, vocab = bundle.manifest["train"], bundle.manifest["model"]["vocab_size"]
     shape = (train["micro_batch"], train["seq_len"])
     rng = np.random.default_rng(0)

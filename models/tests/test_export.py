@@ -1,8 +1,11 @@
 """Exported bundles against docs/BUNDLE.md, and refusals of settings that cannot work."""
 
 import json
+import os
 import math
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +40,8 @@ def validate_manifest(bundle_dir) -> dict:
     train, pdtype = m["train"], m["train"]["param_dtype"]
 
     def check_tensor(t, is_input):
-        assert set(t) == {"name", "shape", "dtype", "sharding"} | ({"donated"} if is_input else set())
+        keys = {"name", "shape", "dtype", "sharding"} | ({"donated"} if is_input else set())
+        assert set(t) == keys, t
         assert len(t["sharding"]) == len(t["shape"]), t
         used = [axis for axes in t["sharding"] for axis in axes]
         assert len(used) == len(set(used)), t
@@ -212,3 +216,19 @@ def test_qwen3_1_7b_tpu_export_runs_on_this_machine():
     tokens = grad_step.in_avals[26]
     assert tokens.shape == (8, 2048) and tokens.dtype == jnp.int32
     assert "bf16" in grad_step.mlir_module()
+
+
+def test_cli_process_never_initializes_libtpu(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    done = subprocess.run(
+        [sys.executable, "-m", "podctl_models.export", "--preset", "tiny", "--platform", "tpu",
+         "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "TPU" not in done.stderr and "libtpu" not in done.stderr, done.stderr
+    assert json.loads((tmp_path / "manifest.json").read_text())["platform"] == "tpu"
+    done = subprocess.run([sys.executable, "-m", "podctl_models.export", "--preset", "tiny-ish",
+                           "--out", str(tmp_path / "no")], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: preset = 'tiny-ish' is unknown; choose one of tiny, small, qwen3-0.6b, qwen3-1.7b"]

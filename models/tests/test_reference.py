@@ -24,7 +24,8 @@ def reference(*args):
 def write_inputs(folder, arrays):
     folder.mkdir()
     for i, array in enumerate(arrays):
-        np.asarray(array).astype(np.asarray(array).dtype.newbyteorder("<")).tofile(folder / f"{i}.bin")
+        array = np.asarray(array)
+        array.astype(array.dtype.newbyteorder("<")).tofile(folder / f"{i}.bin")
 
 
 def read_outputs(folder, program):
