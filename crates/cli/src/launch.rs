@@ -36,6 +36,9 @@ pub fn run(job_path: &Path, dry_run: bool, out: Option<PathBuf>) -> Result<()> {
         job.output = out;
     }
     let tools = Toolchain::discover()?;
+    // The plugin is checked before the (slower) export so that a wrong path fails at once.
+    let plugin_path = tools.plugin(job.runtime.plugin.as_deref())?;
+    let plugin = pjrt::Plugin::load(&plugin_path)?;
     let bundle = resolve_bundle(&tools, &job)?;
     let manifest = bundle.manifest();
     let parameters: u64 = manifest.params.iter().map(|p| p.shape.iter().product::<u64>()).sum();
@@ -60,8 +63,6 @@ pub fn run(job_path: &Path, dry_run: bool, out: Option<PathBuf>) -> Result<()> {
         bail!("mesh.dcn = {}: this build trains one slice per job; set mesh.dcn to 1", job.mesh.dcn);
     }
 
-    let plugin_path = tools.plugin(job.runtime.plugin.as_deref())?;
-    let plugin = pjrt::Plugin::load(&plugin_path)?;
     let spinner =
         spinner(format!("compiling for {} {} devices", job.ici_mesh().num_devices(), manifest.platform));
     let compile_started = Instant::now();
