@@ -25,7 +25,7 @@ impl Buffer {
             DType::Bfloat16 => Elem::Bf16,
             other => return Err(Error::UnsupportedDtype { dtype: other }),
         };
-        if bytes.len() % elem.size() != 0 {
+        if !bytes.len().is_multiple_of(elem.size()) {
             return Err(Error::InvalidSubmission {
                 reason: format!(
                     "a {dtype} buffer of {} bytes is not a whole number of {}-byte elements",

@@ -40,6 +40,15 @@ pub struct Endpoint {
     filter: Option<Arc<dyn Filter>>,
 }
 
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("addr", &self.addr)
+            .field("filtered", &self.filter.is_some())
+            .finish()
+    }
+}
+
 /// A ring link as seen from its two ends.
 type Edge = (usize, usize);
 

@@ -271,6 +271,16 @@ impl Drop for GroupInner {
     }
 }
 
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group")
+            .field("spec", self.spec())
+            .field("local_ranks", &self.local_ranks())
+            .field("failure", &self.failure())
+            .finish()
+    }
+}
+
 impl Group {
     /// Starts the rank threads over established links (one pair per local rank, in local order).
     pub(crate) fn start(
@@ -413,6 +423,12 @@ struct Slot {
     /// Submitted buffers by local index, until the bucket starts.
     buffers: Vec<Option<Buffer>>,
     collected: bool,
+}
+
+impl std::fmt::Debug for Round {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Round").field("id", &self.id).field("buckets", &self.slots.len()).finish()
+    }
 }
 
 impl Round {

@@ -133,7 +133,9 @@ impl Config {
                 fix: "use a positive duration, e.g. 60s",
             });
         }
-        if !(MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES).contains(&self.chunk_bytes) || self.chunk_bytes % 4 != 0 {
+        if !(MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES).contains(&self.chunk_bytes)
+            || !self.chunk_bytes.is_multiple_of(4)
+        {
             return Err(Error::InvalidConfig {
                 field: "chunk_bytes",
                 value: self.chunk_bytes.to_string(),
@@ -168,7 +170,8 @@ mod tests {
 
     #[test]
     fn rejects_inconsistent_specs() {
-        let cases: Vec<(fn(&mut GroupSpec), &str)> = vec![
+        type Breakage = (fn(&mut GroupSpec), &'static str);
+        let cases: Vec<Breakage> = vec![
             (|s| s.job.clear(), "job name"),
             (|s| s.members.clear(), "no members"),
             (|s| s.members[1] = s.members[0], "listed twice"),
