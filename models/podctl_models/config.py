@@ -7,6 +7,8 @@ exporter's CLI turns these messages straight into its exit-2 diagnostics.
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from dataclasses import dataclass
 
 # The names of the ICI mesh axes the model shards over; a bundle's mesh always has both, major
@@ -57,20 +59,13 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
 
-PRESETS: dict[str, ModelConfig] = {
-    # Character vocabulary (PAD=0, BOS=1, EOS=2, printable ASCII = its code): trains a synthetic
-    # arithmetic task on 2 CPU cores in minutes.
-    "tiny": ModelConfig("tiny", vocab_size=128, hidden_size=128, num_layers=2, num_heads=4,
-                        num_kv_heads=2, head_dim=32, intermediate_size=384),
-    # The same vocabulary, ~3.2M parameters: big enough for meaningful throughput numbers on CPU.
-    "small": ModelConfig("small", vocab_size=128, hidden_size=256, num_layers=4, num_heads=8,
-                         num_kv_heads=4, head_dim=32, intermediate_size=768),
-    # Published Qwen3 dimensions (config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B).
-    "qwen3-0.6b": ModelConfig("qwen3-0.6b", vocab_size=151_936, hidden_size=1024, num_layers=28,
-                              num_heads=16, num_kv_heads=8, head_dim=128, intermediate_size=3072),
-    "qwen3-1.7b": ModelConfig("qwen3-1.7b", vocab_size=151_936, hidden_size=2048, num_layers=28,
-                              num_heads=16, num_kv_heads=8, head_dim=128, intermediate_size=6144),
-}
+def _load_presets() -> dict[str, ModelConfig]:
+    # presets.json is shared with the Rust side (crates/bundle), so both agree on every shape.
+    raw = json.loads((Path(__file__).parent / "presets.json").read_text())
+    return {name: ModelConfig(name, **dims) for name, dims in raw.items() if not name.startswith("_")}
+
+
+PRESETS: dict[str, ModelConfig] = _load_presets()
 
 
 def preset(name: str) -> ModelConfig:

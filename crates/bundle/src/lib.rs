@@ -11,10 +11,12 @@
 #![deny(missing_docs)]
 
 mod manifest;
+mod presets;
 
 pub use manifest::{
     ExporterInfo, Manifest, ModelConfig, OptimizerConfig, ProgramSpec, TensorSpec, TrainConfig,
 };
+pub use presets::{preset, presets};
 
 use mesh::IciMesh;
 use sha2::{Digest, Sha256};
@@ -86,7 +88,11 @@ impl Bundle {
         let text = read(&manifest_path)?;
         let manifest: Manifest = serde_json::from_slice(&text)
             .map_err(|source| BundleError::Parse { path: manifest_path.clone(), source })?;
-        manifest.validate().map_err(|(field, reason)| BundleError::Invalid { dir: dir.clone(), field, reason })?;
+        manifest.validate().map_err(|(field, reason)| BundleError::Invalid {
+            dir: dir.clone(),
+            field,
+            reason,
+        })?;
 
         let mut hash = Sha256::new();
         hash.update(&text);

@@ -208,7 +208,10 @@ impl Manifest {
         if self.format != FORMAT {
             return Err((
                 "format".into(),
-                format!("'{}' is not a format this podctl reads ({FORMAT}); export the bundle again", self.format),
+                format!(
+                    "'{}' is not a format this podctl reads ({FORMAT}); export the bundle again",
+                    self.format
+                ),
             ));
         }
         if self.train.micro_batch == 0 || self.train.seq_len == 0 {
@@ -232,7 +235,10 @@ impl Manifest {
             for (i, t) in program.outputs.iter().enumerate() {
                 self.check_tensor(&format!("programs.{name}.outputs[{i}]"), t)?;
                 if t.donated {
-                    return Err((format!("programs.{name}.outputs[{i}]"), "outputs cannot be donated".into()));
+                    return Err((
+                        format!("programs.{name}.outputs[{i}]"),
+                        "outputs cannot be donated".into(),
+                    ));
                 }
             }
         }
@@ -250,7 +256,9 @@ impl Manifest {
     }
 
     fn check_tensor(&self, field: &str, t: &TensorSpec) -> Result<(), Violation> {
-        t.sharding.validate(&t.shape, &self.mesh).map_err(|e| (format!("{field} ({})", t.name), e.to_string()))
+        t.sharding
+            .validate(&t.shape, &self.mesh)
+            .map_err(|e| (format!("{field} ({})", t.name), e.to_string()))
     }
 
     fn check_signature(&self, field: &str, got: &[TensorSpec], want: &[Slot]) -> Result<(), Violation> {
@@ -278,7 +286,10 @@ impl Manifest {
                             return mismatch(
                                 at,
                                 t,
-                                format!("'{name}' {} {:?} sharded {} donated={donated}", p.dtype, p.shape, p.sharding),
+                                format!(
+                                    "'{name}' {} {:?} sharded {} donated={donated}",
+                                    p.dtype, p.shape, p.sharding
+                                ),
                             );
                         }
                         at += 1;
@@ -288,7 +299,9 @@ impl Manifest {
                     let shape: Vec<u64> =
                         if batch_shaped { vec![self.train.micro_batch, self.train.seq_len] } else { vec![] };
                     let t = got.get(at);
-                    if !t.is_some_and(|t| t.name == name && t.dtype == dtype && t.shape == shape && t.donated == donated) {
+                    if !t.is_some_and(|t| {
+                        t.name == name && t.dtype == dtype && t.shape == shape && t.donated == donated
+                    }) {
                         return mismatch(at, t, format!("'{name}' {dtype} {shape:?} donated={donated}"));
                     }
                     at += 1;

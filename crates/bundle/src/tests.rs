@@ -2,22 +2,30 @@ use super::*;
 use mesh::{DType, Sharding};
 use serde_json::json;
 
-fn tensor(name: &str, shape: &[u64], dtype: &str, sharding: serde_json::Value, donated: bool) -> serde_json::Value {
+fn tensor(
+    name: &str,
+    shape: &[u64],
+    dtype: &str,
+    sharding: serde_json::Value,
+    donated: bool,
+) -> serde_json::Value {
     json!({"name": name, "shape": shape, "dtype": dtype, "sharding": sharding, "donated": donated})
 }
 
 /// A manifest following docs/BUNDLE.md for a model with two parameters on mesh (fsdp=2, tp=2).
 fn manifest() -> serde_json::Value {
-    let params = [("embed", vec![128u64, 64], json!([["tp"], ["fsdp"]])), ("final_norm", vec![64], json!([[]]))];
+    let params =
+        [("embed", vec![128u64, 64], json!([["tp"], ["fsdp"]])), ("final_norm", vec![64], json!([[]]))];
     let each = |prefix: &str, donated: bool| -> Vec<serde_json::Value> {
-        params.iter().map(|(p, s, sh)| tensor(&format!("{prefix}{p}"), s, "float32", sh.clone(), donated)).collect()
+        params
+            .iter()
+            .map(|(p, s, sh)| tensor(&format!("{prefix}{p}"), s, "float32", sh.clone(), donated))
+            .collect()
     };
     let scalar = |name: &str, dtype: &str| tensor(name, &[], dtype, json!([]), false);
     let batch = |name: &str, dtype: &str| tensor(name, &[8, 16], dtype, json!([["fsdp"], []]), false);
     let cat = |parts: Vec<Vec<serde_json::Value>>| parts.concat();
-    let program = |name: &str, inputs: Vec<serde_json::Value>, outputs: Vec<serde_json::Value>| {
-        json!({"file": format!("programs/{name}.mlirbc"), "inputs": inputs, "outputs": outputs})
-    };
+    let program = |name: &str, inputs: Vec<serde_json::Value>, outputs: Vec<serde_json::Value>| json!({"file": format!("programs/{name}.mlirbc"), "inputs": inputs, "outputs": outputs});
     json!({
         "format": "podctl-bundle/1",
         "exporter": {"version": "0.1.0", "jax": "0.10.2"},

@@ -219,9 +219,10 @@ impl JobSpec {
                 ),
             );
         }
-        if self.model.trim().is_empty() {
-            return invalid("model", "is empty; name a preset such as tiny or qwen3-1.7b".into());
-        }
+        let model = match bundle::preset(&self.model) {
+            Ok(model) => model,
+            Err(reason) => return invalid("model", reason),
+        };
         let MeshSpec { dcn, ici: IciSpec { fsdp, tp } } = self.mesh;
         for (field, value) in [("mesh.dcn", dcn), ("mesh.ici.fsdp", fsdp), ("mesh.ici.tp", tp)] {
             if value == 0 {
@@ -240,6 +241,22 @@ impl JobSpec {
                     tilings(devices)
                 ),
             );
+        }
+        for (what, size) in [
+            ("query heads", model.num_heads),
+            ("key/value heads", model.num_kv_heads),
+            ("MLP width", model.intermediate_size),
+            ("vocabulary", model.vocab_size),
+        ] {
+            if size % tp as u64 != 0 {
+                return invalid(
+                    "mesh.ici.tp",
+                    format!(
+                        "{tp} does not divide the {what} of {} ({size}); use a tp that divides {size}",
+                        self.model
+                    ),
+                );
+            }
         }
         let BatchSpec { global, micro } = self.batch;
         if micro == 0 || global == 0 {

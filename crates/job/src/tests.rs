@@ -83,6 +83,8 @@ fn every_field_gets_a_named_error() {
         ("optimizer: { warmup_steps: 300 }", "`optimizer.warmup_steps`"),
         ("train: { remat: some }", "`train.remat`"),
         ("data: { kind: arithmetic, digits: [0, 3] }", "data.digits"),
+        ("model: gpt-17", "`model`: 'gpt-17' is not a model preset"),
+        ("mesh: { ici: { fsdp: 1, tp: 8 } }", "`mesh.ici.tp`: 8 does not divide the query heads"),
     ] {
         let e = parse(&with(line)).unwrap_err();
         assert!(e.contains(field), "{line}: {e}");
