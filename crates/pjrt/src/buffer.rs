@@ -61,12 +61,17 @@ impl Buffer {
 
     /// The device holding the buffer.
     pub fn device(&self) -> Result<Device> {
+        Device::from_raw(&self.client, self.raw_device()?)
+    }
+
+    /// The device handle alone: one call, for the per-argument check in `execute`.
+    pub(crate) fn raw_device(&self) -> Result<*mut ffi::PJRT_Device> {
         let plugin = self.client.plugin;
         let mut args = new_args!(PJRT_Buffer_Device_Args);
         args.buffer = self.raw;
         // SAFETY: the buffer is live.
         plugin.check(unsafe { call!(plugin, PJRT_Buffer_Device)(&mut args) }, "PJRT_Buffer_Device")?;
-        Device::from_raw(&self.client, args.device)
+        Ok(args.device)
     }
 
     /// The address of the buffer's memory as the plugin reports it. Only good for comparing

@@ -291,8 +291,8 @@ impl LoadedExecutable {
                         "argument {position} of device list {index} belongs to another client; copy it to this client first"
                     ));
                 }
-                let on = buffer.device()?;
-                if on != *device {
+                if buffer.raw_device()? != device.raw {
+                    let on = buffer.device()?;
                     return invalid(format!(
                         "argument {position} of device list {index} is on device {} but list {index} runs on device {}; put each list's buffers on its device",
                         on.id(),
