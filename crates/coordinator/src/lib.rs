@@ -1,1 +1,82 @@
-//! The Raft-replicated control plane: jobs, hosts, leases, generations, checkpoints
+//! The Raft-replicated control plane: jobs, hosts, leases, generations, checkpoints.
+//!
+//! Three coordinator nodes form one Raft group (openraft 0.9). The replicated state
+//! ([`state::ClusterState`]) holds jobs and their lifecycle, registered workers, generations and
+//! placements, committed steps, the checkpoint catalog and the KV store. Heartbeats, leases and
+//! pending reports stay in the leader's memory ([`leader`]); only registrations, generation
+//! changes, commits and KV writes go through the log. `docs/COORDINATOR.md` explains the design,
+//! `docs/PROTOCOL.md` the sequences.
+//!
+//! # Layout
+//! - [`state`]: the replicated state and its pure transition function (`apply`).
+//! - [`decide`]: the decisions as pure functions of (now, job, leader memory): placement of
+//!   virtual ranks, generation changes, the quiesce -> assignment plan, step commits.
+//! - [`store`]: the redb-backed Raft log, vote, snapshot and the state machine store.
+//! - [`network`]: outbound Raft RPCs to peers over the `Raft` gRPC service.
+//! - [`leader`]: the leader's memory and its loop, which turns decisions into proposals and
+//!   directives; checkpoint finalization ([`leader::RaftCommitLog`]).
+//! - [`grpc`]: the services (`Jobs`, `Cluster`, `Workers`, `Kv`, `Raft`), authentication and
+//!   the one place errors become `tonic::Status`.
+//! - [`node`]: wiring: storage, Raft, services, TLS, shutdown; [`run`] and [`Embedded`].
+//! - [`client`]: the client library podctl and workers use (leader discovery, redirects,
+//!   retries, deadlines).
+//! - [`tls`]: a development CA and certificates, and loading them.
+//! - [`recorder`]: a job's run record (`metrics.jsonl`, `events.jsonl`, plots), when asked.
+//!
+//! **Architecture Invariant:** only this crate names openraft; protobuf types cross its public
+//! API only in [`client`] and the services.
+#![deny(missing_docs)]
+
+pub mod client;
+mod config;
+pub mod decide;
+mod error;
+pub mod grpc;
+pub mod leader;
+pub mod logs;
+pub mod network;
+pub mod node;
+pub mod recorder;
+pub mod state;
+pub mod store;
+pub mod tls;
+
+pub use config::{Config, Timeouts, TlsFiles};
+pub use error::Error;
+pub use node::{Embedded, Node, run};
+
+openraft::declare_raft_types!(
+    /// The coordinator's Raft types: commands in, responses out, nodes addressed by their gRPC
+    /// address, snapshots as bytes.
+    pub TypeConfig:
+        D = state::Command,
+        R = state::Response,
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        SnapshotData = std::io::Cursor<Vec<u8>>,
+);
+
+/// Short names for openraft's generic types over [`TypeConfig`], so no other code spells them out.
+pub mod typ {
+    use super::TypeConfig;
+
+    /// The Raft node.
+    pub type Raft = openraft::Raft<TypeConfig>;
+    /// A log entry.
+    pub type Entry = openraft::Entry<TypeConfig>;
+    /// A snapshot.
+    pub type Snapshot = openraft::Snapshot<TypeConfig>;
+    /// An error of a Raft API call.
+    pub type RaftError<E = openraft::error::Infallible> = openraft::error::RaftError<u64, E>;
+    /// Why a client write failed.
+    pub type ClientWriteError = openraft::error::ClientWriteError<u64, openraft::BasicNode>;
+    /// Why a linearizable read failed.
+    pub type CheckIsLeaderError = openraft::error::CheckIsLeaderError<u64, openraft::BasicNode>;
+    /// A network error of a Raft RPC.
+    pub type RpcError<E = openraft::error::Infallible> =
+        openraft::error::RPCError<u64, openraft::BasicNode, RaftError<E>>;
+    /// The answer to a client write.
+    pub type ClientWriteResponse = openraft::raft::ClientWriteResponse<TypeConfig>;
+    /// Raft metrics.
+    pub type Metrics = openraft::RaftMetrics<u64, openraft::BasicNode>;
+}

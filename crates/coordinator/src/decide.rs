@@ -1,0 +1,717 @@
+//! The coordinator's decisions, as pure functions of the replicated job, the leader's in-memory
+//! view of its workers, and the time.
+//!
+//! Nothing here does I/O or reads a clock: the leader loop ([`crate::leader`]) gathers the
+//! inputs, calls these, and carries out what they return (a Raft proposal, directives to
+//! workers). So every rule is tested with hand-built state, and a rerun with the same inputs
+//! decides the same thing.
+//!
+//! - [`place`]: which virtual ranks each live worker computes.
+//! - [`decide_generation`]: when to start a new generation, when to form it, when to give up.
+//! - [`plan_generation`]: the members, `start_step` and where each member's state comes from.
+//! - [`step_to_commit`] / [`aggregate`]: when a step is committed and with which metrics.
+
+use crate::state::{Job, JobState, MemberPlan, ResumePlan, StepCommit};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+/// How far a worker may run ahead of the committed step: bounds the steps a new generation may
+/// have to carry, and the reports the leader holds.
+pub const MAX_STEPS_AHEAD: u64 = 64;
+
+/// Why a worker is out of the running, as the leader saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Out {
+    /// It said it is leaving (SIGTERM).
+    Preempted(String),
+    /// It said it cannot go on.
+    Failed(String),
+    /// A peer named it as the one that vanished.
+    Suspected {
+        /// The peer that named it.
+        by: String,
+        /// The peer's reason.
+        reason: String,
+    },
+}
+
+/// The leader's memory of one worker: nothing here is replicated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerLive {
+    /// The last heartbeat (or the leader's start, or the registration).
+    pub last_seen: Instant,
+    /// When the leader first knew it (registration or leader start).
+    pub joined: Instant,
+    /// The generation its last heartbeat carried.
+    pub generation: u64,
+    /// Steps done its last heartbeat reported.
+    pub steps_done: u64,
+    /// Its last reported phase.
+    pub phase: String,
+    /// Set when it left or was named as lost.
+    pub out: Option<Out>,
+}
+
+impl WorkerLive {
+    /// A worker first seen at `now`.
+    pub fn new(now: Instant) -> Self {
+        Self { last_seen: now, joined: now, generation: 0, steps_done: 0, phase: String::new(), out: None }
+    }
+}
+
+/// One worker's report of one step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepReportData {
+    /// Loss summed over its virtual ranks.
+    pub loss_sum: f64,
+    /// Tokens the loss is over.
+    pub token_count: f64,
+    /// The global gradient norm.
+    pub grad_norm: f64,
+    /// Its step time.
+    pub step_seconds: f64,
+    /// Tokens it processed.
+    pub tokens: u64,
+    /// Other metrics, over its virtual ranks.
+    pub metrics: BTreeMap<String, f64>,
+}
+
+/// The leader's memory of one job.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobLive {
+    /// Workers by id.
+    pub workers: BTreeMap<String, WorkerLive>,
+    /// The generation whose quiesce is running and since when.
+    pub recovering_since: Option<(u64, Instant)>,
+    /// Step reports not yet committed, by step then worker.
+    pub step_reports: BTreeMap<u64, BTreeMap<String, StepReportData>>,
+}
+
+/// The timeouts the decisions use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// Silence longer than this loses a worker; a quiesce unanswered this long drops the silent.
+    pub lease: Duration,
+    /// A pending job starts with fewer than `dp_size` workers after waiting this long.
+    pub formation_wait: Duration,
+    /// A recovering job with no live worker for this long fails.
+    pub abandon_after: Duration,
+}
+
+/// What to do about a job's generation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Commit `BeginGeneration(current + 1)` and quiesce the survivors.
+    Begin {
+        /// Why, for people.
+        reason: String,
+        /// Workers to remove from the job.
+        removed: Vec<String>,
+    },
+    /// Commit `NewGeneration` and send the assignments.
+    Form(GenerationPlan),
+    /// Give up on the job.
+    Fail {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A generation, ready to be committed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationPlan {
+    /// The generation.
+    pub generation: u64,
+    /// Steps done at its start.
+    pub start_step: u64,
+    /// The members, by slice.
+    pub members: Vec<MemberPlan>,
+    /// Steps the previous generation finished and nobody committed, to commit with it.
+    pub carried: Vec<StepCommit>,
+    /// Workers to remove from the job.
+    pub removed: Vec<String>,
+    /// Why, for people.
+    pub reason: String,
+}
+
+/// Places `dp_size` virtual ranks over the `live` workers (ascending ids).
+///
+/// Ranks stay where they are (`previous`); ranks of workers that are gone go, lowest first, to
+/// the least loaded live worker; then, while one worker has two ranks more than another (a
+/// replacement has none), the most loaded gives its highest rank to the least loaded. Ties go
+/// to the lowest id for receiving and the highest id for giving. Workers left with no rank
+/// (more workers than ranks) are not placed. The result is deterministic.
+pub fn place(dp_size: u32, previous: &[MemberPlan], live: &[String]) -> BTreeMap<String, Vec<u32>> {
+    let mut ranks: BTreeMap<String, BTreeSet<u32>> =
+        live.iter().map(|w| (w.clone(), BTreeSet::new())).collect();
+    if ranks.is_empty() {
+        return BTreeMap::new();
+    }
+    let mut placed = BTreeSet::new();
+    for member in previous {
+        if let Some(mine) = ranks.get_mut(&member.worker_id) {
+            for &r in member.virtual_ranks.iter().filter(|&&r| r < dp_size) {
+                if placed.insert(r) {
+                    mine.insert(r);
+                }
+            }
+        }
+    }
+    for orphan in (0..dp_size).filter(|r| !placed.contains(r)) {
+        let least = least_loaded(&ranks);
+        ranks.get_mut(&least).expect("a live worker").insert(orphan);
+    }
+    loop {
+        let least = least_loaded(&ranks);
+        let most = ranks.iter().max_by_key(|(_, r)| r.len()).map(|(w, _)| w.clone()).expect("a live worker");
+        if ranks[&most].len() < ranks[&least].len() + 2 {
+            break;
+        }
+        let moved = ranks.get_mut(&most).and_then(|r| r.pop_last()).expect("the most loaded has ranks");
+        ranks.get_mut(&least).expect("a live worker").insert(moved);
+    }
+    ranks.into_iter().filter(|(_, r)| !r.is_empty()).map(|(w, r)| (w, r.into_iter().collect())).collect()
+}
+
+fn least_loaded(ranks: &BTreeMap<String, BTreeSet<u32>>) -> String {
+    ranks.iter().min_by_key(|(_, r)| r.len()).map(|(w, _)| w.clone()).expect("a live worker")
+}
+
+/// Why a registered worker is not a candidate for the next generation, if it is not.
+fn lost_reason(now: Instant, worker: Option<&WorkerLive>, lease: Duration) -> Option<String> {
+    let Some(worker) = worker else { return Some("unknown to the leader".into()) };
+    match &worker.out {
+        Some(Out::Preempted(reason)) => Some(format!("preempted ({reason})")),
+        Some(Out::Failed(reason)) => Some(format!("failed ({reason})")),
+        Some(Out::Suspected { by, reason }) => Some(format!("named lost by {by} ({reason})")),
+        None if now.saturating_duration_since(worker.last_seen) > lease => Some(format!(
+            "lease expired (silent for {:.1} s)",
+            now.saturating_duration_since(worker.last_seen).as_secs_f64()
+        )),
+        None => None,
+    }
+}
+
+/// Decides whether the job's generation must change, may be formed, or the job must fail.
+pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timing) -> Option<Decision> {
+    if job.state.is_terminal() {
+        return None;
+    }
+    let mut candidates = Vec::new();
+    let mut lost = BTreeMap::new();
+    for (id, _) in job.active_workers() {
+        match lost_reason(now, live.workers.get(id), timing.lease) {
+            None => candidates.push(id.clone()),
+            Some(reason) => {
+                lost.insert(id.clone(), reason);
+            }
+        }
+    }
+    let removed: Vec<String> = lost.keys().cloned().collect();
+    match job.state {
+        JobState::Pending => {
+            let waited = candidates
+                .iter()
+                .filter_map(|w| live.workers.get(w))
+                .map(|w| now.saturating_duration_since(w.joined))
+                .max()
+                .unwrap_or_default();
+            let enough = candidates.len() >= job.shape.dp_size as usize;
+            if candidates.is_empty() || !(enough || waited >= timing.formation_wait) {
+                return None;
+            }
+            let reason = if enough {
+                format!("{} workers registered", candidates.len())
+            } else {
+                format!(
+                    "{} of {} workers after {:.0} s",
+                    candidates.len(),
+                    job.shape.dp_size,
+                    waited.as_secs_f64()
+                )
+            };
+            Some(Decision::Form(plan_generation(job, live, &candidates, removed, reason)))
+        }
+        JobState::Running => {
+            if let Some((worker, reason)) = lost.iter().find(|(w, _)| job.member(w).is_some()) {
+                return Some(Decision::Begin { reason: format!("{worker} {reason}"), removed });
+            }
+            let placement = place(job.shape.dp_size, &job.members, &candidates);
+            let joiner = placement.keys().find(|w| job.member(w).is_none());
+            joiner.map(|w| Decision::Begin { reason: format!("replacement {w} joined"), removed })
+        }
+        JobState::Recovering => {
+            let since = match live.recovering_since {
+                Some((generation, since)) if generation == job.generation => since,
+                _ => now,
+            };
+            let waited = now.saturating_duration_since(since);
+            if candidates.is_empty() {
+                return (waited >= timing.abandon_after).then(|| Decision::Fail {
+                    reason: format!("no live worker for {:.0} s", waited.as_secs_f64()),
+                });
+            }
+            let silent: Vec<&String> = candidates
+                .iter()
+                .filter(|w| live.workers.get(*w).is_none_or(|l| l.generation != job.generation))
+                .collect();
+            if silent.is_empty() {
+                let reason = format!("{} workers answered the quiesce", candidates.len());
+                return Some(Decision::Form(plan_generation(job, live, &candidates, removed, reason)));
+            }
+            if waited < timing.lease {
+                return None;
+            }
+            let names = silent.iter().map(|w| w.as_str()).collect::<Vec<_>>().join(", ");
+            let mut removed = removed;
+            removed.extend(silent.into_iter().cloned());
+            removed.sort();
+            Some(Decision::Begin { reason: format!("no answer to the quiesce from {names}"), removed })
+        }
+        JobState::Completed | JobState::Failed | JobState::Stopped => None,
+    }
+}
+
+/// The next generation over `candidates` (ascending ids): placement, `start_step`, where each
+/// member's state comes from, and the steps to carry.
+///
+/// Holders are candidates that were members of the previous generation: their state is at the
+/// `steps_done` they reported. `start_step` is the largest of those; a holder at it keeps its
+/// state, anyone else fetches it from a holder at it (spread over them). With no holder, every
+/// member restores the newest committed checkpoint, or starts fresh at step 0.
+pub fn plan_generation(
+    job: &Job,
+    live: &JobLive,
+    candidates: &[String],
+    removed: Vec<String>,
+    reason: String,
+) -> GenerationPlan {
+    let generation = if job.state == JobState::Pending { job.generation + 1 } else { job.generation };
+    let placement = place(job.shape.dp_size, &job.members, candidates);
+    let holders: BTreeMap<&String, u64> = candidates
+        .iter()
+        .filter(|w| job.member(w).is_some())
+        .filter_map(|w| Some((w, live.workers.get(w)?.steps_done)))
+        .collect();
+    let checkpoint = job.last_checkpoint();
+    let start_step = match (holders.values().max(), checkpoint) {
+        (Some(&max), _) => max,
+        (None, Some(c)) => c.record.step,
+        (None, None) => 0,
+    };
+    let sources: Vec<&String> = holders.iter().filter(|(_, s)| **s == start_step).map(|(w, _)| *w).collect();
+    let mut by_lowest_rank: Vec<(&String, &Vec<u32>)> = placement.iter().collect();
+    by_lowest_rank.sort_by_key(|(_, ranks)| ranks[0]);
+    let mut fetchers = 0usize;
+    let members = by_lowest_rank
+        .into_iter()
+        .enumerate()
+        .map(|(slice, (worker, ranks))| {
+            let resume = if holders.get(worker) == Some(&start_step) {
+                ResumePlan::Keep
+            } else if !sources.is_empty() {
+                let source = sources[fetchers % sources.len()];
+                fetchers += 1;
+                ResumePlan::FromPeer {
+                    worker_id: source.clone(),
+                    data_addr: job.workers.get(source).map(|w| w.data_addr.clone()).unwrap_or_default(),
+                    step: start_step,
+                }
+            } else if let Some(c) = checkpoint {
+                ResumePlan::FromCheckpoint { uri: c.uri.clone(), step: c.record.step }
+            } else {
+                ResumePlan::Fresh
+            };
+            MemberPlan {
+                worker_id: worker.clone(),
+                slice: slice as u32,
+                virtual_ranks: ranks.clone(),
+                resume,
+            }
+        })
+        .collect();
+    let carried = (job.committed_step + 1..=start_step.min(job.committed_step + MAX_STEPS_AHEAD))
+        .map(|step| {
+            let empty = BTreeMap::new();
+            aggregate(step, &job.members, live.step_reports.get(&step).unwrap_or(&empty))
+        })
+        .collect();
+    GenerationPlan { generation, start_step, members, carried, removed, reason }
+}
+
+/// The next step to commit, when every member of the running generation has reported it.
+pub fn step_to_commit(job: &Job, live: &JobLive) -> Option<StepCommit> {
+    if job.state != JobState::Running || job.members.is_empty() {
+        return None;
+    }
+    let step = job.committed_step + 1;
+    let reports = live.step_reports.get(&step)?;
+    job.members
+        .iter()
+        .all(|m| reports.contains_key(&m.worker_id))
+        .then(|| aggregate(step, &job.members, reports))
+}
+
+/// Aggregates the reports of one step: loss per token over everyone's tokens, the slowest step
+/// time, the tokens of all, the largest gradient norm reported (they agree after the all-reduce),
+/// and other metrics averaged over virtual ranks. Non-finite numbers are dropped.
+pub fn aggregate(
+    step: u64,
+    members: &[MemberPlan],
+    reports: &BTreeMap<String, StepReportData>,
+) -> StepCommit {
+    let finite = |x: f64| x.is_finite().then_some(x);
+    let loss_sum: f64 = reports.values().filter_map(|r| finite(r.loss_sum)).sum();
+    let token_count: f64 = reports.values().filter_map(|r| finite(r.token_count)).sum();
+    let tokens: u64 = reports.values().map(|r| r.tokens).fold(0, u64::saturating_add);
+    let step_seconds = reports.values().filter_map(|r| finite(r.step_seconds)).fold(0.0, f64::max);
+    let grad_norm = reports.values().filter_map(|r| finite(r.grad_norm)).reduce(f64::max);
+    let weight = |worker: &str| {
+        members.iter().find(|m| m.worker_id == worker).map_or(1.0, |m| m.virtual_ranks.len().max(1) as f64)
+    };
+    let mut sums: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for (worker, report) in reports {
+        for (name, value) in &report.metrics {
+            if let Some(value) = finite(*value) {
+                let entry = sums.entry(name.clone()).or_default();
+                entry.0 += value * weight(worker);
+                entry.1 += weight(worker);
+            }
+        }
+    }
+    StepCommit {
+        step,
+        loss: (token_count > 0.0).then(|| loss_sum / token_count),
+        tokens,
+        step_seconds,
+        tokens_per_second: if step_seconds > 0.0 { tokens as f64 / step_seconds } else { 0.0 },
+        grad_norm,
+        metrics: sums.into_iter().map(|(k, (sum, w))| (k, sum / w)).collect(),
+        reporters: reports.len() as u32,
+        members: members.len() as u32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::tests::{register, submit};
+    use crate::state::{CheckpointEntry, ClusterState, Command};
+
+    fn ids(names: &[&str]) -> Vec<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn plan_of(placement: &BTreeMap<String, Vec<u32>>) -> Vec<MemberPlan> {
+        placement
+            .iter()
+            .map(|(w, r)| MemberPlan {
+                worker_id: w.clone(),
+                slice: 0,
+                virtual_ranks: r.clone(),
+                resume: ResumePlan::Keep,
+            })
+            .collect()
+    }
+
+    fn ranks(placement: &BTreeMap<String, Vec<u32>>) -> Vec<(&str, Vec<u32>)> {
+        placement.iter().map(|(w, r)| (w.as_str(), r.clone())).collect()
+    }
+
+    #[test]
+    fn a_fresh_placement_gives_rank_i_to_the_ith_worker() {
+        let p = place(4, &[], &ids(&["a", "b", "c", "d"]));
+        assert_eq!(ranks(&p), vec![("a", vec![0]), ("b", vec![1]), ("c", vec![2]), ("d", vec![3])]);
+    }
+
+    #[test]
+    fn orphans_go_to_the_least_loaded_and_survivors_keep_theirs() {
+        let before = place(4, &[], &ids(&["a", "b", "c", "d"]));
+        let after = place(4, &plan_of(&before), &ids(&["a", "c", "d"]));
+        assert_eq!(ranks(&after), vec![("a", vec![0, 1]), ("c", vec![2]), ("d", vec![3])]);
+        // A second loss: the orphan goes to a worker with one rank, not to `a`.
+        let after2 = place(4, &plan_of(&after), &ids(&["a", "d"]));
+        assert_eq!(ranks(&after2), vec![("a", vec![0, 1]), ("d", vec![2, 3])]);
+    }
+
+    #[test]
+    fn a_replacement_gets_ranks_back_from_the_most_loaded() {
+        let shrunk = place(4, &[], &ids(&["a", "c", "d"]));
+        assert_eq!(ranks(&shrunk), vec![("a", vec![0, 3]), ("c", vec![1]), ("d", vec![2])]);
+        let grown = place(4, &plan_of(&shrunk), &ids(&["a", "c", "d", "e"]));
+        assert_eq!(ranks(&grown), vec![("a", vec![0]), ("c", vec![1]), ("d", vec![2]), ("e", vec![3])]);
+    }
+
+    #[test]
+    fn extra_workers_stay_unplaced_and_placement_is_deterministic() {
+        let p = place(2, &[], &ids(&["a", "b", "c"]));
+        assert_eq!(ranks(&p), vec![("a", vec![0]), ("b", vec![1])]);
+        assert_eq!(place(2, &[], &ids(&["a", "b", "c"])), p);
+        assert!(place(2, &[], &[]).is_empty());
+        // One worker computes every rank.
+        assert_eq!(ranks(&place(3, &[], &ids(&["z"]))), vec![("z", vec![0, 1, 2])]);
+    }
+
+    const TIMING: Timing = Timing {
+        lease: Duration::from_secs(3),
+        formation_wait: Duration::from_secs(30),
+        abandon_after: Duration::from_secs(600),
+    };
+
+    /// A running job of `n` workers, all heartbeating at `now` with `steps_done`.
+    fn running(n: usize, steps_done: u64, now: Instant) -> (Job, JobLive) {
+        let mut state = ClusterState::default();
+        let job_id = submit(&mut state, n as u32, 100);
+        let workers: Vec<String> = (0..n).map(|i| register(&mut state, &job_id, &format!("i{i}"))).collect();
+        let mut live = JobLive::default();
+        for w in &workers {
+            live.workers.insert(w.clone(), WorkerLive { generation: 1, steps_done, ..WorkerLive::new(now) });
+        }
+        let job = state.jobs[&job_id].clone();
+        let Some(Decision::Form(plan)) = decide_generation(now, &job, &live, &TIMING) else {
+            panic!("forms")
+        };
+        assert_eq!(plan.generation, 1);
+        assert!(plan.members.iter().all(|m| m.resume == ResumePlan::Fresh));
+        state.apply(Command::NewGeneration {
+            job_id: job_id.clone(),
+            generation: 1,
+            start_step: 0,
+            members: plan.members,
+            carried: vec![],
+            removed: vec![],
+            reason: String::new(),
+            unix: 0.0,
+        });
+        for s in 1..=steps_done {
+            state.apply(Command::CommitStep {
+                job_id: job_id.clone(),
+                generation: 1,
+                commit: StepCommit { step: s, ..Default::default() },
+                unix: 0.0,
+            });
+        }
+        (state.jobs[&job_id].clone(), live)
+    }
+
+    fn begin(job: &mut Job, live: &mut JobLive, now: Instant) {
+        job.generation += 1;
+        job.state = JobState::Recovering;
+        live.recovering_since = Some((job.generation, now));
+    }
+
+    #[test]
+    fn a_pending_job_forms_when_enough_workers_or_after_the_wait() {
+        let now = Instant::now();
+        let mut state = ClusterState::default();
+        let job_id = submit(&mut state, 2, 10);
+        let a = register(&mut state, &job_id, "a");
+        let job = state.jobs[&job_id].clone();
+        let mut live = JobLive::default();
+        live.workers.insert(a.clone(), WorkerLive::new(now));
+        assert_eq!(decide_generation(now, &job, &live, &TIMING), None, "one of two, just joined");
+        let later = now + TIMING.formation_wait - Duration::from_secs(1);
+        live.workers.get_mut(&a).unwrap().last_seen = later;
+        assert_eq!(decide_generation(later, &job, &live, &TIMING), None);
+        let after = now + TIMING.formation_wait;
+        live.workers.get_mut(&a).unwrap().last_seen = after;
+        let Some(Decision::Form(plan)) = decide_generation(after, &job, &live, &TIMING) else { panic!() };
+        assert_eq!(plan.members.len(), 1);
+        assert_eq!(plan.members[0].virtual_ranks, vec![0, 1]);
+        assert!(plan.reason.contains("1 of 2 workers"), "{}", plan.reason);
+    }
+
+    #[test]
+    fn a_healthy_running_job_needs_no_decision() {
+        let now = Instant::now();
+        let (job, live) = running(2, 5, now);
+        assert_eq!(decide_generation(now + Duration::from_secs(2), &job, &live, &TIMING), None);
+    }
+
+    #[test]
+    fn lease_expiry_preemption_and_a_named_suspect_each_begin_a_generation() {
+        let now = Instant::now();
+        let (job, live) = running(3, 5, now);
+        let [a, b, c] = [0, 1, 2].map(|i| job.members[i].worker_id.clone());
+        // b goes silent: after one lease it is lost.
+        let mut silent = live.clone();
+        let later = now + Duration::from_secs(4);
+        for w in [&a, &c] {
+            silent.workers.get_mut(w).unwrap().last_seen = later;
+        }
+        let Some(Decision::Begin { reason, removed }) = decide_generation(later, &job, &silent, &TIMING)
+        else {
+            panic!()
+        };
+        assert!(reason.contains(&b) && reason.contains("lease expired"), "{reason}");
+        assert_eq!(removed, vec![b.clone()]);
+
+        let mut preempted = live.clone();
+        preempted.workers.get_mut(&c).unwrap().out = Some(Out::Preempted("SIGTERM".into()));
+        let Some(Decision::Begin { reason, .. }) = decide_generation(now, &job, &preempted, &TIMING) else {
+            panic!()
+        };
+        assert!(reason.contains("preempted (SIGTERM)"), "{reason}");
+
+        let mut suspected = live.clone();
+        suspected.workers.get_mut(&a).unwrap().out =
+            Some(Out::Suspected { by: c.clone(), reason: "peer reset".into() });
+        let Some(Decision::Begin { reason, removed }) = decide_generation(now, &job, &suspected, &TIMING)
+        else {
+            panic!()
+        };
+        assert!(reason.contains(&format!("named lost by {c}")), "{reason}");
+        assert_eq!(removed, vec![a]);
+    }
+
+    #[test]
+    fn recovery_waits_for_every_survivor_then_starts_from_the_furthest() {
+        let now = Instant::now();
+        let (mut job, mut live) = running(3, 5, now);
+        let [a, b, c] = [0, 1, 2].map(|i| job.members[i].worker_id.clone());
+        live.workers.get_mut(&c).unwrap().out = Some(Out::Preempted("spot".into()));
+        begin(&mut job, &mut live, now);
+        // a answered at step 6 (it finished the ring), b not yet.
+        let wa = live.workers.get_mut(&a).unwrap();
+        wa.generation = 2;
+        wa.steps_done = 6;
+        live.step_reports
+            .entry(6)
+            .or_default()
+            .insert(a.clone(), StepReportData { tokens: 10, ..Default::default() });
+        assert_eq!(decide_generation(now, &job, &live, &TIMING), None);
+        let wb = live.workers.get_mut(&b).unwrap();
+        wb.generation = 2;
+        wb.steps_done = 5;
+        let Some(Decision::Form(plan)) = decide_generation(now, &job, &live, &TIMING) else { panic!() };
+        assert_eq!(plan.generation, 2);
+        assert_eq!(plan.start_step, 6);
+        assert_eq!(plan.removed, vec![c.clone()]);
+        let by_worker: BTreeMap<_, _> =
+            plan.members.iter().map(|m| (m.worker_id.clone(), m.clone())).collect();
+        assert_eq!(by_worker[&a].resume, ResumePlan::Keep);
+        assert!(
+            matches!(&by_worker[&b].resume, ResumePlan::FromPeer { worker_id, step: 6, .. } if *worker_id == a)
+        );
+        assert_eq!(by_worker[&a].virtual_ranks, vec![0, 2]);
+        assert_eq!(by_worker[&b].virtual_ranks, vec![1]);
+        // Step 6 was finished but never committed: it is carried, with the one report that came.
+        assert_eq!(plan.carried.len(), 1);
+        assert_eq!((plan.carried[0].step, plan.carried[0].reporters, plan.carried[0].members), (6, 1, 3));
+    }
+
+    #[test]
+    fn a_survivor_silent_during_the_quiesce_is_dropped_after_a_lease() {
+        let now = Instant::now();
+        let (mut job, mut live) = running(2, 5, now);
+        let [a, b] = [0, 1].map(|i| job.members[i].worker_id.clone());
+        begin(&mut job, &mut live, now);
+        live.workers.get_mut(&a).unwrap().generation = 2;
+        let later = now + TIMING.lease + Duration::from_millis(1);
+        for w in live.workers.values_mut() {
+            w.last_seen = later;
+        }
+        let Some(Decision::Begin { reason, removed }) = decide_generation(later, &job, &live, &TIMING) else {
+            panic!()
+        };
+        assert!(reason.contains(&format!("no answer to the quiesce from {b}")), "{reason}");
+        assert_eq!(removed, vec![b]);
+    }
+
+    #[test]
+    fn with_no_survivor_everyone_restores_the_last_checkpoint() {
+        let now = Instant::now();
+        let (mut job, mut live) = running(1, 5, now);
+        let a = job.members[0].worker_id.clone();
+        job.checkpoints.push(CheckpointEntry {
+            record: checkpoint::CommitRecord {
+                step: 4,
+                save_id: "s4".into(),
+                bundle: "00".into(),
+                manifest_size: 1,
+                manifest_crc32c: 0,
+            },
+            uri: "file:///c/000000000004-s4".into(),
+            committed_unix: 0.0,
+            bytes: 1,
+        });
+        live.workers.get_mut(&a).unwrap().out = Some(Out::Failed("OOM".into()));
+        begin(&mut job, &mut live, now);
+        // A replacement registers and answers.
+        let r = format!("{}.w9", job.id);
+        job.workers.insert(r.clone(), crate::state::tests::worker("r"));
+        live.workers.insert(r.clone(), WorkerLive { generation: 2, ..WorkerLive::new(now) });
+        let Some(Decision::Form(plan)) = decide_generation(now, &job, &live, &TIMING) else { panic!() };
+        assert_eq!(plan.start_step, 4);
+        assert_eq!(plan.members.len(), 1);
+        assert_eq!(plan.members[0].worker_id, r);
+        assert!(matches!(plan.members[0].resume, ResumePlan::FromCheckpoint { step: 4, .. }));
+        assert!(plan.carried.is_empty(), "steps 5.. are recomputed, never committed twice");
+    }
+
+    #[test]
+    fn a_replacement_begins_a_generation_only_when_it_would_get_ranks() {
+        let now = Instant::now();
+        let (mut job, mut live) = running(2, 3, now);
+        let extra = format!("{}.w9", job.id);
+        job.workers.insert(extra.clone(), crate::state::tests::worker("x"));
+        live.workers.insert(extra.clone(), WorkerLive::new(now));
+        assert_eq!(decide_generation(now, &job, &live, &TIMING), None, "a spare: every rank has a worker");
+        // One member computes both ranks: the newcomer takes one back.
+        let keep = job.members[0].worker_id.clone();
+        job.members = vec![MemberPlan {
+            worker_id: keep,
+            slice: 0,
+            virtual_ranks: vec![0, 1],
+            resume: ResumePlan::Keep,
+        }];
+        let Some(Decision::Begin { reason, .. }) = decide_generation(now, &job, &live, &TIMING) else {
+            panic!()
+        };
+        assert!(reason.contains("joined"), "{reason}");
+    }
+
+    #[test]
+    fn a_job_without_workers_fails_after_the_abandon_wait() {
+        let now = Instant::now();
+        let (mut job, mut live) = running(1, 2, now);
+        let a = job.members[0].worker_id.clone();
+        live.workers.get_mut(&a).unwrap().out = Some(Out::Preempted("x".into()));
+        begin(&mut job, &mut live, now);
+        assert_eq!(decide_generation(now + Duration::from_secs(599), &job, &live, &TIMING), None);
+        let Some(Decision::Fail { reason }) =
+            decide_generation(now + TIMING.abandon_after, &job, &live, &TIMING)
+        else {
+            panic!()
+        };
+        assert!(reason.contains("no live worker"), "{reason}");
+    }
+
+    #[test]
+    fn a_step_commits_when_every_member_reported_it() {
+        let now = Instant::now();
+        let (job, mut live) = running(2, 0, now);
+        let [a, b] = [0, 1].map(|i| job.members[i].worker_id.clone());
+        let report = |loss_sum, secs| StepReportData {
+            loss_sum,
+            token_count: 10.0,
+            grad_norm: 1.5,
+            step_seconds: secs,
+            tokens: 10,
+            metrics: BTreeMap::from([("reward".to_string(), loss_sum)]),
+        };
+        live.step_reports.entry(1).or_default().insert(a, report(20.0, 0.5));
+        assert_eq!(step_to_commit(&job, &live), None);
+        live.step_reports.entry(2).or_default().insert(b.clone(), report(1.0, 1.0));
+        assert_eq!(step_to_commit(&job, &live), None, "step 2 is not next");
+        live.step_reports.entry(1).or_default().insert(b, report(10.0, 1.0));
+        let commit = step_to_commit(&job, &live).unwrap();
+        assert_eq!(commit.step, 1);
+        assert_eq!(commit.loss, Some(1.5));
+        assert_eq!(commit.tokens, 20);
+        assert_eq!(commit.step_seconds, 1.0);
+        assert_eq!(commit.tokens_per_second, 20.0);
+        assert_eq!(commit.metrics["reward"], 15.0);
+        assert_eq!((commit.reporters, commit.members), (2, 2));
+    }
+}

@@ -1,0 +1,212 @@
+//! The gRPC services, their authentication, and the one place errors become `tonic::Status`.
+//!
+//! - `Jobs` (podctl): submit, get, list, watch, stop, logs, checkpoints.
+//! - `Cluster` (podctl, operators): info, add and remove members.
+//! - `Workers` (workers): register, the session (heartbeats up, directives down), step and
+//!   checkpoint reports, log lines.
+//! - `Kv` (workers): rendezvous keys.
+//! - `Raft` (peers only): openraft's messages.
+//!
+//! Everything but `Cluster.Info` and `Raft` is served by the leader; a follower answers
+//! UNAVAILABLE with the leader's address in `x-podctl-leader`, which [`crate::client`] follows.
+
+mod cluster;
+mod jobs;
+mod kv;
+mod raft_service;
+mod workers;
+
+use crate::node::Ctx;
+use crate::state::Job;
+use proto::v1::{
+    cluster_server::ClusterServer, jobs_server::JobsServer, kv_server::KvServer, raft_server::RaftServer,
+    workers_server::WorkersServer,
+};
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use tonic::metadata::MetadataMap;
+use tonic::transport::server::Router;
+use tonic::{Request, Status};
+
+/// Adds every service to `builder`.
+pub fn routes(builder: &mut tonic::transport::Server, ctx: Arc<Ctx>) -> Router {
+    let max = ctx.config.max_message_bytes;
+    let max_peer = ctx.config.max_peer_message_bytes;
+    builder
+        .add_service(JobsServer::new(jobs::JobsService(ctx.clone())).max_decoding_message_size(max))
+        .add_service(ClusterServer::new(cluster::ClusterService(ctx.clone())).max_decoding_message_size(max))
+        .add_service(WorkersServer::new(workers::WorkersService(ctx.clone())).max_decoding_message_size(max))
+        .add_service(KvServer::new(kv::KvService(ctx.clone())).max_decoding_message_size(max))
+        .add_service(
+            RaftServer::new(raft_service::RaftService(ctx))
+                .max_decoding_message_size(max_peer)
+                .max_encoding_message_size(max_peer),
+        )
+}
+
+/// UNAVAILABLE, with the leader's address when known, so clients can follow it.
+pub fn not_leader(leader: Option<String>) -> Status {
+    let message = match &leader {
+        Some(addr) => format!("not the leader; the leader is {addr}"),
+        None => "not the leader, and no leader is known (an election may be running); retry".to_string(),
+    };
+    let mut status = Status::unavailable(message);
+    if let Some(addr) = leader
+        && let Ok(value) = addr.parse()
+    {
+        status.metadata_mut().insert(proto::LEADER_METADATA_KEY, value);
+    }
+    status
+}
+
+/// FAILED_PRECONDITION for a message of an older (or unknown newer) generation.
+pub fn stale_generation(got: u64, current: u64) -> Status {
+    if got < current {
+        Status::failed_precondition(format!(
+            "stale generation {got}, current {current}: this worker was cut off; wait for the directive of generation {current}"
+        ))
+    } else {
+        Status::failed_precondition(format!("generation {got} is ahead of the current generation {current}"))
+    }
+}
+
+/// Who is calling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// The admin token: everything.
+    Admin,
+    /// A job token: that job only.
+    Job(String),
+}
+
+impl Caller {
+    /// Ok when the caller may touch `job_id`.
+    pub fn require_job(&self, job_id: &str) -> Result<(), Status> {
+        match self {
+            Caller::Admin => Ok(()),
+            Caller::Job(own) if own == job_id => Ok(()),
+            Caller::Job(own) => Err(Status::permission_denied(format!(
+                "the token is for job {own}, not {job_id}; use that job's token or the admin token"
+            ))),
+        }
+    }
+
+    /// Ok for the admin token.
+    pub fn require_admin(&self, what: &str) -> Result<(), Status> {
+        match self {
+            Caller::Admin => Ok(()),
+            Caller::Job(own) => Err(Status::permission_denied(format!(
+                "{what} needs the admin token; the token given is job {own}'s"
+            ))),
+        }
+    }
+}
+
+fn bearer(metadata: &MetadataMap) -> Result<&str, Status> {
+    let value = metadata.get("authorization").ok_or_else(|| {
+        Status::unauthenticated("no `authorization: Bearer <token>` metadata; pass the admin or job token")
+    })?;
+    let text =
+        value.to_str().map_err(|_| Status::unauthenticated("the authorization metadata is not text"))?;
+    text.strip_prefix("Bearer ")
+        .ok_or_else(|| Status::unauthenticated("the authorization metadata must be `Bearer <token>`"))
+}
+
+/// Compares two digests in time independent of where they differ.
+fn same_digest(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Authenticates the bearer token of a request.
+pub fn caller<T>(ctx: &Ctx, request: &Request<T>) -> Result<Caller, Status> {
+    let token = bearer(request.metadata())?;
+    let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+    if same_digest(&digest, &ctx.admin_sha) {
+        return Ok(Caller::Admin);
+    }
+    let hex_digest = hex::encode(digest);
+    ctx.shared
+        .read(|s| {
+            s.jobs
+                .values()
+                .find(|j| same_digest(j.token_sha256.as_bytes(), hex_digest.as_bytes()))
+                .map(|j| j.id.clone())
+        })
+        .map(Caller::Job)
+        .ok_or_else(|| Status::unauthenticated("the token is neither the admin token nor any job's token"))
+}
+
+/// With TLS on, the worker and peer services require a client certificate (the handshake
+/// already checked it is signed by the cluster CA).
+pub fn require_client_cert<T>(ctx: &Ctx, request: &Request<T>, service: &str) -> Result<(), Status> {
+    if ctx.config.tls.is_none() {
+        return Ok(());
+    }
+    match request.peer_certs() {
+        Some(certs) if !certs.is_empty() => Ok(()),
+        _ => Err(Status::unauthenticated(format!(
+            "the {service} service needs a client certificate signed by the cluster CA (mutual TLS)"
+        ))),
+    }
+}
+
+/// The job `id_or_name`, if the caller may see it.
+pub fn find_job(ctx: &Ctx, caller: &Caller, id_or_name: &str) -> Result<Job, Status> {
+    let job = ctx
+        .shared
+        .read(|s| s.find_job(id_or_name).cloned())
+        .ok_or_else(|| Status::not_found(format!("no job '{id_or_name}'; `podctl status` lists the jobs")))?;
+    caller.require_job(&job.id)?;
+    Ok(job)
+}
+
+/// Waits until this node has applied everything committed before the call (a linearizable
+/// read), on the leader.
+pub async fn linearizable(ctx: &Ctx) -> Result<(), Status> {
+    ctx.require_leader()?;
+    ctx.raft.ensure_linearizable().await.map(|_| ()).map_err(|e| {
+        let leader = ctx.leader().map(|(_, addr)| addr);
+        tracing::debug!("linearizable read refused: {e}");
+        not_leader(leader)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_leader_carries_the_address() {
+        let status = not_leader(Some("127.0.0.1:7001".into()));
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert_eq!(status.metadata().get(proto::LEADER_METADATA_KEY).unwrap(), "127.0.0.1:7001");
+        assert!(not_leader(None).metadata().get(proto::LEADER_METADATA_KEY).is_none());
+    }
+
+    #[test]
+    fn job_tokens_reach_only_their_job() {
+        assert!(Caller::Admin.require_job("a-1").is_ok());
+        assert!(Caller::Job("a-1".into()).require_job("a-1").is_ok());
+        let e = Caller::Job("a-1".into()).require_job("b-2").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert!(e.message().contains("for job a-1, not b-2"));
+        assert_eq!(
+            Caller::Job("a-1".into()).require_admin("submit").unwrap_err().code(),
+            tonic::Code::PermissionDenied
+        );
+    }
+
+    #[test]
+    fn stale_and_future_generations_are_told_apart() {
+        assert!(stale_generation(1, 2).message().starts_with("stale generation 1, current 2"));
+        assert!(stale_generation(3, 2).message().contains("ahead"));
+        assert_eq!(stale_generation(1, 2).code(), tonic::Code::FailedPrecondition);
+    }
+
+    #[test]
+    fn digests_compare_equal_only_when_equal() {
+        assert!(same_digest(b"abc", b"abc"));
+        assert!(!same_digest(b"abc", b"abd"));
+        assert!(!same_digest(b"abc", b"ab"));
+    }
+}

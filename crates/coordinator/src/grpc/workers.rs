@@ -1,0 +1,476 @@
+//! Workers: registration, the session, step and checkpoint reports, log lines.
+//!
+//! Every call needs the job's token (or the admin token) and, with TLS on, a client
+//! certificate. Reports carry the generation and are refused when it is not the current one.
+
+use super::{caller, find_job, require_client_cert, stale_generation};
+use crate::decide::{MAX_STEPS_AHEAD, Out, StepReportData};
+use crate::leader::{PendingSave, RaftCommitLog, directive_in_force, record_step_report, unix_now};
+use crate::node::Ctx;
+use crate::state::{Command, Job, JobState, RegisterWorker, Response as Applied, WorkerRecord};
+use checkpoint::{HostReport, SaveSpec};
+use proto::v1::workers_server::Workers;
+use proto::v1::{
+    CheckpointAck, CheckpointReport, Directive, HeartbeatAck, LogLine, PushLogsResponse, RegisterRequest,
+    RegisterResponse, StepAck, StepReport, WorkerEvent, directive, worker_event,
+};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+/// The `Workers` service.
+pub struct WorkersService(pub Arc<Ctx>);
+
+/// Directives queued per session before the session is dropped.
+const SESSION_BUFFER: usize = 64;
+/// Host report or save spec larger than this is refused.
+const MAX_REPORT_JSON: usize = 1 << 20;
+/// Longest time one checkpoint finalization may take (manifest write, commit, marker, GC).
+const FINALIZE_TIMEOUT: Duration = Duration::from_secs(120);
+
+type DirectiveStream = Pin<Box<dyn Stream<Item = Result<Directive, Status>> + Send>>;
+
+/// The job a worker belongs to, checked against the caller's token.
+fn worker_job(ctx: &Ctx, who: &super::Caller, worker_id: &str) -> Result<Job, Status> {
+    let job = ctx.shared.read(|s| s.job_of_worker(worker_id).cloned()).ok_or_else(|| {
+        Status::not_found(format!("no worker '{worker_id}'; register first (Workers.Register)"))
+    })?;
+    who.require_job(&job.id)?;
+    Ok(job)
+}
+
+/// Checks a report's job, worker and generation against the running generation.
+fn check_report(job: &Job, worker_id: &str, generation: u64) -> Result<(), Status> {
+    if generation != job.generation {
+        return Err(stale_generation(generation, job.generation));
+    }
+    if job.state != JobState::Running {
+        return Err(Status::failed_precondition(format!(
+            "job {} is {:?}, not running: {}",
+            job.id, job.state, job.message
+        )));
+    }
+    if job.member(worker_id).is_none() {
+        return Err(Status::failed_precondition(format!(
+            "{worker_id} is not a member of generation {} of job {}",
+            job.generation, job.id
+        )));
+    }
+    Ok(())
+}
+
+fn ack(seq: u64, generation: u64) -> Directive {
+    Directive { directive: Some(directive::Directive::Ack(HeartbeatAck { seq, generation })) }
+}
+
+impl WorkersService {
+    /// Handles one event of a session; returns a directive to send back at once, if any.
+    fn on_event(&self, worker_id: &str, event: WorkerEvent) -> Result<Vec<Directive>, Status> {
+        let ctx = &self.0;
+        let job = ctx
+            .shared
+            .read(|s| s.job_of_worker(worker_id).cloned())
+            .ok_or_else(|| Status::not_found(format!("worker {worker_id} is gone")))?;
+        let now = Instant::now();
+        let mut out = Vec::new();
+        match event.event {
+            Some(worker_event::Event::Heartbeat(hb)) => {
+                if hb.worker_id != worker_id {
+                    return Err(Status::invalid_argument(format!(
+                        "the session is {worker_id}'s; a heartbeat names {}",
+                        hb.worker_id
+                    )));
+                }
+                if hb.generation > job.generation {
+                    return Err(stale_generation(hb.generation, job.generation));
+                }
+                if hb.steps_done > job.committed_step.max(job.start_step) + MAX_STEPS_AHEAD {
+                    return Err(Status::out_of_range(format!(
+                        "steps_done {} is more than {MAX_STEPS_AHEAD} steps ahead of the committed step {}",
+                        hb.steps_done, job.committed_step
+                    )));
+                }
+                let answers_quiesce = ctx.leader.with(|m| {
+                    let live = m.job_mut(&job, now);
+                    let Some(w) = live.workers.get_mut(worker_id) else { return false };
+                    let was = w.generation;
+                    w.last_seen = now;
+                    w.generation = hb.generation;
+                    w.steps_done = hb.steps_done;
+                    w.phase = hb.phase.clone();
+                    job.state == JobState::Recovering
+                        && hb.generation == job.generation
+                        && was != hb.generation
+                });
+                if answers_quiesce {
+                    ctx.leader.wake.notify_one();
+                }
+                out.push(ack(hb.seq, job.generation));
+                // A worker behind the current generation (reconnected, or missed a directive)
+                // is told what is in force; stale heartbeats keep the session but count for
+                // nothing else.
+                if hb.generation < job.generation || job.state.is_terminal() {
+                    out.extend(directive_in_force(&job, worker_id));
+                }
+            }
+            Some(worker_event::Event::Preempted(p)) => {
+                tracing::info!(worker_id, "preempted: {}", p.reason);
+                ctx.leader.with(|m| {
+                    if let Some(w) = m.job_mut(&job, now).workers.get_mut(worker_id) {
+                        w.out = Some(Out::Preempted(p.reason.clone()));
+                    }
+                });
+                ctx.leader.wake.notify_one();
+            }
+            Some(worker_event::Event::Failed(f)) => {
+                if f.generation < job.generation {
+                    tracing::info!(
+                        worker_id,
+                        "ignoring a failure of generation {} (current {})",
+                        f.generation,
+                        job.generation
+                    );
+                    return Ok(out);
+                }
+                tracing::info!(worker_id, suspect = f.suspect_worker_id, "failed: {}", f.reason);
+                ctx.leader.with(|m| {
+                    let live = m.job_mut(&job, now);
+                    let suspect = (!f.suspect_worker_id.is_empty() && f.suspect_worker_id != worker_id)
+                        .then_some(f.suspect_worker_id.as_str())
+                        .filter(|s| live.workers.contains_key(*s));
+                    match suspect {
+                        Some(s) => {
+                            if let Some(w) = live.workers.get_mut(s) {
+                                w.out = Some(Out::Suspected {
+                                    by: worker_id.to_string(),
+                                    reason: f.reason.clone(),
+                                });
+                            }
+                        }
+                        None => {
+                            if let Some(w) = live.workers.get_mut(worker_id) {
+                                w.out = Some(Out::Failed(f.reason.clone()));
+                            }
+                        }
+                    }
+                });
+                ctx.leader.wake.notify_one();
+            }
+            None => return Err(Status::invalid_argument("an empty WorkerEvent")),
+        }
+        Ok(out)
+    }
+}
+
+#[tonic::async_trait]
+impl Workers for WorkersService {
+    async fn register(
+        &self,
+        request: Request<RegisterRequest>,
+    ) -> Result<Response<RegisterResponse>, Status> {
+        let ctx = &self.0;
+        require_client_cert(ctx, &request, "Workers")?;
+        let who = caller(ctx, &request)?;
+        ctx.require_leader()?;
+        let r = request.into_inner();
+        let job = find_job(ctx, &who, &r.job_id)?;
+        if job.id != r.job_id {
+            return Err(Status::invalid_argument(format!(
+                "register with the job id ({}), not its name",
+                job.id
+            )));
+        }
+        if r.instance_id.is_empty() || r.data_addr.is_empty() {
+            return Err(Status::invalid_argument("instance_id and data_addr must be set"));
+        }
+        let record = WorkerRecord {
+            host: r.host,
+            data_addr: r.data_addr,
+            devices: r.devices,
+            platform: r.platform,
+            slice: r.slice,
+            instance_id: r.instance_id,
+            registered_unix: unix_now(),
+            removed: false,
+        };
+        let command = Command::RegisterWorker(Box::new(RegisterWorker { job_id: job.id.clone(), record }));
+        let worker_id = match ctx.propose(command).await? {
+            Applied::WorkerRegistered { worker_id } => worker_id,
+            Applied::Refused { reason } => return Err(Status::failed_precondition(reason)),
+            other => return Err(Status::internal(format!("unexpected answer to a registration: {other:?}"))),
+        };
+        if let Some(job) = ctx.shared.read(|s| s.jobs.get(&job.id).cloned()) {
+            ctx.leader.with(|m| {
+                m.job_mut(&job, Instant::now());
+            });
+        }
+        ctx.leader.wake.notify_one();
+        let t = &ctx.config.timeouts;
+        Ok(Response::new(RegisterResponse {
+            worker_id,
+            lease_ms: t.lease.as_millis() as u64,
+            heartbeat_ms: t.heartbeat.as_millis() as u64,
+        }))
+    }
+
+    type SessionStream = DirectiveStream;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<WorkerEvent>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let ctx = self.0.clone();
+        require_client_cert(&ctx, &request, "Workers")?;
+        let who = caller(&ctx, &request)?;
+        ctx.require_leader()?;
+        let mut events = request.into_inner();
+        // The first event names the worker.
+        let first = tokio::time::timeout(ctx.config.timeouts.lease, events.next())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no first event within a lease; send a heartbeat first"))?
+            .ok_or_else(|| Status::cancelled("the session ended before its first event"))??;
+        let worker_id = match &first.event {
+            Some(worker_event::Event::Heartbeat(h)) => h.worker_id.clone(),
+            Some(worker_event::Event::Preempted(p)) => p.worker_id.clone(),
+            Some(worker_event::Event::Failed(f)) => f.worker_id.clone(),
+            None => return Err(Status::invalid_argument("an empty WorkerEvent")),
+        };
+        let job = worker_job(&ctx, &who, &worker_id)?;
+        let sessions = ctx.leader.with(|m| m.sessions.len());
+        if sessions >= ctx.config.max_sessions {
+            return Err(Status::resource_exhausted(format!("{sessions} sessions are open, the limit")));
+        }
+        let (tx, rx) = mpsc::channel(SESSION_BUFFER);
+        let session_id = ctx.leader.with(|m| m.open_session(&worker_id, tx.clone()));
+        // What is in force now (a reconnect after a leader change, a quiesce in progress).
+        if let Some(directive) = directive_in_force(&job, &worker_id) {
+            let _ = tx.try_send(Ok(directive));
+        }
+        let service = WorkersService(ctx.clone());
+        let lease = ctx.config.timeouts.lease;
+        tokio::spawn(async move {
+            let mut next = Some(Ok(first));
+            loop {
+                let event = match next.take() {
+                    Some(event) => event,
+                    None => match tokio::time::timeout(lease * 2, events.next()).await {
+                        Ok(Some(event)) => event,
+                        // Ended, or silent for two leases: the lease logic takes it from here.
+                        Ok(None) | Err(_) => break,
+                    },
+                };
+                let result = event.and_then(|e| service.on_event(&worker_id, e));
+                let still_leader = ctx.require_leader();
+                match (result, still_leader) {
+                    (_, Err(status)) | (Err(status), _) => {
+                        let _ = tx.send(Err(status)).await;
+                        break;
+                    }
+                    (Ok(directives), Ok(())) => {
+                        for d in directives {
+                            if tx.try_send(Ok(d)).is_err() {
+                                tracing::warn!(worker_id, "session does not keep up; closing it");
+                                ctx.leader.with(|m| m.close_session(&worker_id, session_id));
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+            ctx.leader.with(|m| m.close_session(&worker_id, session_id));
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn report_step(&self, request: Request<StepReport>) -> Result<Response<StepAck>, Status> {
+        let ctx = &self.0;
+        require_client_cert(ctx, &request, "Workers")?;
+        let who = caller(ctx, &request)?;
+        ctx.require_leader()?;
+        let r = request.into_inner();
+        let job = worker_job(ctx, &who, &r.worker_id)?;
+        if job.id != r.job_id {
+            return Err(Status::permission_denied(format!(
+                "{} is not a worker of job {}",
+                r.worker_id, r.job_id
+            )));
+        }
+        check_report(&job, &r.worker_id, r.generation)?;
+        if r.step == 0 {
+            return Err(Status::invalid_argument(
+                "step 0 is not a step; report the step just applied (1-based)",
+            ));
+        }
+        if r.step > job.committed_step + MAX_STEPS_AHEAD {
+            return Err(Status::out_of_range(format!(
+                "step {} is more than {MAX_STEPS_AHEAD} steps ahead of the committed step {}",
+                r.step, job.committed_step
+            )));
+        }
+        if r.step > job.committed_step {
+            let report = StepReportData {
+                loss_sum: r.loss_sum,
+                token_count: r.token_count,
+                grad_norm: r.grad_norm,
+                step_seconds: r.step_seconds,
+                tokens: r.tokens,
+                metrics: r.metrics.into_iter().collect(),
+            };
+            if !record_step_report(ctx, &job, &r.worker_id, r.step, report) {
+                return Err(super::not_leader(ctx.leader().map(|(_, a)| a)));
+            }
+        }
+        // Answer once the step is committed, the generation changes, or the wait ends.
+        let deadline = tokio::time::Instant::now() + ctx.config.timeouts.report_wait;
+        let mut applied = ctx.shared.applied.subscribe();
+        loop {
+            let (committed, generation, state) = ctx
+                .shared
+                .read(|s| s.jobs.get(&job.id).map(|j| (j.committed_step, j.generation, j.state)))
+                .ok_or_else(|| Status::not_found("the job vanished"))?;
+            if committed >= r.step || generation != r.generation || state.is_terminal() {
+                return Ok(Response::new(StepAck { committed_step: committed, generation }));
+            }
+            match tokio::time::timeout_at(deadline, applied.changed()).await {
+                Ok(Ok(())) => ctx.require_leader()?,
+                Ok(Err(_)) => return Err(Status::unavailable("the node is shutting down; retry")),
+                Err(_) => return Ok(Response::new(StepAck { committed_step: committed, generation })),
+            }
+        }
+    }
+
+    async fn report_checkpoint(
+        &self,
+        request: Request<CheckpointReport>,
+    ) -> Result<Response<CheckpointAck>, Status> {
+        let ctx = self.0.clone();
+        require_client_cert(&ctx, &request, "Workers")?;
+        let who = caller(&ctx, &request)?;
+        ctx.require_leader()?;
+        let r = request.into_inner();
+        let job = worker_job(&ctx, &who, &r.worker_id)?;
+        if job.id != r.job_id {
+            return Err(Status::permission_denied(format!(
+                "{} is not a worker of job {}",
+                r.worker_id, r.job_id
+            )));
+        }
+        check_report(&job, &r.worker_id, r.generation)?;
+        if r.host_report_json.len() > MAX_REPORT_JSON || r.save_spec_json.len() > MAX_REPORT_JSON {
+            return Err(Status::invalid_argument(format!(
+                "a host report or save spec over {MAX_REPORT_JSON} bytes"
+            )));
+        }
+        let report: HostReport = serde_json::from_slice(&r.host_report_json).map_err(|e| {
+            Status::invalid_argument(format!("host_report_json is not a checkpoint host report: {e}"))
+        })?;
+        let spec: SaveSpec = serde_json::from_slice(&r.save_spec_json).map_err(|e| {
+            Status::invalid_argument(format!("save_spec_json is not a checkpoint save spec: {e}"))
+        })?;
+        if report.step != r.step
+            || spec.step != r.step
+            || report.save_id != r.save_id
+            || spec.save_id != r.save_id
+        {
+            return Err(Status::invalid_argument(format!(
+                "the report is for step {} save '{}', the host report for step {} save '{}', the spec for step {} save '{}'",
+                r.step, r.save_id, report.step, report.save_id, spec.step, spec.save_id
+            )));
+        }
+        if job.checkpoints.iter().any(|c| c.record.step == r.step && c.record.save_id == r.save_id) {
+            let uri = job
+                .checkpoints
+                .iter()
+                .find(|c| c.record.step == r.step)
+                .map(|c| c.uri.clone())
+                .unwrap_or_default();
+            return Ok(Response::new(CheckpointAck { committed: true, uri }));
+        }
+        let key = (r.step, r.save_id.clone());
+        let ready = ctx.leader.with(|m| {
+            let saves = m.saves.entry(job.id.clone()).or_default();
+            let save = saves.entry(key.clone()).or_insert_with(|| PendingSave {
+                generation: job.generation,
+                spec: spec.clone(),
+                reports: Default::default(),
+            });
+            if save.spec != spec {
+                return Err(Status::invalid_argument(format!(
+                    "{} sent a save spec for step {} that differs from another member's",
+                    r.worker_id, r.step
+                )));
+            }
+            save.reports.insert(r.worker_id.clone(), report);
+            let complete = job.members.iter().all(|m| save.reports.contains_key(&m.worker_id));
+            Ok(complete.then(|| save.clone()))
+        })?;
+        let Some(save) = ready else {
+            return Ok(Response::new(CheckpointAck { committed: false, uri: String::new() }));
+        };
+        let uri =
+            tokio::time::timeout(FINALIZE_TIMEOUT, finalize(&ctx, &job, save)).await.map_err(|_| {
+                Status::deadline_exceeded(format!("finalizing the checkpoint took over {FINALIZE_TIMEOUT:?}"))
+            })??;
+        ctx.leader.with(|m| {
+            if let Some(saves) = m.saves.get_mut(&job.id) {
+                saves.remove(&key);
+            }
+        });
+        Ok(Response::new(CheckpointAck { committed: true, uri }))
+    }
+
+    async fn push_logs(
+        &self,
+        request: Request<Streaming<LogLine>>,
+    ) -> Result<Response<PushLogsResponse>, Status> {
+        let ctx = &self.0;
+        require_client_cert(ctx, &request, "Workers")?;
+        let who = caller(ctx, &request)?;
+        ctx.require_leader()?;
+        let mut lines = request.into_inner();
+        let idle = ctx.config.timeouts.lease * 10;
+        while let Some(line) = tokio::time::timeout(idle, lines.next())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no log line for 10 leases; open a new stream"))?
+        {
+            let line = line?;
+            who.require_job(&line.job_id)?;
+            ctx.logs.push(line);
+        }
+        Ok(Response::new(PushLogsResponse {}))
+    }
+}
+
+/// Writes the manifest, commits through Raft, writes the marker, then applies retention.
+async fn finalize(ctx: &Arc<Ctx>, job: &Job, save: PendingSave) -> Result<String, Status> {
+    let storage = checkpoint::Storage::open(&job.checkpoint_uri, &ctx.config.store_options)
+        .map_err(|e| Status::failed_precondition(e.to_string()))?;
+    let reports: Vec<HostReport> = save.reports.into_values().collect();
+    let bytes = reports.iter().map(|r| r.object.size).sum();
+    let log = RaftCommitLog {
+        ctx: ctx.clone(),
+        job_id: job.id.clone(),
+        generation: save.generation,
+        root: storage.url().to_string(),
+        bytes,
+    };
+    let commit = checkpoint::finalize(&storage, &save.spec, &reports, &log).await.map_err(|e| {
+        Status::failed_precondition(format!("checkpoint step {} not committed: {e}", save.spec.step))
+    })?;
+    let active: Vec<String> = ctx.leader.with(|m| {
+        m.saves.get(&job.id).map(|s| s.keys().map(|(_, id)| id.clone()).collect()).unwrap_or_default()
+    });
+    let retention = checkpoint::Retention {
+        keep_last: job.shape.keep_last as usize,
+        keep_every: job.shape.keep_every,
+        ..Default::default()
+    };
+    if let Err(e) = checkpoint::gc(&storage, &log, &retention, &active).await {
+        tracing::warn!(job_id = job.id, "checkpoint retention failed (the commit stands): {e}");
+    }
+    Ok(format!("{}/{}", storage.url().trim_end_matches('/'), commit.dir()))
+}

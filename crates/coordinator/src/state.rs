@@ -1,0 +1,913 @@
+//! The replicated state: what every coordinator node agrees on, and the commands that change it.
+//!
+//! [`ClusterState::apply`] is the state machine's transition function. It is pure and
+//! deterministic (no clock, no randomness: the leader puts times, ids' ingredients and token
+//! hashes into the commands), so every replica that applies the same log holds bitwise the same
+//! state. A command that no longer fits (a stale generation, a step that is not the next one) is
+//! applied as a no-op with a [`Response::Refused`] that says why; this is what makes a command
+//! proposed twice (by an old and a new leader) harmless.
+//!
+//! Heartbeats, leases and pending reports are deliberately absent: they live in the leader's
+//! memory ([`crate::leader`]).
+
+use checkpoint::CommitRecord;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, VecDeque};
+
+/// Events kept per job (the status shows them; `JobStatus.events` promises at most 50).
+pub const MAX_EVENTS: usize = 50;
+/// Registrations a job accepts over its life: bounds the worker table.
+pub const MAX_WORKERS_PER_JOB: usize = 4096;
+/// Keys one job may hold in the KV store.
+pub const MAX_KV_KEYS_PER_JOB: usize = 16_384;
+/// Bytes (keys and values) one job may hold in the KV store.
+pub const MAX_KV_BYTES_PER_JOB: usize = 64 << 20;
+/// Largest KV value.
+pub const MAX_KV_VALUE_BYTES: usize = 1 << 20;
+/// Largest KV key.
+pub const MAX_KV_KEY_BYTES: usize = 512;
+/// Committed checkpoints remembered per job (retention normally keeps far fewer).
+pub const MAX_CHECKPOINTS_PER_JOB: usize = 1024;
+/// Jobs the cluster holds, finished ones included.
+pub const MAX_JOBS: usize = 10_000;
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobState {
+    /// Submitted, waiting for its workers.
+    Pending,
+    /// A generation is running steps.
+    Running,
+    /// A generation change is in progress (quiesce sent, assignment not yet committed).
+    Recovering,
+    /// Every step is committed.
+    Completed,
+    /// Given up.
+    Failed,
+    /// Stopped by a user.
+    Stopped,
+}
+
+impl JobState {
+    /// Whether the job is over.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Stopped)
+    }
+
+    /// The wire enum.
+    pub fn to_proto(self) -> proto::v1::JobState {
+        use proto::v1::JobState as P;
+        match self {
+            Self::Pending => P::Pending,
+            Self::Running => P::Running,
+            Self::Recovering => P::Recovering,
+            Self::Completed => P::Completed,
+            Self::Failed => P::Failed,
+            Self::Stopped => P::Stopped,
+        }
+    }
+}
+
+/// A registered worker, as the log knows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerRecord {
+    /// Hostname, for people.
+    pub host: String,
+    /// Its data-plane address.
+    pub data_addr: String,
+    /// Devices it has.
+    pub devices: u32,
+    /// `cpu`, `tpu`, `cuda`.
+    pub platform: String,
+    /// The slice it was started for, if any.
+    pub slice: Option<u32>,
+    /// The worker process's own id: registering again with it returns the same worker id.
+    pub instance_id: String,
+    /// When it registered.
+    pub registered_unix: f64,
+    /// Removed from the job (lost, preempted, suspected, or silent during a quiesce). It must
+    /// register again, under a new id, to come back.
+    pub removed: bool,
+}
+
+/// Where a member's state at `start_step` comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ResumePlan {
+    /// Initialize from the job seed.
+    Fresh,
+    /// The state in memory is already at `start_step`.
+    Keep,
+    /// Restore a committed checkpoint.
+    FromCheckpoint {
+        /// The checkpoint directory.
+        uri: String,
+        /// Its step.
+        step: u64,
+    },
+    /// Fetch from a live peer over the data plane.
+    FromPeer {
+        /// The peer.
+        worker_id: String,
+        /// Its data-plane address.
+        data_addr: String,
+        /// The step its state is at.
+        step: u64,
+    },
+}
+
+/// One member of a generation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberPlan {
+    /// The worker.
+    pub worker_id: String,
+    /// Its place in the generation: members ordered by their lowest virtual rank.
+    pub slice: u32,
+    /// The logical data-parallel ranks it computes, ascending.
+    pub virtual_ranks: Vec<u32>,
+    /// Where its state comes from.
+    pub resume: ResumePlan,
+}
+
+/// A committed step and its metrics, aggregated over the members' reports.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepCommit {
+    /// The step (1-based: optimizer steps applied).
+    pub step: u64,
+    /// Mean loss per token; `None` when no report carried tokens.
+    pub loss: Option<f64>,
+    /// Tokens of the step over all members.
+    pub tokens: u64,
+    /// The slowest member's step time.
+    pub step_seconds: f64,
+    /// `tokens / step_seconds`.
+    pub tokens_per_second: f64,
+    /// The global gradient norm (every member reports the same after the all-reduce).
+    pub grad_norm: Option<f64>,
+    /// Other metrics, averaged over virtual ranks.
+    pub metrics: BTreeMap<String, f64>,
+    /// Members that reported (a step carried into a new generation may lack some).
+    pub reporters: u32,
+    /// Members the generation had.
+    pub members: u32,
+}
+
+/// A committed checkpoint in the catalog.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointEntry {
+    /// What the checkpoint crate records.
+    pub record: CommitRecord,
+    /// The checkpoint's directory URL.
+    pub uri: String,
+    /// When it was committed.
+    pub committed_unix: f64,
+    /// Bytes of its objects.
+    pub bytes: u64,
+}
+
+/// Something that happened to a job, for `podctl status` and the run record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobEvent {
+    /// When.
+    pub unix: f64,
+    /// `submitted`, `joined`, `generation`, `recovery`, `lease_expired`, `preemption`, ...
+    pub kind: String,
+    /// The committed step at the time.
+    pub step: u64,
+    /// Anything else worth knowing.
+    pub detail: String,
+}
+
+/// What the leader derives from a spec at submission, so apply never parses YAML.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobShape {
+    /// The job's name.
+    pub name: String,
+    /// Logical data-parallel size (`mesh.dcn`).
+    pub dp_size: u32,
+    /// Steps to run.
+    pub total_steps: u64,
+    /// Save every this many steps (0: no checkpoints).
+    pub checkpoint_every: u64,
+    /// Keep the last this many checkpoints.
+    pub keep_last: u32,
+    /// Also keep every checkpoint whose step is a multiple of this (0: none).
+    pub keep_every: u64,
+    /// The run directory.
+    pub output_dir: String,
+}
+
+/// A job and everything the cluster knows of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    /// `<name>-<n>`.
+    pub id: String,
+    /// Derived from the spec.
+    pub shape: JobShape,
+    /// The spec as submitted.
+    pub spec_yaml: String,
+    /// Where workers find the bundle.
+    pub bundle_uri: String,
+    /// The bundle's identity.
+    pub bundle_id: String,
+    /// The checkpoint root.
+    pub checkpoint_uri: String,
+    /// SHA-256 (hex) of the job token; the token itself is never stored.
+    pub token_sha256: String,
+    /// Where it is in its life.
+    pub state: JobState,
+    /// Why it failed, or what it waits for.
+    pub message: String,
+    /// When it was submitted.
+    pub submitted_unix: f64,
+    /// Every registration, by worker id.
+    pub workers: BTreeMap<String, WorkerRecord>,
+    /// Registrations so far (names the next worker).
+    pub worker_seq: u64,
+    /// The current generation (0 before the first).
+    pub generation: u64,
+    /// The current generation's members (empty while pending).
+    pub members: Vec<MemberPlan>,
+    /// Steps done when the current generation started.
+    pub start_step: u64,
+    /// Global steps committed.
+    pub committed_step: u64,
+    /// The last committed step's metrics.
+    pub last_step: Option<StepCommit>,
+    /// Committed checkpoints, oldest first.
+    pub checkpoints: Vec<CheckpointEntry>,
+    /// Recent events, oldest first.
+    pub events: VecDeque<JobEvent>,
+}
+
+impl Job {
+    /// Whether `worker_id` is a member of the current generation.
+    pub fn member(&self, worker_id: &str) -> Option<&MemberPlan> {
+        self.members.iter().find(|m| m.worker_id == worker_id)
+    }
+
+    /// Registered workers that were not removed, by id.
+    pub fn active_workers(&self) -> impl Iterator<Item = (&String, &WorkerRecord)> {
+        self.workers.iter().filter(|(_, w)| !w.removed)
+    }
+
+    /// The newest committed checkpoint.
+    pub fn last_checkpoint(&self) -> Option<&CheckpointEntry> {
+        self.checkpoints.iter().max_by_key(|c| (c.record.step, c.record.save_id.clone()))
+    }
+
+    fn event(&mut self, unix: f64, kind: &str, detail: String) {
+        if self.events.len() == MAX_EVENTS {
+            self.events.pop_front();
+        }
+        self.events.push_back(JobEvent { unix, kind: kind.into(), step: self.committed_step, detail });
+    }
+
+    fn mark_removed(&mut self, removed: &[String]) {
+        for id in removed {
+            if let Some(w) = self.workers.get_mut(id) {
+                w.removed = true;
+            }
+        }
+    }
+
+    /// Commits `commit` if it is the next step; false when it is not.
+    fn commit_step(&mut self, commit: StepCommit, unix: f64) -> bool {
+        if commit.step != self.committed_step + 1 {
+            return false;
+        }
+        self.committed_step = commit.step;
+        self.last_step = Some(commit);
+        if self.committed_step >= self.shape.total_steps {
+            self.state = JobState::Completed;
+            self.message = format!("all {} steps committed", self.shape.total_steps);
+            self.event(unix, "completed", String::new());
+        }
+        true
+    }
+}
+
+/// A submission, with everything the leader derived and generated.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubmitJob {
+    /// Derived from the spec.
+    pub shape: JobShape,
+    /// The spec as written.
+    pub spec_yaml: String,
+    /// Where workers find the bundle.
+    pub bundle_uri: String,
+    /// The bundle's identity.
+    pub bundle_id: String,
+    /// The checkpoint root.
+    pub checkpoint_uri: String,
+    /// SHA-256 (hex) of the job token the leader generated.
+    pub token_sha256: String,
+    /// When.
+    pub unix: f64,
+}
+
+/// A registration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegisterWorker {
+    /// The job.
+    pub job_id: String,
+    /// What the worker said about itself.
+    pub record: WorkerRecord,
+}
+
+/// Everything that goes through the Raft log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Command {
+    /// A new job.
+    SubmitJob(Box<SubmitJob>),
+    /// A worker joins a job.
+    RegisterWorker(Box<RegisterWorker>),
+    /// Opens generation `generation` (= current + 1): the job is recovering and messages of
+    /// older generations are refused from now on.
+    BeginGeneration {
+        /// The job.
+        job_id: String,
+        /// The new generation.
+        generation: u64,
+        /// Why.
+        reason: String,
+        /// Workers removed from the job.
+        removed: Vec<String>,
+        /// When.
+        unix: f64,
+    },
+    /// Fixes the members and placement of `generation` (the first one, or the one a
+    /// `BeginGeneration` opened); the job runs.
+    NewGeneration {
+        /// The job.
+        job_id: String,
+        /// The generation.
+        generation: u64,
+        /// Steps done at its start.
+        start_step: u64,
+        /// The members.
+        members: Vec<MemberPlan>,
+        /// Steps the previous generation finished but did not commit, committed now with the
+        /// reports that arrived.
+        carried: Vec<StepCommit>,
+        /// Workers removed from the job.
+        removed: Vec<String>,
+        /// Why (for the event).
+        reason: String,
+        /// When.
+        unix: f64,
+    },
+    /// Every member reported `commit.step`.
+    CommitStep {
+        /// The job.
+        job_id: String,
+        /// The generation the reports came from.
+        generation: u64,
+        /// The step.
+        commit: StepCommit,
+        /// When.
+        unix: f64,
+    },
+    /// A checkpoint is complete (manifest written); the catalog records it.
+    CommitCheckpoint {
+        /// The job.
+        job_id: String,
+        /// The generation that saved it.
+        generation: u64,
+        /// The catalog entry.
+        entry: CheckpointEntry,
+    },
+    /// Retention dropped a checkpoint.
+    ForgetCheckpoint {
+        /// The job.
+        job_id: String,
+        /// The checkpoint's step.
+        step: u64,
+        /// Its save id.
+        save_id: String,
+    },
+    /// A user stopped the job.
+    StopJob {
+        /// The job.
+        job_id: String,
+        /// When.
+        unix: f64,
+    },
+    /// The job cannot go on.
+    FailJob {
+        /// The job.
+        job_id: String,
+        /// Why.
+        reason: String,
+        /// When.
+        unix: f64,
+    },
+    /// A key-value write (rendezvous).
+    KvPut {
+        /// The job.
+        job_id: String,
+        /// The key.
+        key: String,
+        /// The value.
+        value: Vec<u8>,
+        /// The writer's generation, when it has one: a stale one is refused.
+        generation: Option<u64>,
+    },
+}
+
+impl Command {
+    /// The job the command is about, if any.
+    pub fn job_id(&self) -> Option<&str> {
+        match self {
+            Self::SubmitJob(_) => None,
+            Self::RegisterWorker(r) => Some(&r.job_id),
+            Self::BeginGeneration { job_id, .. }
+            | Self::NewGeneration { job_id, .. }
+            | Self::CommitStep { job_id, .. }
+            | Self::CommitCheckpoint { job_id, .. }
+            | Self::ForgetCheckpoint { job_id, .. }
+            | Self::StopJob { job_id, .. }
+            | Self::FailJob { job_id, .. }
+            | Self::KvPut { job_id, .. } => Some(job_id),
+        }
+    }
+}
+
+/// What applying a command gave.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub enum Response {
+    /// Applied (also the answer to membership and blank entries).
+    #[default]
+    Applied,
+    /// A job was created.
+    JobSubmitted {
+        /// Its id.
+        job_id: String,
+    },
+    /// A worker was registered (or was already, under this id).
+    WorkerRegistered {
+        /// Its id.
+        worker_id: String,
+    },
+    /// The command no longer fits the state and changed nothing.
+    Refused {
+        /// Why, naming the values.
+        reason: String,
+    },
+}
+
+/// The whole replicated state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterState {
+    /// Jobs by id.
+    pub jobs: BTreeMap<String, Job>,
+    /// Jobs submitted so far (names the next job).
+    pub job_seq: u64,
+    /// Per job, its key-value store.
+    pub kv: BTreeMap<String, BTreeMap<String, Vec<u8>>>,
+}
+
+fn refused(reason: String) -> Response {
+    Response::Refused { reason }
+}
+
+impl ClusterState {
+    /// Finds a job by id or, failing that, the newest job with that name.
+    pub fn find_job(&self, id_or_name: &str) -> Option<&Job> {
+        self.jobs.get(id_or_name).or_else(|| {
+            self.jobs.values().filter(|j| j.shape.name == id_or_name).max_by_key(|j| job_number(&j.id))
+        })
+    }
+
+    /// The job a worker id belongs to (`<job id>.w<n>`).
+    pub fn job_of_worker(&self, worker_id: &str) -> Option<&Job> {
+        let (job_id, _) = worker_id.rsplit_once(".w")?;
+        self.jobs.get(job_id).filter(|j| j.workers.contains_key(worker_id))
+    }
+
+    /// Applies one command. Deterministic: the same state and command give the same result.
+    pub fn apply(&mut self, command: Command) -> Response {
+        if let Command::SubmitJob(submit) = command {
+            return self.submit(*submit);
+        }
+        if let Command::KvPut { job_id, key, value, generation } = command {
+            return self.kv_put(job_id, key, value, generation);
+        }
+        let Some(job_id) = command.job_id().map(str::to_owned) else {
+            return Response::Applied;
+        };
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return refused(format!("no job '{job_id}'"));
+        };
+        if job.state.is_terminal() {
+            return refused(format!("job {job_id} is {:?}", job.state));
+        }
+        match command {
+            Command::SubmitJob(_) | Command::KvPut { .. } => Response::Applied,
+            Command::RegisterWorker(register) => register_worker(job, register.record),
+            Command::BeginGeneration { generation, reason, removed, unix, .. } => {
+                if generation != job.generation + 1 || job.state == JobState::Pending {
+                    return refused(format!(
+                        "cannot begin generation {generation}: job {job_id} is {:?} in generation {}",
+                        job.state, job.generation
+                    ));
+                }
+                job.generation = generation;
+                job.state = JobState::Recovering;
+                job.mark_removed(&removed);
+                job.message = format!("recovering: {reason}");
+                job.event(unix, "recovery", format!("generation {generation}: {reason}"));
+                Response::Applied
+            }
+            Command::NewGeneration {
+                generation,
+                start_step,
+                members,
+                carried,
+                removed,
+                reason,
+                unix,
+                ..
+            } => {
+                let fits = match job.state {
+                    JobState::Pending => generation == job.generation + 1,
+                    JobState::Recovering => generation == job.generation,
+                    _ => false,
+                };
+                if !fits {
+                    return refused(format!(
+                        "cannot form generation {generation}: job {job_id} is {:?} in generation {}",
+                        job.state, job.generation
+                    ));
+                }
+                for commit in carried {
+                    job.commit_step(commit, unix);
+                }
+                job.mark_removed(&removed);
+                job.generation = generation;
+                job.members = members;
+                job.start_step = start_step;
+                if job.state.is_terminal() {
+                    return Response::Applied;
+                }
+                job.state = JobState::Running;
+                job.message = String::new();
+                let summary = job
+                    .members
+                    .iter()
+                    .map(|m| format!("{}:{:?}", m.worker_id, m.virtual_ranks))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                job.event(
+                    unix,
+                    "generation",
+                    format!("generation {generation} from step {start_step} ({reason}): {summary}"),
+                );
+                Response::Applied
+            }
+            Command::CommitStep { generation, commit, unix, .. } => {
+                if generation != job.generation || job.state != JobState::Running {
+                    return refused(format!(
+                        "stale generation {generation}, current {} ({:?})",
+                        job.generation, job.state
+                    ));
+                }
+                let step = commit.step;
+                if job.commit_step(commit, unix) {
+                    Response::Applied
+                } else {
+                    refused(format!("step {step} is not the next step; {} is committed", job.committed_step))
+                }
+            }
+            Command::CommitCheckpoint { generation, entry, .. } => {
+                if generation != job.generation {
+                    return refused(format!(
+                        "stale generation {generation}, current {}: the save was interrupted",
+                        job.generation
+                    ));
+                }
+                if job.checkpoints.iter().any(|c| c.record == entry.record) {
+                    return Response::Applied;
+                }
+                if job.checkpoints.len() >= MAX_CHECKPOINTS_PER_JOB {
+                    return refused(format!(
+                        "job {job_id} already has {MAX_CHECKPOINTS_PER_JOB} checkpoints; lower checkpoint.keep"
+                    ));
+                }
+                job.event(
+                    entry.committed_unix,
+                    "checkpoint",
+                    format!("step {} at {}", entry.record.step, entry.uri),
+                );
+                job.checkpoints.push(entry);
+                job.checkpoints.sort_by(|a, b| {
+                    (a.record.step, &a.record.save_id).cmp(&(b.record.step, &b.record.save_id))
+                });
+                Response::Applied
+            }
+            Command::ForgetCheckpoint { step, save_id, .. } => {
+                job.checkpoints.retain(|c| !(c.record.step == step && c.record.save_id == save_id));
+                Response::Applied
+            }
+            Command::StopJob { unix, .. } => {
+                job.state = JobState::Stopped;
+                job.message = "stopped by a user".into();
+                job.event(unix, "stopped", String::new());
+                Response::Applied
+            }
+            Command::FailJob { reason, unix, .. } => {
+                job.state = JobState::Failed;
+                job.message = reason.clone();
+                job.event(unix, "failed", reason);
+                Response::Applied
+            }
+        }
+    }
+
+    fn submit(&mut self, submit: SubmitJob) -> Response {
+        if self.jobs.len() >= MAX_JOBS {
+            return refused(format!("the cluster holds {MAX_JOBS} jobs; remove finished ones first"));
+        }
+        self.job_seq += 1;
+        let id = format!("{}-{}", submit.shape.name, self.job_seq);
+        let mut job = Job {
+            id: id.clone(),
+            shape: submit.shape,
+            spec_yaml: submit.spec_yaml,
+            bundle_uri: submit.bundle_uri,
+            bundle_id: submit.bundle_id,
+            checkpoint_uri: submit.checkpoint_uri,
+            token_sha256: submit.token_sha256,
+            state: JobState::Pending,
+            message: "waiting for workers".into(),
+            submitted_unix: submit.unix,
+            workers: BTreeMap::new(),
+            worker_seq: 0,
+            generation: 0,
+            members: Vec::new(),
+            start_step: 0,
+            committed_step: 0,
+            last_step: None,
+            checkpoints: Vec::new(),
+            events: VecDeque::new(),
+        };
+        job.event(submit.unix, "submitted", String::new());
+        self.jobs.insert(id.clone(), job);
+        Response::JobSubmitted { job_id: id }
+    }
+
+    fn kv_put(&mut self, job_id: String, key: String, value: Vec<u8>, generation: Option<u64>) -> Response {
+        let Some(job) = self.jobs.get(&job_id) else {
+            return refused(format!("no job '{job_id}'"));
+        };
+        if let Some(g) = generation
+            && g < job.generation
+        {
+            return refused(format!("stale generation {g}, current {}", job.generation));
+        }
+        if key.len() > MAX_KV_KEY_BYTES || value.len() > MAX_KV_VALUE_BYTES {
+            return refused(format!(
+                "key of {} bytes or value of {} bytes is over the limits ({MAX_KV_KEY_BYTES}, {MAX_KV_VALUE_BYTES})",
+                key.len(),
+                value.len()
+            ));
+        }
+        let store = self.kv.entry(job_id.clone()).or_default();
+        let used: usize = store.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let old = store.get(&key).map_or(0, |v| key.len() + v.len());
+        if !store.contains_key(&key) && store.len() >= MAX_KV_KEYS_PER_JOB {
+            return refused(format!("job {job_id} holds {MAX_KV_KEYS_PER_JOB} keys, the limit"));
+        }
+        if used - old + key.len() + value.len() > MAX_KV_BYTES_PER_JOB {
+            return refused(format!("job {job_id} would hold over {MAX_KV_BYTES_PER_JOB} bytes of KV data"));
+        }
+        store.insert(key, value);
+        Response::Applied
+    }
+}
+
+fn register_worker(job: &mut Job, record: WorkerRecord) -> Response {
+    if let Some((id, _)) = job.workers.iter().find(|(_, w)| w.instance_id == record.instance_id && !w.removed)
+    {
+        return Response::WorkerRegistered { worker_id: id.clone() };
+    }
+    if job.workers.len() >= MAX_WORKERS_PER_JOB {
+        return refused(format!("job {} had {MAX_WORKERS_PER_JOB} registrations, the limit", job.id));
+    }
+    job.worker_seq += 1;
+    let worker_id = format!("{}.w{}", job.id, job.worker_seq);
+    let detail = format!("{worker_id} on {} ({})", record.host, record.data_addr);
+    let unix = record.registered_unix;
+    job.workers.insert(worker_id.clone(), record);
+    job.event(unix, "joined", detail);
+    Response::WorkerRegistered { worker_id }
+}
+
+/// The number after the last `-` of a job id.
+fn job_number(id: &str) -> u64 {
+    id.rsplit_once('-').and_then(|(_, n)| n.parse().ok()).unwrap_or(0)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn shape(dp_size: u32, total_steps: u64) -> JobShape {
+        JobShape {
+            name: "demo".into(),
+            dp_size,
+            total_steps,
+            checkpoint_every: 0,
+            keep_last: 3,
+            keep_every: 0,
+            output_dir: "runs/demo".into(),
+        }
+    }
+
+    pub(crate) fn submit(state: &mut ClusterState, dp_size: u32, total_steps: u64) -> String {
+        let command = Command::SubmitJob(Box::new(SubmitJob {
+            shape: shape(dp_size, total_steps),
+            spec_yaml: String::new(),
+            bundle_uri: "b".into(),
+            bundle_id: "00".into(),
+            checkpoint_uri: "file:///tmp/c".into(),
+            token_sha256: "ab".into(),
+            unix: 1.0,
+        }));
+        match state.apply(command) {
+            Response::JobSubmitted { job_id } => job_id,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    pub(crate) fn worker(instance: &str) -> WorkerRecord {
+        WorkerRecord {
+            host: "h".into(),
+            data_addr: format!("127.0.0.1:{}", 9000 + instance.len()),
+            devices: 1,
+            platform: "cpu".into(),
+            slice: None,
+            instance_id: instance.into(),
+            registered_unix: 2.0,
+            removed: false,
+        }
+    }
+
+    pub(crate) fn register(state: &mut ClusterState, job_id: &str, instance: &str) -> String {
+        let command = Command::RegisterWorker(Box::new(RegisterWorker {
+            job_id: job_id.into(),
+            record: worker(instance),
+        }));
+        match state.apply(command) {
+            Response::WorkerRegistered { worker_id } => worker_id,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn member(worker_id: &str, ranks: Vec<u32>) -> MemberPlan {
+        MemberPlan { worker_id: worker_id.into(), slice: 0, virtual_ranks: ranks, resume: ResumePlan::Fresh }
+    }
+
+    fn form(state: &mut ClusterState, job_id: &str, generation: u64, members: Vec<MemberPlan>) -> Response {
+        state.apply(Command::NewGeneration {
+            job_id: job_id.into(),
+            generation,
+            start_step: 0,
+            members,
+            carried: vec![],
+            removed: vec![],
+            reason: "test".into(),
+            unix: 3.0,
+        })
+    }
+
+    fn commit(state: &mut ClusterState, job_id: &str, generation: u64, step: u64) -> Response {
+        state.apply(Command::CommitStep {
+            job_id: job_id.into(),
+            generation,
+            commit: StepCommit { step, ..Default::default() },
+            unix: 4.0,
+        })
+    }
+
+    #[test]
+    fn a_job_runs_from_pending_to_completed() {
+        let mut state = ClusterState::default();
+        let job = submit(&mut state, 1, 2);
+        assert_eq!(job, "demo-1");
+        let w = register(&mut state, &job, "i1");
+        assert_eq!(w, "demo-1.w1");
+        assert_eq!(state.job_of_worker(&w).unwrap().id, job);
+        assert_eq!(form(&mut state, &job, 1, vec![member(&w, vec![0])]), Response::Applied);
+        assert_eq!(state.jobs[&job].state, JobState::Running);
+        assert_eq!(commit(&mut state, &job, 1, 1), Response::Applied);
+        assert_eq!(commit(&mut state, &job, 1, 2), Response::Applied);
+        assert_eq!(state.jobs[&job].state, JobState::Completed);
+        assert!(matches!(commit(&mut state, &job, 1, 3), Response::Refused { .. }));
+    }
+
+    #[test]
+    fn steps_commit_only_in_order_and_once() {
+        let mut state = ClusterState::default();
+        let job = submit(&mut state, 1, 10);
+        let w = register(&mut state, &job, "i1");
+        form(&mut state, &job, 1, vec![member(&w, vec![0])]);
+        assert!(
+            matches!(commit(&mut state, &job, 1, 2), Response::Refused { reason } if reason.contains("not the next"))
+        );
+        commit(&mut state, &job, 1, 1);
+        assert!(matches!(commit(&mut state, &job, 1, 1), Response::Refused { .. }));
+        assert_eq!(state.jobs[&job].committed_step, 1);
+    }
+
+    #[test]
+    fn a_stale_generation_is_refused_after_a_new_one_begins() {
+        let mut state = ClusterState::default();
+        let job = submit(&mut state, 2, 10);
+        let a = register(&mut state, &job, "a");
+        let b = register(&mut state, &job, "b");
+        form(&mut state, &job, 1, vec![member(&a, vec![0]), member(&b, vec![1])]);
+        let begin = Command::BeginGeneration {
+            job_id: job.clone(),
+            generation: 2,
+            reason: "lease expired".into(),
+            removed: vec![b.clone()],
+            unix: 5.0,
+        };
+        assert_eq!(state.apply(begin.clone()), Response::Applied);
+        assert!(state.jobs[&job].workers[&b].removed);
+        // The same command proposed again (by a new leader) changes nothing.
+        assert!(matches!(state.apply(begin), Response::Refused { .. }));
+        assert!(
+            matches!(commit(&mut state, &job, 1, 1), Response::Refused { reason } if reason.contains("stale generation 1, current 2"))
+        );
+        let put =
+            |g| Command::KvPut { job_id: job.clone(), key: "k".into(), value: vec![1], generation: Some(g) };
+        assert!(matches!(state.apply(put(1)), Response::Refused { .. }));
+        assert_eq!(state.apply(put(2)), Response::Applied);
+    }
+
+    #[test]
+    fn carried_steps_close_the_gap_a_lost_member_left() {
+        let mut state = ClusterState::default();
+        let job = submit(&mut state, 2, 10);
+        let a = register(&mut state, &job, "a");
+        let b = register(&mut state, &job, "b");
+        form(&mut state, &job, 1, vec![member(&a, vec![0]), member(&b, vec![1])]);
+        commit(&mut state, &job, 1, 1);
+        state.apply(Command::BeginGeneration {
+            job_id: job.clone(),
+            generation: 2,
+            reason: "x".into(),
+            removed: vec![b.clone()],
+            unix: 5.0,
+        });
+        let response = state.apply(Command::NewGeneration {
+            job_id: job.clone(),
+            generation: 2,
+            start_step: 2,
+            members: vec![member(&a, vec![0, 1])],
+            carried: vec![StepCommit { step: 2, reporters: 1, members: 2, ..Default::default() }],
+            removed: vec![],
+            reason: "x".into(),
+            unix: 6.0,
+        });
+        assert_eq!(response, Response::Applied);
+        assert_eq!(state.jobs[&job].committed_step, 2);
+        assert_eq!(state.jobs[&job].state, JobState::Running);
+    }
+
+    #[test]
+    fn registering_again_with_the_same_instance_returns_the_same_id() {
+        let mut state = ClusterState::default();
+        let job = submit(&mut state, 1, 1);
+        let first = register(&mut state, &job, "i1");
+        assert_eq!(register(&mut state, &job, "i1"), first);
+        assert_ne!(register(&mut state, &job, "i2"), first);
+    }
+
+    #[test]
+    fn stopped_jobs_refuse_everything_but_stay_readable() {
+        let mut state = ClusterState::default();
+        let job = submit(&mut state, 1, 1);
+        state.apply(Command::StopJob { job_id: job.clone(), unix: 2.0 });
+        assert_eq!(state.jobs[&job].state, JobState::Stopped);
+        let again =
+            Command::RegisterWorker(Box::new(RegisterWorker { job_id: job.clone(), record: worker("x") }));
+        assert!(matches!(state.apply(again), Response::Refused { reason } if reason.contains("Stopped")));
+        assert_eq!(state.find_job("demo").unwrap().id, job);
+    }
+
+    #[test]
+    fn kv_limits_are_enforced() {
+        let mut state = ClusterState::default();
+        let job = submit(&mut state, 1, 1);
+        let big = Command::KvPut {
+            job_id: job.clone(),
+            key: "k".into(),
+            value: vec![0; MAX_KV_VALUE_BYTES + 1],
+            generation: None,
+        };
+        assert!(matches!(state.apply(big), Response::Refused { .. }));
+        assert!(state.kv.get(&job).is_none_or(|kv| kv.is_empty()));
+    }
+}

@@ -1,0 +1,163 @@
+//! Certificates: a development CA and the TLS settings of servers and clients.
+//!
+//! Every listener serves TLS (rustls) with the node's server certificate. Client certificates
+//! are optional at the handshake, but when one is presented it must be signed by the cluster
+//! CA; the worker and peer services then require one (`grpc::auth`), while podctl may come with
+//! only a bearer token.
+
+use crate::Error;
+use crate::config::TlsFiles;
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    KeyUsagePurpose,
+};
+use std::path::Path;
+use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+
+/// The CA certificate's file name.
+pub const CA_CERT: &str = "ca.pem";
+/// The CA key's file name (keep it off the nodes in production).
+pub const CA_KEY: &str = "ca.key";
+/// The server certificate's file name.
+pub const SERVER_CERT: &str = "server.pem";
+/// The server key's file name.
+pub const SERVER_KEY: &str = "server.key";
+/// The client certificate's file name (workers and peers present it).
+pub const CLIENT_CERT: &str = "client.pem";
+/// The client key's file name.
+pub const CLIENT_KEY: &str = "client.key";
+
+fn tls_err(what: &str) -> impl Fn(rcgen::Error) -> Error + '_ {
+    move |e| Error::Tls(format!("cannot make the {what}: {e}"))
+}
+
+/// Writes a development CA, a server certificate valid for `hosts` (names or IP addresses;
+/// `localhost` and `127.0.0.1` are always included) and a client certificate into `dir`.
+/// Returns the files. Not for production: the CA key sits beside the certificates.
+pub fn create_dev_ca(dir: &Path, hosts: &[String]) -> Result<TlsFiles, Error> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::Tls(format!("cannot create {}: {e}", dir.display())))?;
+    let ca_key = KeyPair::generate().map_err(tls_err("CA key"))?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(tls_err("CA"))?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(DnType::CommonName, "podctl development CA");
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca = CertifiedIssuer::self_signed(ca_params, ca_key).map_err(tls_err("CA"))?;
+
+    let mut names: Vec<String> = vec!["localhost".into(), "127.0.0.1".into()];
+    for host in hosts {
+        if !names.contains(host) {
+            names.push(host.clone());
+        }
+    }
+    let server_key = KeyPair::generate().map_err(tls_err("server key"))?;
+    let mut server = CertificateParams::new(names).map_err(tls_err("server certificate"))?;
+    server.distinguished_name.push(DnType::CommonName, "podctl coordinator");
+    server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let server_cert = server.signed_by(&server_key, &ca).map_err(tls_err("server certificate"))?;
+
+    let client_key = KeyPair::generate().map_err(tls_err("client key"))?;
+    let mut client = CertificateParams::new(Vec::<String>::new()).map_err(tls_err("client certificate"))?;
+    client.distinguished_name.push(DnType::CommonName, "podctl worker");
+    client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let client_cert = client.signed_by(&client_key, &ca).map_err(tls_err("client certificate"))?;
+
+    let files = TlsFiles::in_dir(dir);
+    let write = |path: &Path, text: String, secret: bool| -> Result<(), Error> {
+        std::fs::write(path, text)
+            .map_err(|e| Error::Tls(format!("cannot write {}: {e}", path.display())))?;
+        if secret {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| Error::Tls(format!("cannot restrict {}: {e}", path.display())))?;
+        }
+        Ok(())
+    };
+    write(&files.ca, ca.pem(), false)?;
+    write(&dir.join(CA_KEY), ca.key().serialize_pem(), true)?;
+    write(&files.server_cert, server_cert.pem(), false)?;
+    write(&files.server_key, server_key.serialize_pem(), true)?;
+    write(&files.client_cert, client_cert.pem(), false)?;
+    write(&files.client_key, client_key.serialize_pem(), true)?;
+    Ok(files)
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, Error> {
+    std::fs::read(path).map_err(|e| {
+        Error::Tls(format!(
+            "cannot read {}: {e}; make certificates with `podctl-coordinator dev-ca`",
+            path.display()
+        ))
+    })
+}
+
+/// The server side: the node's certificate, and client certificates verified against the CA
+/// when presented.
+pub fn server_config(files: &TlsFiles) -> Result<ServerTlsConfig, Error> {
+    Ok(ServerTlsConfig::new()
+        .identity(Identity::from_pem(read(&files.server_cert)?, read(&files.server_key)?))
+        .client_ca_root(Certificate::from_pem(read(&files.ca)?))
+        .client_auth_optional(true))
+}
+
+/// The PEM material a client needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientTls {
+    /// The CA that signed the servers' certificates.
+    pub ca_pem: Vec<u8>,
+    /// A client certificate and key (workers and peers), PEM.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl ClientTls {
+    /// The CA and the client certificate of a [`TlsFiles`] set (what workers and peers use).
+    pub fn with_identity(files: &TlsFiles) -> Result<Self, Error> {
+        Ok(Self {
+            ca_pem: read(&files.ca)?,
+            identity: Some((read(&files.client_cert)?, read(&files.client_key)?)),
+        })
+    }
+
+    /// Only the CA (what podctl uses: it authenticates with a bearer token).
+    pub fn ca_only(ca: &Path) -> Result<Self, Error> {
+        Ok(Self { ca_pem: read(ca)?, identity: None })
+    }
+
+    /// tonic's settings for a server reached as `host`.
+    pub fn config(&self, host: &str) -> ClientTlsConfig {
+        let mut config = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&self.ca_pem))
+            .domain_name(host.to_string());
+        if let Some((cert, key)) = &self.identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        config
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dev_ca_writes_every_file_with_secret_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = create_dev_ca(dir.path(), &["node-1.example".into()]).unwrap();
+        for path in [&files.ca, &files.server_cert, &files.client_cert] {
+            assert!(std::fs::read_to_string(path).unwrap().starts_with("-----BEGIN CERTIFICATE-----"));
+        }
+        use std::os::unix::fs::PermissionsExt;
+        for path in [&files.server_key, &files.client_key, &dir.path().join(CA_KEY)] {
+            let mode = std::fs::metadata(path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "{path:?} is readable by others");
+        }
+        assert!(server_config(&files).is_ok());
+        assert!(ClientTls::with_identity(&files).unwrap().identity.is_some());
+    }
+
+    #[test]
+    fn a_missing_file_names_itself_and_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = server_config(&TlsFiles::in_dir(dir.path())).unwrap_err().to_string();
+        assert!(e.contains("server.pem") && e.contains("dev-ca"), "{e}");
+    }
+}
