@@ -368,8 +368,14 @@ async fn upload(
             for b in &part {
                 hasher.update(b);
             }
-            let fut = upload.put_part(part.into_iter().collect());
-            in_flight.push_back(async move { (index, bytes, fut.await) });
+            // A task per part keeps every upload moving while this one hashes the next part.
+            let part = tokio::spawn(upload.put_part(part.into_iter().collect()));
+            in_flight.push_back(async move {
+                let result = part.await.unwrap_or_else(|e| {
+                    Err(object_store::Error::Generic { store: "checkpoint", source: Box::new(e) })
+                });
+                (index, bytes, result)
+            });
             if in_flight.len() >= options.max_parts_in_flight {
                 if let Some(e) = drain_one(&mut in_flight, progress).await {
                     failure = Some(e);
