@@ -8,7 +8,7 @@
 
 use crate::abort::AbortHandle;
 use crate::error::{Error, Result};
-use crate::group::{Group, Sockets};
+use crate::group::Group;
 use crate::spec::{Config, GroupSpec};
 use crate::transport::{Filter, Link, PeerRef, Pipe, RxLink, TcpRx, TcpTx, TxLink, Verdict};
 use crate::wire::{Hello, PROTOCOL_VERSION, Reply};
@@ -156,18 +156,15 @@ impl Endpoint {
         let peer =
             |r: usize| PeerRef { rank: r, member: spec.placement[r], addr: spec.members[spec.placement[r]] };
         let mut pipes: HashMap<Edge, Arc<Pipe>> = HashMap::new();
-        let mut sockets = Sockets { incoming: Vec::new(), all: Vec::new() };
+        let mut sockets = Vec::new();
         let mut links = Vec::new();
         let io_timeout = config.io_timeout;
         // Options and clones of a fresh socket only fail when the connection or the process is
         // already in trouble; report it against the peer at the other end.
-        let ready = |stream: &TcpStream, p: &PeerRef, incoming: bool, sockets: &mut Sockets| {
+        let ready = |stream: &TcpStream, p: &PeerRef, sockets: &mut Vec<TcpStream>| {
             let lost = |e: io::Error| p.lost(format!("setting up the connection failed: {e}"));
             configure(stream, io_timeout).map_err(lost)?;
-            sockets.all.push(stream.try_clone().map_err(lost)?);
-            if incoming {
-                sockets.incoming.push(stream.try_clone().map_err(lost)?);
-            }
+            sockets.push(stream.try_clone().map_err(lost)?);
             Ok::<(), Error>(())
         };
         for r in spec.local_ranks() {
@@ -175,7 +172,7 @@ impl Endpoint {
             let tx = match out_streams.remove(&(r, succ)) {
                 Some(stream) => {
                     let p = peer(succ);
-                    ready(&stream, &p, false, &mut sockets)?;
+                    ready(&stream, &p, &mut sockets)?;
                     TxLink::Tcp(TcpTx {
                         stream,
                         link: Link { from_rank: r, to_rank: succ, to_member: p.member, to_addr: p.addr },
@@ -194,7 +191,7 @@ impl Endpoint {
             let rx = match in_streams.remove(&(pred, r)) {
                 Some(stream) => {
                     let p = peer(pred);
-                    ready(&stream, &p, true, &mut sockets)?;
+                    ready(&stream, &p, &mut sockets)?;
                     RxLink::Tcp(TcpRx { stream, peer: p, io_timeout, scratch: Vec::new() })
                 }
                 None => RxLink::Local {

@@ -117,6 +117,8 @@ fn run_receiver(ctx: Ctx, mut rx: RxLink) {
     if let Err(e) = receiver_loop(&ctx, &mut rx) {
         ctx.shared.fail(e);
     }
+    // The loop only ends once the group has failed; the sockets close after the abort grace.
+    rx.drain(ctx.shared.abort_grace());
 }
 
 fn sender_loop(ctx: &Ctx, tx: &mut TxLink) -> Result<()> {

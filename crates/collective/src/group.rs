@@ -45,9 +45,6 @@ pub(crate) struct Shared {
     pub local: Vec<usize>,
     pub queues: Vec<RankQueues>,
     pipes: Vec<Arc<Pipe>>,
-    /// Receiving sockets: their read side is shut at once on failure, which wakes the readers
-    /// without telling the sender anything.
-    incoming: Vec<TcpStream>,
     /// Every socket: fully shut [`ABORT_GRACE`] after a failure.
     sockets: Arc<Vec<TcpStream>>,
     state: Mutex<State>,
@@ -72,12 +69,6 @@ struct Collecting {
     done: Option<Vec<Buffer>>,
 }
 
-/// Sockets a group's links use, for shutting them down.
-pub(crate) struct Sockets {
-    pub incoming: Vec<TcpStream>,
-    pub all: Vec<TcpStream>,
-}
-
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -93,9 +84,10 @@ impl Shared {
         self.failure().unwrap_or(Error::Aborted)
     }
 
-    /// Ends the group with `err` (the first error wins): wakes every waiter and thread, shuts the
-    /// receiving sockets now and all sockets after [`ABORT_GRACE`], which leaves the senders time
-    /// to tell the next member why.
+    /// Ends the group with `err` (the first error wins): wakes every waiter and thread at once and
+    /// shuts every socket after [`ABORT_GRACE`]. Meanwhile the senders tell the next member why,
+    /// and the receivers keep draining what their predecessors send, so a predecessor blocked on a
+    /// full socket moves on and learns of its own lost peers instead of blaming this member.
     pub fn fail(&self, err: Error) {
         {
             let mut state = self.lock();
@@ -115,9 +107,6 @@ impl Shared {
         }
         for pipe in &self.pipes {
             pipe.close();
-        }
-        for s in &self.incoming {
-            let _ = s.shutdown(Shutdown::Read);
         }
         if !self.sockets.is_empty() {
             let sockets = Arc::clone(&self.sockets);
@@ -289,7 +278,7 @@ impl Group {
         abort: AbortHandle,
         links: Vec<(TxLink, RxLink)>,
         pipes: Vec<Arc<Pipe>>,
-        sockets: Sockets,
+        sockets: Vec<TcpStream>,
     ) -> Result<Group> {
         let local = spec.local_ranks();
         let queues = local
@@ -305,8 +294,7 @@ impl Group {
             local,
             queues,
             pipes,
-            incoming: sockets.incoming,
-            sockets: Arc::new(sockets.all),
+            sockets: Arc::new(sockets),
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
         });

@@ -312,6 +312,19 @@ impl RxLink {
     }
 }
 
+impl RxLink {
+    /// After the group failed: reads and discards whatever the predecessor still sends until it
+    /// closes or the socket is shut, so it is never left blocked on a full socket. Bounded by
+    /// `limit` per read.
+    pub fn drain(&mut self, limit: Duration) {
+        if let RxLink::Tcp(tcp) = self {
+            let _ = tcp.stream.set_read_timeout(Some(limit));
+            tcp.scratch.resize(ADD_BLOCK, 0);
+            while matches!(tcp.stream.read(&mut tcp.scratch), Ok(n) if n > 0) {}
+        }
+    }
+}
+
 impl TcpRx {
     fn recv(&mut self, expect: &Expect<'_>, dst: &mut [u8]) -> Result<Received, Error> {
         let awaited = || (expect.what)();
