@@ -376,11 +376,11 @@ async fn upload(
                 });
                 (index, bytes, result)
             });
-            if in_flight.len() >= options.max_parts_in_flight {
-                if let Some(e) = drain_one(&mut in_flight, progress).await {
-                    failure = Some(e);
-                    break;
-                }
+            if in_flight.len() >= options.max_parts_in_flight
+                && let Some(e) = drain_one(&mut in_flight, progress).await
+            {
+                failure = Some(e);
+                break;
             }
         }
         while failure.is_none() && !in_flight.is_empty() {

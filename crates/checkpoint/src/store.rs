@@ -226,7 +226,7 @@ impl Storage {
 
     /// The key relative to the root, as a directory name and a file name, when it is one level
     /// below a directory under the root.
-    pub(crate) fn split_key<'a>(&self, key: &'a Path) -> Option<(String, String)> {
+    pub(crate) fn split_key(&self, key: &Path) -> Option<(String, String)> {
         let mut parts = key.prefix_match(&self.root)?;
         let dir = parts.next()?.as_ref().to_string();
         let name = parts.next()?.as_ref().to_string();

@@ -55,7 +55,7 @@ impl Topology {
         if devices.is_none() {
             return Err(CheckpointError::invalid(what(), format!("more than {MAX_DEVICES} devices")));
         }
-        if per_slice % hosts_per_slice != 0 {
+        if !per_slice.is_multiple_of(hosts_per_slice) {
             return Err(CheckpointError::invalid(
                 what(),
                 format!("{per_slice} devices per slice do not split evenly over {hosts_per_slice} hosts"),

@@ -124,6 +124,9 @@ async fn retention_keeps_last_k_every_nth_and_collects_orphans() {
     assert!(!dir.path().join("000000000700-running").exists());
 }
 
+/// A change made to a manifest's JSON.
+type Edit = Box<dyn FnOnce(&mut serde_json::Value)>;
+
 /// Commits a forged manifest for an existing checkpoint, with a matching commit record, so only
 /// the manifest checks stand between it and a restore.
 async fn forge(
@@ -163,7 +166,7 @@ async fn malicious_manifests_are_refused_before_allocating() {
     let (_dir, storage, log) = open_dir();
     let spec = save_spec(10, "good", hsdp(), state(1));
     let (good, _) = save_and_commit(&storage, &log, &spec, &small_chunks()).await;
-    let cases: Vec<(&str, Box<dyn FnOnce(&mut serde_json::Value)>)> = vec![
+    let cases: Vec<(&str, Edit)> = vec![
         (
             "exceeds the limit",
             Box::new(|m| {
