@@ -221,10 +221,12 @@ impl Client {
         let mut backoff = Duration::from_millis(25);
         loop {
             let (index, channel) = self.current();
-            let status = match tokio::time::timeout(attempt_timeout, f(channel)).await {
+            // A deadline the server reports (a KV wait that ended) is an answer; only our own
+            // attempt timing out is worth another try.
+            let (status, timed_out) = match tokio::time::timeout(attempt_timeout, f(channel)).await {
                 Ok(Ok(answer)) => return Ok(answer),
-                Ok(Err(status)) => status,
-                Err(_) => Status::deadline_exceeded(format!("no answer within {attempt_timeout:?}")),
+                Ok(Err(status)) => (status, false),
+                Err(_) => (Status::deadline_exceeded(format!("no answer within {attempt_timeout:?}")), true),
             };
             let redirect = status
                 .metadata()
@@ -233,7 +235,8 @@ impl Client {
                 .map(str::to_owned);
             let retryable = match status.code() {
                 Code::Unavailable => idempotent || did_nothing(&status),
-                Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => idempotent,
+                Code::DeadlineExceeded => idempotent && timed_out,
+                Code::Cancelled | Code::Unknown => idempotent,
                 _ => false,
             };
             if !retryable {

@@ -54,6 +54,8 @@ pub struct Timeouts {
     pub formation_wait: Duration,
     /// A job with no live worker for this long fails.
     pub abandon_after: Duration,
+    /// After the last step, how long to wait for the final checkpoint before completing.
+    pub final_checkpoint: Duration,
     /// How long `ReportStep` waits for the step's commit before answering anyway.
     pub report_wait: Duration,
     /// The longest `Kv.Get` wait.
@@ -67,12 +69,13 @@ impl Default for Timeouts {
         Self {
             heartbeat: Duration::from_secs(1),
             lease: Duration::from_secs(3),
-            raft_heartbeat: Duration::from_millis(150),
-            election_min: Duration::from_millis(750),
-            election_max: Duration::from_millis(1500),
+            raft_heartbeat: Duration::from_millis(120),
+            election_min: Duration::from_millis(600),
+            election_max: Duration::from_millis(1000),
             peer_rpc: Duration::from_secs(2),
             formation_wait: Duration::from_secs(60),
             abandon_after: Duration::from_secs(1800),
+            final_checkpoint: Duration::from_secs(300),
             report_wait: Duration::from_secs(5),
             kv_wait_max: Duration::from_secs(60),
             tick: Duration::from_millis(100),

@@ -85,6 +85,8 @@ pub struct JobLive {
     pub recovering_since: Option<(u64, Instant)>,
     /// Step reports not yet committed, by step then worker.
     pub step_reports: BTreeMap<u64, BTreeMap<String, StepReportData>>,
+    /// When the leader first saw every step committed (the final checkpoint is awaited).
+    pub finished_since: Option<Instant>,
 }
 
 /// The timeouts the decisions use.
@@ -96,6 +98,8 @@ pub struct Timing {
     pub formation_wait: Duration,
     /// A recovering job with no live worker for this long fails.
     pub abandon_after: Duration,
+    /// After the last step, how long to wait for the final checkpoint.
+    pub final_checkpoint_wait: Duration,
 }
 
 /// What to do about a job's generation.
@@ -110,6 +114,11 @@ pub enum Decision {
     },
     /// Commit `NewGeneration` and send the assignments.
     Form(GenerationPlan),
+    /// Every step is committed; stop waiting for the final checkpoint.
+    Complete {
+        /// Why now.
+        reason: String,
+    },
     /// Give up on the job.
     Fail {
         /// Why.
@@ -231,6 +240,23 @@ pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timin
                 )
             };
             Some(Decision::Form(plan_generation(job, live, &candidates, removed, reason)))
+        }
+        JobState::Running if job.committed_step >= job.shape.total_steps => {
+            let waited =
+                live.finished_since.map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
+            if let Some((worker, reason)) = lost.iter().find(|(w, _)| job.member(w).is_some()) {
+                return Some(Decision::Complete {
+                    reason: format!(
+                        "all steps committed; the final checkpoint is lost with {worker} ({reason})"
+                    ),
+                });
+            }
+            (waited >= timing.final_checkpoint_wait).then(|| Decision::Complete {
+                reason: format!(
+                    "all steps committed; no final checkpoint after {:.0} s",
+                    waited.as_secs_f64()
+                ),
+            })
         }
         JobState::Running => {
             if let Some((worker, reason)) = lost.iter().find(|(w, _)| job.member(w).is_some()) {
@@ -456,6 +482,7 @@ mod tests {
         lease: Duration::from_secs(3),
         formation_wait: Duration::from_secs(30),
         abandon_after: Duration::from_secs(600),
+        final_checkpoint_wait: Duration::from_secs(60),
     };
 
     /// A running job of `n` workers, all heartbeating at `now` with `steps_done`.
@@ -685,6 +712,35 @@ mod tests {
             panic!()
         };
         assert!(reason.contains("no live worker"), "{reason}");
+    }
+
+    #[test]
+    fn after_the_last_step_the_final_checkpoint_is_awaited_then_given_up() {
+        let now = Instant::now();
+        let (mut job, mut live) = running(1, 100, now);
+        assert_eq!(job.committed_step, job.shape.total_steps);
+        // `running` configures no checkpoints, so the job completed; pretend it awaits one.
+        job.state = JobState::Running;
+        live.finished_since = Some(now);
+        let before = now + Duration::from_secs(59);
+        for w in live.workers.values_mut() {
+            w.last_seen = before;
+        }
+        assert_eq!(decide_generation(before, &job, &live, &TIMING), None);
+        let later = now + Duration::from_secs(60);
+        for w in live.workers.values_mut() {
+            w.last_seen = later;
+        }
+        let Some(Decision::Complete { reason }) = decide_generation(later, &job, &live, &TIMING) else {
+            panic!()
+        };
+        assert!(reason.contains("no final checkpoint"), "{reason}");
+        let a = job.members[0].worker_id.clone();
+        live.workers.get_mut(&a).unwrap().out = Some(Out::Preempted("spot".into()));
+        let Some(Decision::Complete { reason }) = decide_generation(now, &job, &live, &TIMING) else {
+            panic!()
+        };
+        assert!(reason.contains("lost with"), "{reason}");
     }
 
     #[test]

@@ -249,7 +249,12 @@ async fn tick(ctx: &Arc<Ctx>) {
 
 fn timing(ctx: &Ctx) -> Timing {
     let t = &ctx.config.timeouts;
-    Timing { lease: t.lease, formation_wait: t.formation_wait, abandon_after: t.abandon_after }
+    Timing {
+        lease: t.lease,
+        formation_wait: t.formation_wait,
+        abandon_after: t.abandon_after,
+        final_checkpoint_wait: t.final_checkpoint,
+    }
 }
 
 async fn tick_job(ctx: &Arc<Ctx>, job_id: &str, now: Instant) -> Result<(), Status> {
@@ -260,6 +265,9 @@ async fn tick_job(ctx: &Arc<Ctx>, job_id: &str, now: Instant) -> Result<(), Stat
         if job.state == JobState::Recovering && live.recovering_since.map(|(g, _)| g) != Some(job.generation)
         {
             live.recovering_since = Some((job.generation, now));
+        }
+        if job.committed_step >= job.shape.total_steps && live.finished_since.is_none() {
+            live.finished_since = Some(now);
         }
         (decide::step_to_commit(&job, live), decide::decide_generation(now, &job, live, &timing))
     });
@@ -277,7 +285,7 @@ async fn tick_job(ctx: &Arc<Ctx>, job_id: &str, now: Instant) -> Result<(), Stat
                     live.step_reports.retain(|&s, _| s > step);
                 }
             });
-            if step >= job.shape.total_steps {
+            if ctx.shared.read(|s| s.jobs.get(job_id).is_some_and(|j| j.state.is_terminal())) {
                 broadcast_in_force(ctx, job_id);
                 return Ok(());
             }
@@ -315,6 +323,7 @@ async fn tick_job(ctx: &Arc<Ctx>, job_id: &str, now: Instant) -> Result<(), Stat
                 unix,
             }
         }
+        Some(Decision::Complete { reason }) => Command::CompleteJob { job_id: job.id.clone(), reason, unix },
         Some(Decision::Fail { reason }) => Command::FailJob { job_id: job.id.clone(), reason, unix },
     };
     let begin = matches!(command, Command::BeginGeneration { .. });
@@ -411,6 +420,7 @@ impl CommitLog for RaftCommitLog {
             save_id: commit.save_id.clone(),
         };
         match self.ctx.propose(command).await {
+            Ok(Response::Refused { reason }) => Err(commit_log_error("remove", reason)),
             Ok(_) => Ok(()),
             Err(status) => Err(commit_log_error("remove", status.message().to_string())),
         }

@@ -10,7 +10,7 @@ use crate::node::Ctx;
 use crate::state::{Command, Response, StepCommit};
 use record::RunRecord;
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use tokio::sync::broadcast::error::RecvError;
 
@@ -38,6 +38,7 @@ fn step_line(commit: &StepCommit, generation: u64) -> Value {
 pub async fn run(ctx: Arc<Ctx>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
     let mut applied = ctx.shared.commands.subscribe();
     let mut records: BTreeMap<String, RunRecord> = BTreeMap::new();
+    let mut closed: BTreeSet<String> = BTreeSet::new();
     loop {
         let item = tokio::select! {
             _ = shutdown.changed() => return,
@@ -51,7 +52,7 @@ pub async fn run(ctx: Arc<Ctx>, mut shutdown: tokio::sync::watch::Receiver<bool>
             }
             Err(RecvError::Closed) => return,
         };
-        if let Err(e) = write(&ctx, &mut records, &applied.command, &applied.response) {
+        if let Err(e) = write(&ctx, &mut records, &mut closed, &applied.command, &applied.response) {
             tracing::warn!("run record: {e}");
         }
     }
@@ -60,6 +61,7 @@ pub async fn run(ctx: Arc<Ctx>, mut shutdown: tokio::sync::watch::Receiver<bool>
 fn write(
     ctx: &Ctx,
     records: &mut BTreeMap<String, RunRecord>,
+    closed: &mut BTreeSet<String>,
     command: &Command,
     response: &Response,
 ) -> Result<(), record::RecordError> {
@@ -72,6 +74,10 @@ fn write(
         },
     };
     let Some(job) = ctx.shared.read(|s| s.jobs.get(&job_id).cloned()) else { return Ok(()) };
+    // The state read here may be ahead of the command; the command says when the run ends.
+    if closed.contains(&job_id) {
+        return Ok(());
+    }
     if !records.contains_key(&job_id) {
         records.insert(job_id.clone(), RunRecord::create(&job.shape.output_dir)?);
     }
@@ -111,11 +117,23 @@ fn write(
             record.event("checkpoint", entry.record.step, json!({"uri": entry.uri, "bytes": entry.bytes}))?
         }
         Command::StopJob { .. }
+        | Command::CompleteJob { .. }
         | Command::FailJob { .. }
         | Command::ForgetCheckpoint { .. }
         | Command::KvPut { .. } => {}
     }
-    if job.state.is_terminal() {
+    let total = job.shape.total_steps;
+    let ends = match command {
+        Command::StopJob { .. } | Command::CompleteJob { .. } | Command::FailJob { .. } => true,
+        Command::CommitStep { commit, .. } => commit.step >= total && job.shape.checkpoint_every == 0,
+        Command::NewGeneration { carried, .. } => {
+            carried.last().is_some_and(|c| c.step >= total) && job.shape.checkpoint_every == 0
+        }
+        Command::CommitCheckpoint { entry, .. } => entry.record.step >= total,
+        _ => false,
+    };
+    if ends {
+        closed.insert(job_id.clone());
         let mut record = records.remove(&job_id).expect("present");
         record.event(&format!("{:?}", job.state).to_lowercase(), step, json!({"message": job.message}))?;
         record.summary(&json!({

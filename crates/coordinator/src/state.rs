@@ -278,11 +278,19 @@ impl Job {
         self.committed_step = commit.step;
         self.last_step = Some(commit);
         if self.committed_step >= self.shape.total_steps {
-            self.state = JobState::Completed;
-            self.message = format!("all {} steps committed", self.shape.total_steps);
-            self.event(unix, "completed", String::new());
+            if self.shape.checkpoint_every == 0 {
+                self.complete(unix, format!("all {} steps committed", self.shape.total_steps));
+            } else {
+                self.message = "all steps committed; waiting for the final checkpoint".into();
+            }
         }
         true
+    }
+
+    fn complete(&mut self, unix: f64, message: String) {
+        self.state = JobState::Completed;
+        self.event(unix, "completed", message.clone());
+        self.message = message;
     }
 }
 
@@ -392,6 +400,15 @@ pub enum Command {
         /// When.
         unix: f64,
     },
+    /// Every step is committed and the final checkpoint is, or will never be.
+    CompleteJob {
+        /// The job.
+        job_id: String,
+        /// Why now.
+        reason: String,
+        /// When.
+        unix: f64,
+    },
     /// The job cannot go on.
     FailJob {
         /// The job.
@@ -426,6 +443,7 @@ impl Command {
             | Self::CommitCheckpoint { job_id, .. }
             | Self::ForgetCheckpoint { job_id, .. }
             | Self::StopJob { job_id, .. }
+            | Self::CompleteJob { job_id, .. }
             | Self::FailJob { job_id, .. }
             | Self::KvPut { job_id, .. } => Some(job_id),
         }
@@ -498,7 +516,8 @@ impl ClusterState {
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return refused(format!("no job '{job_id}'"));
         };
-        if job.state.is_terminal() {
+        // Retention still runs after the end (the final checkpoint's commit ends the job).
+        if job.state.is_terminal() && !matches!(command, Command::ForgetCheckpoint { .. }) {
             return refused(format!("job {job_id} is {:?}", job.state));
         }
         match command {
@@ -598,10 +617,18 @@ impl ClusterState {
                     "checkpoint",
                     format!("step {} at {}", entry.record.step, entry.uri),
                 );
+                let unix = entry.committed_unix;
+                let last =
+                    entry.record.step >= job.shape.total_steps && job.committed_step >= job.shape.total_steps;
                 job.checkpoints.push(entry);
                 job.checkpoints.sort_by(|a, b| {
                     (a.record.step, &a.record.save_id).cmp(&(b.record.step, &b.record.save_id))
                 });
+                if last {
+                    let message =
+                        format!("all {} steps and the final checkpoint committed", job.shape.total_steps);
+                    job.complete(unix, message);
+                }
                 Response::Applied
             }
             Command::ForgetCheckpoint { step, save_id, .. } => {
@@ -612,6 +639,16 @@ impl ClusterState {
                 job.state = JobState::Stopped;
                 job.message = "stopped by a user".into();
                 job.event(unix, "stopped", String::new());
+                Response::Applied
+            }
+            Command::CompleteJob { reason, unix, .. } => {
+                if job.committed_step < job.shape.total_steps {
+                    return refused(format!(
+                        "job {job_id} has {} of {} steps committed",
+                        job.committed_step, job.shape.total_steps
+                    ));
+                }
+                job.complete(unix, reason);
                 Response::Applied
             }
             Command::FailJob { reason, unix, .. } => {
@@ -803,6 +840,45 @@ pub(crate) mod tests {
         assert_eq!(commit(&mut state, &job, 1, 2), Response::Applied);
         assert_eq!(state.jobs[&job].state, JobState::Completed);
         assert!(matches!(commit(&mut state, &job, 1, 3), Response::Refused { .. }));
+    }
+
+    #[test]
+    fn a_checkpointing_job_completes_with_its_final_checkpoint() {
+        let mut state = ClusterState::default();
+        let mut submit_shape = shape(1, 2);
+        submit_shape.checkpoint_every = 2;
+        let job = match state.apply(Command::SubmitJob(Box::new(SubmitJob {
+            shape: submit_shape,
+            spec_yaml: String::new(),
+            bundle_uri: String::new(),
+            bundle_id: "00".into(),
+            checkpoint_uri: String::new(),
+            token_sha256: String::new(),
+            unix: 0.0,
+        }))) {
+            Response::JobSubmitted { job_id } => job_id,
+            other => panic!("{other:?}"),
+        };
+        let w = register(&mut state, &job, "i1");
+        form(&mut state, &job, 1, vec![member(&w, vec![0])]);
+        commit(&mut state, &job, 1, 1);
+        commit(&mut state, &job, 1, 2);
+        assert_eq!(state.jobs[&job].state, JobState::Running, "{}", state.jobs[&job].message);
+        let entry = CheckpointEntry {
+            record: CommitRecord {
+                step: 2,
+                save_id: "s".into(),
+                bundle: "00".into(),
+                manifest_size: 1,
+                manifest_crc32c: 0,
+            },
+            uri: "file:///c/000000000002-s".into(),
+            committed_unix: 5.0,
+            bytes: 4,
+        };
+        state.apply(Command::CommitCheckpoint { job_id: job.clone(), generation: 1, entry });
+        assert_eq!(state.jobs[&job].state, JobState::Completed);
+        assert_eq!(state.jobs[&job].last_checkpoint().unwrap().record.step, 2);
     }
 
     #[test]

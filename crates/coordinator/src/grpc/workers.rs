@@ -411,15 +411,30 @@ impl Workers for WorkersService {
         let Some(save) = ready else {
             return Ok(Response::new(CheckpointAck { committed: false, uri: String::new() }));
         };
+        // In its own task: a worker that goes away (stopped by the completion this very commit
+        // causes) must not cancel the commit or the retention after it.
+        let task = {
+            let ctx = ctx.clone();
+            tokio::spawn(async move {
+                let uri = tokio::time::timeout(FINALIZE_TIMEOUT, finalize(&ctx, &job, save)).await.map_err(
+                    |_| {
+                        Status::deadline_exceeded(format!(
+                            "finalizing the checkpoint took over {FINALIZE_TIMEOUT:?}"
+                        ))
+                    },
+                )?;
+                ctx.leader.with(|m| {
+                    if let Some(saves) = m.saves.get_mut(&job.id) {
+                        saves.remove(&key);
+                    }
+                });
+                // The final checkpoint completes the job: tell the workers.
+                crate::leader::broadcast_in_force(&ctx, &job.id);
+                uri
+            })
+        };
         let uri =
-            tokio::time::timeout(FINALIZE_TIMEOUT, finalize(&ctx, &job, save)).await.map_err(|_| {
-                Status::deadline_exceeded(format!("finalizing the checkpoint took over {FINALIZE_TIMEOUT:?}"))
-            })??;
-        ctx.leader.with(|m| {
-            if let Some(saves) = m.saves.get_mut(&job.id) {
-                saves.remove(&key);
-            }
-        });
+            task.await.map_err(|e| Status::internal(format!("checkpoint finalization stopped: {e}")))??;
         Ok(Response::new(CheckpointAck { committed: true, uri }))
     }
 

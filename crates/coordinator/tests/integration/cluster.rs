@@ -1,0 +1,122 @@
+//! Three `podctl-coordinator` processes on loopback, mutual TLS, default Raft timeouts.
+
+use crate::common::*;
+use crate::sim::{self, SimOptions};
+use coordinator::client::Client;
+use coordinator::tls::ClientTls;
+use proto::v1::JobState;
+use std::time::{Duration, Instant};
+
+/// Asks `addr` alone who leads.
+async fn leader_seen_by(addr: &str, tls: &ClientTls) -> Option<(u64, u64)> {
+    let mut config = coordinator::client::ClientConfig::new(vec![addr.into()], ADMIN, Some(tls.clone()));
+    config.retry_for = Duration::ZERO;
+    config.call_timeout = Duration::from_millis(300);
+    let info = Client::new(config).ok()?.cluster_info().await.ok()?;
+    (info.leader_id != 0).then_some((info.leader_id, info.commit_index))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_survives_a_leader_sigkill_and_a_full_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tls, files) = tls_dir(dir.path());
+    let ca = ClientTls::ca_only(&files.ca).unwrap();
+    let mtls = ClientTls::with_identity(&files).unwrap();
+    let peers: Vec<(u64, u16)> = (1..=3).map(|id| (id, free_port())).collect();
+    // A low snapshot threshold: the killed node comes back behind a purged log.
+    let extra = ["--snapshot-every", "20"];
+    let mut nodes: Vec<Option<Proc>> =
+        peers.iter().map(|(id, _)| Some(Proc::start(*id, &peers, dir.path(), &tls, &extra))).collect();
+    let addrs: Vec<String> = peers.iter().map(|(_, p)| format!("127.0.0.1:{p}")).collect();
+    let admin = client(addrs.clone(), ADMIN, Some(ca.clone()));
+
+    let submitted = admin.submit(submit_request(spec("ha", 3, 60, Some(10), dir.path()))).await.unwrap();
+    let job = submitted.job_id.clone();
+    let wc = client(addrs.clone(), &submitted.job_token, Some(mtls.clone()));
+    let opts = SimOptions {
+        step_time: Duration::from_millis(40),
+        heartbeat: Duration::from_secs(1),
+        total_steps: 60,
+        checkpoint_every: 10,
+    };
+    let workers: Vec<_> = ["a", "b", "c"]
+        .into_iter()
+        .map(|n| tokio::spawn(sim::run(wc.clone(), job.clone(), n.into(), opts.clone())))
+        .collect();
+    eventually("step 15", Duration::from_secs(60), || async {
+        (admin.get_job(&job).await.ok()?.step >= 15).then_some(())
+    })
+    .await;
+
+    // SIGKILL the leader mid-run.
+    let (old_leader, _) = leader_seen_by(&addrs[0], &ca).await.expect("a leader");
+    let killed_at = Instant::now();
+    nodes[old_leader as usize - 1].as_mut().unwrap().sigkill();
+    let survivors: Vec<&String> =
+        addrs.iter().enumerate().filter(|(i, _)| *i as u64 + 1 != old_leader).map(|(_, a)| a).collect();
+    let new_leader = eventually("a new leader", Duration::from_secs(20), || async {
+        for addr in &survivors {
+            if let Some((id, _)) = leader_seen_by(addr, &ca).await
+                && id != old_leader
+            {
+                return Some(id);
+            }
+        }
+        None
+    })
+    .await;
+    let election = killed_at.elapsed();
+    println!("leader {old_leader} SIGKILLed; node {new_leader} elected after {} ms", election.as_millis());
+
+    let mut reports = Vec::new();
+    for w in workers {
+        reports.push(
+            tokio::time::timeout(Duration::from_secs(120), w).await.expect("the job finishes").unwrap(),
+        );
+    }
+    let status = admin.get_job(&job).await.unwrap();
+    assert_eq!((status.state(), status.step), (JobState::Completed, 60));
+    // A leader change is not a membership change: the workers kept generation 1 throughout,
+    // and every step was committed once (the last commit is step 60's own report).
+    assert_eq!(status.generation, 1, "{:?}", status.events);
+    assert!((status.loss - sim::loss_of(60)).abs() < 1e-12, "{}", status.loss);
+    assert_eq!(status.leader, format!("{new_leader}@{}", addrs[new_leader as usize - 1]));
+    for r in &reports {
+        assert_eq!(r.generations, vec![1], "{r:?}");
+        assert!(r.acks.iter().all(|(step, committed)| committed >= step));
+        assert!(
+            r.acks.windows(2).all(|w| w[0].0 < w[1].0),
+            "each step reported in order, once acked: {:?}",
+            r.acks
+        );
+    }
+    let catalog = admin.checkpoints(&job).await.unwrap().checkpoints;
+    assert_eq!(catalog.iter().map(|c| c.step).collect::<Vec<_>>(), vec![50, 60]);
+
+    // The killed node restarts and catches up (its log was purged past it: by snapshot).
+    let (_, leader_index) = leader_seen_by(&addrs[new_leader as usize - 1], &ca).await.unwrap();
+    nodes[old_leader as usize - 1] = Some(Proc::start(old_leader, &peers, dir.path(), &tls, &extra));
+    let caught_up = Instant::now();
+    eventually("the restarted node to catch up", Duration::from_secs(30), || async {
+        let (_, applied) = leader_seen_by(&addrs[old_leader as usize - 1], &ca).await?;
+        (applied >= leader_index).then_some(())
+    })
+    .await;
+    println!("node {old_leader} caught up to index {leader_index} in {} ms", caught_up.elapsed().as_millis());
+
+    // Stop all three, start all three: the job, its step and its catalog come back from disk.
+    for node in nodes.iter_mut() {
+        node.as_mut().unwrap().sigterm();
+    }
+    drop(nodes);
+    let _nodes: Vec<Proc> =
+        peers.iter().map(|(id, _)| Proc::start(*id, &peers, dir.path(), &tls, &extra)).collect();
+    let after = eventually("the job after a full restart", Duration::from_secs(30), || async {
+        admin.get_job(&job).await.ok()
+    })
+    .await;
+    assert_eq!((after.state(), after.step, after.generation), (JobState::Completed, 60, 1));
+    assert_eq!(admin.checkpoints(&job).await.unwrap().checkpoints, catalog);
+    // The job token still works: its hash was restored too.
+    assert_eq!(wc.get_job(&job).await.unwrap().job_id, job);
+}

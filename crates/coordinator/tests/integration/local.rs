@@ -1,0 +1,179 @@
+//! Local mode: one in-process node, simulated workers over loopback gRPC.
+
+use crate::common::*;
+use crate::sim::{self, SimOptions};
+use proto::v1::{JobState, LogLine, LogsRequest};
+use std::time::Duration;
+
+fn opts(total_steps: u64, checkpoint_every: u64) -> SimOptions {
+    SimOptions {
+        step_time: Duration::from_millis(30),
+        heartbeat: Duration::from_millis(200),
+        total_steps,
+        checkpoint_every,
+    }
+}
+
+fn metrics_steps(run_dir: &std::path::Path) -> Vec<u64> {
+    let text = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_job_runs_to_the_end_with_checkpoints_kv_logs_and_a_run_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, addr) = embedded(dir.path(), None, true).await;
+    let admin = client(vec![addr.clone()], ADMIN, None);
+    let submitted = admin.submit(submit_request(spec("demo", 2, 12, Some(4), dir.path()))).await.unwrap();
+    let job = submitted.job_id.clone();
+    let worker_client = admin.with_token(&submitted.job_token).unwrap();
+
+    // A rendezvous: a reader waits for a key that a writer puts later.
+    let reader = {
+        let c = worker_client.clone();
+        let job = job.clone();
+        tokio::spawn(async move { c.kv_get(&job, "coordinator_address", Duration::from_secs(10)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    worker_client.kv_put(&job, "coordinator_address", b"10.0.0.1:1234".to_vec(), None).await.unwrap();
+    assert_eq!(reader.await.unwrap().unwrap(), b"10.0.0.1:1234");
+    let missing = worker_client.kv_get(&job, "nothing", Duration::from_millis(100)).await.unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::DeadlineExceeded, "{missing}");
+
+    let workers: Vec<_> = ["a", "b"]
+        .into_iter()
+        .map(|n| tokio::spawn(sim::run(worker_client.clone(), job.clone(), n.into(), opts(12, 4))))
+        .collect();
+    let mut reports = Vec::new();
+    for w in workers {
+        reports
+            .push(tokio::time::timeout(Duration::from_secs(60), w).await.expect("workers finish").unwrap());
+    }
+    for r in &reports {
+        assert!(r.stop_reason.contains("Completed"), "{r:?}");
+        assert_eq!(r.generations, vec![1]);
+        assert!(r.refusals.is_empty(), "{:?}", r.refusals);
+        // Every ack of a step came after its commit, and commits only went forward.
+        assert!(r.acks.iter().all(|(step, committed)| committed >= step), "{:?}", r.acks);
+        assert!(r.acks.windows(2).all(|w| w[0].1 <= w[1].1));
+    }
+    // The last member to report a save finalizes it and hears it is committed (the final one
+    // may be cut short by the stop that completion sends; the catalog below has it).
+    let mut committed: Vec<u64> = reports.iter().flat_map(|r| r.checkpoints.clone()).collect();
+    committed.sort();
+    assert_eq!(committed[..2], [4, 8], "{reports:?}");
+
+    let status = admin.get_job(&job).await.unwrap();
+    assert_eq!(status.state(), JobState::Completed);
+    assert_eq!(status.step, 12);
+    assert!((status.loss - sim::loss_of(12)).abs() < 1e-12, "{}", status.loss);
+    assert_eq!(status.slices.len(), 2);
+    assert_eq!(status.leader, format!("1@{addr}"));
+    // Retention keeps the last two; the first one's objects and marker are gone.
+    // It runs right after the final commit, as the workers are being stopped.
+    eventually("retention to keep the last two checkpoints", Duration::from_secs(10), || async {
+        let steps: Vec<u64> =
+            admin.checkpoints(&job).await.ok()?.checkpoints.iter().map(|c| c.step).collect();
+        (steps == [8, 12]).then_some(())
+    })
+    .await;
+    let root = dir.path().join("checkpoints");
+    assert!(root.join("000000000012-g1-s12/COMMITTED").is_file());
+    assert!(root.join("000000000012-g1-s12/manifest.json").is_file());
+    let first = root.join("000000000004-g1-s4");
+    eventually("retention to delete the first checkpoint", Duration::from_secs(10), || async {
+        (!first.exists()).then_some(())
+    })
+    .await;
+
+    // The run record: every step once, in order, and the plots at the end.
+    let run = dir.path().join("run");
+    eventually("the run record's plots", Duration::from_secs(10), || async {
+        run.join("loss.png").is_file().then_some(())
+    })
+    .await;
+    assert_eq!(metrics_steps(&run), (1..=12).collect::<Vec<_>>());
+    let events = std::fs::read_to_string(run.join("events.jsonl")).unwrap();
+    assert!(events.contains("\"checkpoint\"") && events.contains("\"completed\""), "{events}");
+
+    // Logs: pushed lines come back, filtered by slice and tailed.
+    let line = |slice, message: &str| LogLine {
+        job_id: job.clone(),
+        slice,
+        message: message.into(),
+        ..Default::default()
+    };
+    worker_client.push_logs(vec![line(0, "one"), line(1, "two"), line(0, "three")]).await.unwrap();
+    let mut stream = admin
+        .logs(LogsRequest { job_id: job.clone(), follow: false, slice: Some(0), tail: 0 })
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    while let Some(l) = stream.message().await.unwrap() {
+        got.push(l.message);
+    }
+    assert_eq!(got, ["one", "three"]);
+    node.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_lost_worker_is_replaced_and_no_step_is_lost_or_repeated() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, addr) = embedded(dir.path(), None, true).await;
+    let admin = client(vec![addr.clone()], ADMIN, None);
+    let submitted = admin.submit(submit_request(spec("elastic", 3, 40, None, dir.path()))).await.unwrap();
+    let job = submitted.job_id.clone();
+    let wc = admin.with_token(&submitted.job_token).unwrap();
+    let spawn = |name: &str| tokio::spawn(sim::run(wc.clone(), job.clone(), name.into(), opts(40, 0)));
+    let a = spawn("a");
+    let b = spawn("b");
+    let c = spawn("c");
+    eventually("step 8", Duration::from_secs(30), || async {
+        (admin.get_job(&job).await.ok()?.step >= 8).then_some(())
+    })
+    .await;
+    // c vanishes: its session and reports stop, its lease runs out.
+    c.abort();
+    let recovered = eventually("generation 2 with two members", Duration::from_secs(30), || async {
+        let s = admin.get_job(&job).await.ok()?;
+        (s.generation == 2 && s.state() == JobState::Running).then_some(s)
+    })
+    .await;
+    let mut ranks: Vec<Vec<u32>> = recovered
+        .slices
+        .iter()
+        .filter(|s| !s.virtual_ranks.is_empty())
+        .map(|s| s.virtual_ranks.clone())
+        .collect();
+    ranks.sort_by_key(|r| r.len());
+    assert_eq!(ranks.iter().map(Vec::len).collect::<Vec<_>>(), vec![1, 2], "{:?}", recovered.slices);
+    let mut all: Vec<u32> = ranks.concat();
+    all.sort();
+    assert_eq!(all, vec![0, 1, 2], "the orphan rank went to a survivor: {:?}", recovered.slices);
+    assert!(recovered.events.iter().any(|e| e.detail.contains("lease expired")), "{:?}", recovered.events);
+
+    // A replacement joins: it takes a rank back and fetches the state from a peer.
+    let d = spawn("d");
+    let reports =
+        [a, b, d].map(|h| async { tokio::time::timeout(Duration::from_secs(90), h).await.unwrap().unwrap() });
+    let [ra, rb, rd] = futures::future::join_all(reports).await.try_into().unwrap();
+    for r in [&ra, &rb] {
+        assert_eq!(r.generations, vec![1, 2, 3], "{r:?}");
+        assert!(r.stop_reason.contains("Completed"));
+    }
+    assert_eq!(rd.generations, vec![3]);
+    assert!(rd.resumes[0].contains("Peer"), "{:?}", rd.resumes);
+    let status = admin.get_job(&job).await.unwrap();
+    assert_eq!((status.state(), status.step, status.generation), (JobState::Completed, 40, 3));
+    assert_eq!(status.slices.iter().filter(|s| !s.virtual_ranks.is_empty()).count(), 3);
+
+    let run = dir.path().join("run");
+    eventually("the run record's plots", Duration::from_secs(10), || async {
+        run.join("loss.png").is_file().then_some(())
+    })
+    .await;
+    assert_eq!(metrics_steps(&run), (1..=40).collect::<Vec<_>>(), "every step committed exactly once");
+    node.stop().await.unwrap();
+}

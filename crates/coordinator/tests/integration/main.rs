@@ -1,0 +1,19 @@
+//! Integration tests of podctl-coordinator: one binary (shared fixtures, one link step).
+//!
+//! - `local`: an in-process single node (local mode) with simulated workers: a job to the end,
+//!   worker loss and replacement, checkpoints through the checkpoint crate, KV, logs, run record.
+//! - `security`: tokens, client certificates, generation fencing, job isolation.
+//! - `cluster`: three `podctl-coordinator` processes on loopback: SIGKILL the leader mid-run,
+//!   restart it (it catches up by snapshot), stop and restart all three.
+//!
+//! Simulated workers are real gRPC clients built on `coordinator::client`; they do what
+//! docs/PROTOCOL.md asks of a worker, with a sleep in place of the train step.
+
+// The workspace names this crate `coordinator` everywhere else; so do its tests.
+extern crate podctl_coordinator as coordinator;
+
+mod cluster;
+mod common;
+mod local;
+mod security;
+mod sim;

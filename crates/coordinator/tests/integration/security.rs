@@ -1,0 +1,141 @@
+//! Tokens, client certificates, generation fencing and job isolation, over mutual TLS.
+
+use crate::common::*;
+use coordinator::tls::ClientTls;
+use proto::v1::{Heartbeat, RegisterRequest, StepReport, WorkerEvent, directive, worker_event};
+use std::time::Duration;
+use tonic::Code;
+
+fn register(job_id: &str, instance: &str) -> RegisterRequest {
+    RegisterRequest {
+        job_id: job_id.into(),
+        host: "h".into(),
+        data_addr: "127.0.0.1:1".into(),
+        devices: 1,
+        platform: "cpu".into(),
+        slice: None,
+        instance_id: instance.into(),
+    }
+}
+
+#[tokio::test]
+async fn requests_without_the_right_token_or_certificate_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, files) = tls_dir(dir.path());
+    let (node, addr) = embedded(dir.path(), Some(files.clone()), false).await;
+    let mtls = ClientTls::with_identity(&files).unwrap();
+    let ca_only = ClientTls::ca_only(&files.ca).unwrap();
+
+    // podctl: a bearer token over TLS, no client certificate needed.
+    let admin = client(vec![addr.clone()], ADMIN, Some(ca_only.clone()));
+    let a = admin.submit(submit_request(spec("alpha", 1, 5, None, dir.path()))).await.unwrap();
+    let b = admin.submit(submit_request(spec("beta", 1, 5, None, dir.path()))).await.unwrap();
+
+    let e = client(vec![addr.clone()], "", Some(ca_only.clone())).list_jobs().await.unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e}");
+    let e = client(vec![addr.clone()], "not-a-token", Some(ca_only.clone()))
+        .get_job(&a.job_id)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e}");
+    assert!(e.to_string().contains("neither the admin token nor any job's token"), "{e}");
+
+    // A job token reaches its own job only.
+    let a_client = client(vec![addr.clone()], &a.job_token, Some(mtls.clone()));
+    assert_eq!(a_client.get_job(&a.job_id).await.unwrap().job_id, a.job_id);
+    let e = a_client.get_job(&b.job_id).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e}");
+    assert!(e.to_string().contains(&format!("for job {}, not {}", a.job_id, b.job_id)), "{e}");
+    assert_eq!(a_client.list_jobs().await.unwrap().len(), 1);
+    let e = a_client.submit(submit_request(spec("gamma", 1, 5, None, dir.path()))).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e}");
+
+    // A worker of job a cannot join job b with a's token.
+    let e = a_client.register(register(&b.job_id, "x")).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e}");
+
+    // Workers need a client certificate even with the right token.
+    let no_cert = client(vec![addr.clone()], &a.job_token, Some(ca_only));
+    let e = no_cert.register(register(&a.job_id, "y")).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e}");
+    assert!(e.to_string().contains("client certificate"), "{e}");
+    assert!(a_client.register(register(&a.job_id, "y")).await.is_ok());
+
+    // Plaintext to a TLS listener does not get through.
+    let mut plain = coordinator::client::ClientConfig::new(vec![addr.clone()], ADMIN, None);
+    plain.retry_for = Duration::from_millis(500);
+    let e = coordinator::client::Client::new(plain).unwrap().list_jobs().await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    node.stop().await.unwrap();
+}
+
+#[test]
+fn plaintext_needs_the_explicit_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = local_config(dir.path(), None);
+    config.insecure_plaintext = false;
+    let e = config.validate().unwrap_err().to_string();
+    assert!(e.contains("--insecure-plaintext") && e.contains("--tls-dir"), "{e}");
+}
+
+#[tokio::test]
+async fn a_report_from_an_older_generation_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, files) = tls_dir(dir.path());
+    let (node, addr) = embedded(dir.path(), Some(files.clone()), false).await;
+    let admin = client(vec![addr.clone()], ADMIN, Some(ClientTls::ca_only(&files.ca).unwrap()));
+    let job = admin.submit(submit_request(spec("fence", 1, 50, None, dir.path()))).await.unwrap();
+    let worker = client(vec![addr.clone()], &job.job_token, Some(ClientTls::with_identity(&files).unwrap()));
+    let worker_id = worker.register(register(&job.job_id, "old")).await.unwrap().worker_id;
+    let beat = |generation| WorkerEvent {
+        event: Some(worker_event::Event::Heartbeat(Heartbeat {
+            worker_id: worker_id.clone(),
+            generation,
+            ..Default::default()
+        })),
+    };
+    let mut session = worker.session(beat(0)).await.unwrap();
+    let assignment = loop {
+        let d = tokio::time::timeout(Duration::from_secs(10), session.directives.message())
+            .await
+            .unwrap()
+            .unwrap();
+        if let Some(directive::Directive::Assignment(a)) = d.and_then(|d| d.directive) {
+            break a;
+        }
+    };
+    assert_eq!(assignment.generation, 1);
+    let report = |generation| StepReport {
+        job_id: job.job_id.clone(),
+        worker_id: worker_id.clone(),
+        generation,
+        step: 1,
+        token_count: 1.0,
+        ..Default::default()
+    };
+    assert_eq!(worker.report_step(report(1)).await.unwrap().committed_step, 1);
+    // The worker goes silent (a partition): after a lease the job moves to generation 2.
+    drop(session);
+    eventually("generation 2", Duration::from_secs(15), || async {
+        (admin.get_job(&job.job_id).await.ok()?.generation == 2).then_some(())
+    })
+    .await;
+    let e = worker.report_step(report(1)).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+    assert!(e.to_string().contains("stale generation 1, current 2"), "{e}");
+    let e = worker.kv_put(&job.job_id, "k", vec![1], Some(1)).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+    // Its new session is told it was removed.
+    let mut session = worker.session(beat(1)).await.unwrap();
+    let stop = loop {
+        let d = tokio::time::timeout(Duration::from_secs(10), session.directives.message())
+            .await
+            .unwrap()
+            .unwrap();
+        if let Some(directive::Directive::Stop(s)) = d.and_then(|d| d.directive) {
+            break s;
+        }
+    };
+    assert!(stop.reason.contains("removed"), "{}", stop.reason);
+    node.stop().await.unwrap();
+}
