@@ -18,6 +18,7 @@ MESH_AXES = ("fsdp", "tp")
 DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "dots", "full")
 ATTENTION_IMPLS = ("xla",)
+KINDS = ("sft", "grpo")
 
 
 class ConfigError(ValueError):
@@ -79,7 +80,13 @@ def preset(name: str) -> ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """How one micro-batch is computed (the manifest's `train` object)."""
+    """How one micro-batch is computed (the manifest's `train` object).
+
+    For `kind = "grpo"` a row is `prompt_len` prompt tokens (left-padded) followed by
+    `max_new_tokens` completion tokens, so `seq_len` must be their sum and `loss_chunk` the
+    time chunk of every log-prob computation (`logprob_chunk`, or `seq_len` when that is 0 =
+    unchunked). `TrainConfig.grpo(...)` fills both in.
+    """
 
     micro_batch: int = 8
     seq_len: int = 128
@@ -89,8 +96,32 @@ class TrainConfig:
     loss_chunk: int = 64
     attention: str = "xla"
     kind: str = "sft"
+    # GRPO only: the shapes of the rollout's buffers and the log-prob chunk (0 = unchunked,
+    # which materializes `[micro_batch, seq_len, vocab]` logits; kept for comparisons).
+    prompt_len: int = 0
+    max_new_tokens: int = 0
+    logprob_chunk: int = 0
+
+    @classmethod
+    def grpo(cls, prompt_len: int, max_new_tokens: int, logprob_chunk: int = 64,
+             **rest) -> "TrainConfig":
+        """A GRPO setting with `seq_len` and `loss_chunk` derived from the rollout shapes."""
+        seq_len = prompt_len + max_new_tokens
+        return cls(kind="grpo", prompt_len=prompt_len, max_new_tokens=max_new_tokens,
+                   logprob_chunk=logprob_chunk, seq_len=seq_len,
+                   loss_chunk=logprob_chunk or seq_len, **rest)
 
     def validate(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"train.kind = {self.kind!r}: choose one of {', '.join(KINDS)}")
+        if self.kind == "grpo":
+            self._validate_grpo()
+        else:
+            for field in ("prompt_len", "max_new_tokens", "logprob_chunk"):
+                if getattr(self, field):
+                    raise ConfigError(
+                        f"train.{field} = {getattr(self, field)!r}: only grpo bundles have it; "
+                        f"set train.kind = 'grpo' or leave it 0")
         for field in ("micro_batch", "seq_len", "loss_chunk"):
             value = getattr(self, field)
             if not isinstance(value, int) or value <= 0:
@@ -105,17 +136,43 @@ class TrainConfig:
         if self.attention not in ATTENTION_IMPLS:
             raise ConfigError(
                 f"train.attention = {self.attention!r}: choose one of {', '.join(ATTENTION_IMPLS)}")
-        if self.kind != "sft":
-            raise ConfigError(f"train.kind = {self.kind!r}: only 'sft' is implemented")
         if self.seq_len % self.loss_chunk:
             raise ConfigError(
                 f"train.loss_chunk = {self.loss_chunk} does not divide train.seq_len = "
                 f"{self.seq_len}; pick a divisor of seq_len")
 
+    def _validate_grpo(self) -> None:
+        for field in ("prompt_len", "max_new_tokens"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"train.{field} = {value!r}: must be a positive integer")
+        chunk = self.logprob_chunk
+        if not isinstance(chunk, int) or chunk < 0:
+            raise ConfigError(
+                f"train.logprob_chunk = {chunk!r}: must be >= 0 (0 = unchunked)")
+        total = self.prompt_len + self.max_new_tokens
+        if self.seq_len != total:
+            raise ConfigError(
+                f"train.seq_len = {self.seq_len!r}: a grpo row is prompt_len + max_new_tokens = "
+                f"{total} tokens; leave seq_len out (it is derived)")
+        if chunk and total % chunk:
+            raise ConfigError(
+                f"train.logprob_chunk = {chunk} does not divide prompt_len + max_new_tokens = "
+                f"{total}; pick a divisor (or 0 for unchunked)")
+        if self.loss_chunk != (chunk or total):
+            raise ConfigError(
+                f"train.loss_chunk = {self.loss_chunk!r}: in a grpo bundle it is the log-prob "
+                f"chunk ({chunk or total}); set train.logprob_chunk instead")
+
     def to_json(self) -> dict:
-        return {"kind": self.kind, "micro_batch": self.micro_batch, "seq_len": self.seq_len,
-                "param_dtype": self.param_dtype, "compute_dtype": self.compute_dtype,
-                "remat": self.remat, "loss_chunk": self.loss_chunk, "attention": self.attention}
+        document = {"kind": self.kind, "micro_batch": self.micro_batch, "seq_len": self.seq_len,
+                    "param_dtype": self.param_dtype, "compute_dtype": self.compute_dtype,
+                    "remat": self.remat, "loss_chunk": self.loss_chunk,
+                    "attention": self.attention}
+        if self.kind == "grpo":
+            document.update(prompt_len=self.prompt_len, max_new_tokens=self.max_new_tokens,
+                            logprob_chunk=self.logprob_chunk)
+        return document
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
-"""Writes a bundle (docs/BUNDLE.md): the four programs lowered with `jax.export` plus a manifest.
+"""Writes a bundle (docs/BUNDLE.md): its programs lowered with `jax.export` plus a manifest.
 
     python -m podctl_models.export --preset tiny --mesh fsdp=2,tp=2 --micro-batch 8 \
         --seq-len 128 --out DIR
+    python -m podctl_models.export --kind grpo --preset tiny --micro-batch 8 --prompt-len 32 \
+        --max-new-tokens 96 --logprob-chunk 32 --out DIR
 
 Lowering needs shapes only: the mesh is a `jax.sharding.AbstractMesh`, so a TPU bundle for any
 slice is written on a CPU-only machine. Exit status 2 means the settings cannot work (the message
@@ -17,6 +19,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import re
 import sys
@@ -140,12 +143,12 @@ def check_donation(name: str, exported: jax_export.Exported, program: Program):
 
 
 def export_programs(cfg: BundleConfig) -> dict[str, ExportedProgram]:
-    """Validates `cfg` and lowers all four programs; raises ConfigError on anything unusable."""
+    """Validates `cfg` and lowers its kind's programs; raises ConfigError on anything unusable."""
     cfg.validate()
     mesh = abstract_mesh(cfg.mesh)
     programs = build_programs(cfg.model, cfg.train, cfg.optimizer, mesh)
     result = {}
-    for name in PROGRAM_NAMES:
+    for name in PROGRAM_NAMES[cfg.train.kind]:
         program = programs[name]
         with reproducible_locations():
             exported = lower(program, mesh, cfg.platform)
@@ -224,7 +227,7 @@ def summary(cfg: BundleConfig, document: dict) -> str:
                    for t in entry["inputs"]]
         total = sum(t.nbytes for t in tensors)
         per_device = sum(t.shard_bytes(sizes) for t in tensors)
-        lines.append(f"  {name:<11} {len(tensors):>3} args, {total / 2**20:,.1f} MiB global, "
+        lines.append(f"  {name:<14} {len(tensors):>3} args, {total / 2**20:,.1f} MiB global, "
                      f"{per_device / 2**20:,.1f} MiB per device")
     return "\n".join(lines)
 
@@ -234,13 +237,23 @@ def parse_args(argv: list[str] | None) -> tuple[BundleConfig, Path]:
     parser = argparse.ArgumentParser(prog="python -m podctl_models.export",
                                      description="Export a podctl bundle (docs/BUNDLE.md).")
     parser.add_argument("--preset", required=True, help="tiny | small | qwen3-0.6b | qwen3-1.7b")
+    parser.add_argument("--kind", default="sft", help="sft | grpo")
     parser.add_argument("--mesh", default="fsdp=1,tp=1", help="ICI mesh, e.g. fsdp=2,tp=2")
     parser.add_argument("--micro-batch", type=int, default=defaults_train.micro_batch)
-    parser.add_argument("--seq-len", type=int, default=defaults_train.seq_len)
+    parser.add_argument("--seq-len", type=int, default=None,
+                        help=f"sft: tokens per row (default {defaults_train.seq_len}); grpo: "
+                             "derived, prompt-len + max-new-tokens")
     parser.add_argument("--remat", default=defaults_train.remat)
     parser.add_argument("--loss-chunk", type=int, default=None,
-                        help=f"time steps per loss chunk (default: min({defaults_train.loss_chunk}"
-                             ", seq-len))")
+                        help="sft: time steps per loss chunk (default: min("
+                             f"{defaults_train.loss_chunk}, seq-len)); grpo: from --logprob-chunk")
+    parser.add_argument("--prompt-len", type=int, default=None,
+                        help="grpo: tokens of the left-padded prompt buffer")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="grpo: tokens of the completion buffer")
+    parser.add_argument("--logprob-chunk", type=int, default=None,
+                        help="grpo: time steps per log-prob chunk, 0 = unchunked (default: "
+                             "min(64, prompt-len + max-new-tokens))")
     parser.add_argument("--param-dtype", default=defaults_train.param_dtype)
     parser.add_argument("--compute-dtype", default=defaults_train.compute_dtype)
     parser.add_argument("--attention", default=defaults_train.attention)
@@ -252,16 +265,45 @@ def parse_args(argv: list[str] | None) -> tuple[BundleConfig, Path]:
     parser.add_argument("--max-grad-norm", type=float, default=defaults_opt.max_grad_norm)
     parser.add_argument("--out", required=True, type=Path, help="bundle directory to write")
     args = parser.parse_args(argv)
-    loss_chunk = args.loss_chunk
-    if loss_chunk is None:
-        loss_chunk = min(defaults_train.loss_chunk, args.seq_len)
-    train = TrainConfig(micro_batch=args.micro_batch, seq_len=args.seq_len,
-                        param_dtype=args.param_dtype, compute_dtype=args.compute_dtype,
-                        remat=args.remat, loss_chunk=loss_chunk, attention=args.attention)
+    common = dict(micro_batch=args.micro_batch, param_dtype=args.param_dtype,
+                  compute_dtype=args.compute_dtype, remat=args.remat, attention=args.attention)
+    if args.kind == "grpo":
+        train = _grpo_train(args, common)
+    else:
+        for flag, field in (("prompt_len", "prompt_len"), ("max_new_tokens", "max_new_tokens"),
+                            ("logprob_chunk", "logprob_chunk")):
+            if getattr(args, flag) is not None:
+                raise ConfigError(
+                    f"train.{field} = {getattr(args, flag)!r}: only grpo bundles have it; add "
+                    f"--kind grpo or drop --{flag.replace('_', '-')}")
+        seq_len = defaults_train.seq_len if args.seq_len is None else args.seq_len
+        loss_chunk = args.loss_chunk
+        if loss_chunk is None:
+            loss_chunk = min(defaults_train.loss_chunk, seq_len)
+        train = TrainConfig(kind=args.kind, seq_len=seq_len, loss_chunk=loss_chunk, **common)
     opt = OptimizerConfig(b1=args.b1, b2=args.b2, eps=args.eps, weight_decay=args.weight_decay,
                           max_grad_norm=args.max_grad_norm)
     cfg = BundleConfig(preset(args.preset), train, opt, parse_mesh(args.mesh), args.platform)
     return cfg, args.out
+
+
+def _grpo_train(args, common: dict) -> TrainConfig:
+    """The GRPO train setting from the CLI: rollout shapes given, seq_len and loss_chunk derived
+    (an explicit value that disagrees is refused, naming the field)."""
+    for flag in ("prompt_len", "max_new_tokens"):
+        if getattr(args, flag) is None:
+            raise ConfigError(
+                f"train.{flag} is missing: a grpo bundle needs --{flag.replace('_', '-')}")
+    total = args.prompt_len + args.max_new_tokens
+    chunk = args.logprob_chunk
+    if chunk is None:
+        chunk = min(64, total)
+    train = TrainConfig.grpo(args.prompt_len, args.max_new_tokens, chunk, **common)
+    if args.seq_len is not None:
+        train = dataclasses.replace(train, seq_len=args.seq_len)
+    if args.loss_chunk is not None:
+        train = dataclasses.replace(train, loss_chunk=args.loss_chunk)
+    return train
 
 
 def main(argv: list[str] | None = None) -> int:

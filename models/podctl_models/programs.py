@@ -1,7 +1,9 @@
-"""The four programs of a bundle (docs/BUNDLE.md) as flat-argument functions plus signatures.
+"""A bundle's programs (docs/BUNDLE.md) as flat-argument functions plus signatures.
 
 Each program takes and returns flat positional arrays in the manifest's order, so the exported
-module's arguments are exactly the manifest's inputs.
+module's arguments are exactly the manifest's inputs. SFT bundles have `init`, `zero_grads`,
+`grad_step`, `apply_step`; GRPO bundles share `init`, `zero_grads`, `apply_step` and add
+`rollout`, `logprobs`, `grpo_grad_step`.
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import optim, qwen3
+from . import grpo, optim, qwen3, rollout
 from .config import ModelConfig, OptimizerConfig, TrainConfig
 
-PROGRAM_NAMES = ("init", "zero_grads", "grad_step", "apply_step")
+# Program names per train kind, in the order the exporter writes them.
+PROGRAM_NAMES = {
+    "sft": ("init", "zero_grads", "grad_step", "apply_step"),
+    "grpo": ("init", "zero_grads", "apply_step", "rollout", "logprobs", "grpo_grad_step"),
+}
 
 
 @dataclass(frozen=True)
@@ -77,10 +83,6 @@ def build_programs(model: ModelConfig, train: TrainConfig, opt: OptimizerConfig,
         return tuple(TensorSpec(f"{prefix}/{s.path}", s.shape, pdtype, s.spec) for s in specs)
 
     params, mu, nu, grads = group("params"), group("opt/mu"), group("opt/nu"), group("grads")
-    batch_shape = (train.micro_batch, train.seq_len)
-    batch = (TensorSpec("batch/tokens", batch_shape, "int32", ("fsdp", None)),
-             TensorSpec("batch/targets", batch_shape, "int32", ("fsdp", None)),
-             TensorSpec("batch/loss_mask", batch_shape, "float32", ("fsdp", None)))
     n = len(paths)
 
     def as_dict(values):
@@ -97,6 +99,41 @@ def build_programs(model: ModelConfig, train: TrainConfig, opt: OptimizerConfig,
     def zero_grads():
         return tuple(jnp.zeros(s.shape, pdtype) for s in specs)
 
+    def apply_step(*args):
+        p, m, v, g = (as_dict(args[i * n:(i + 1) * n]) for i in range(4))
+        step, learning_rate, grad_scale = args[4 * n:]
+        p, m, v, norm = optim.adamw_apply(p, m, v, g, step, learning_rate, grad_scale, decay, opt)
+        zeros = [jnp.zeros_like(g[k]) for k in paths]
+        return (*as_list(p), *as_list(m), *as_list(v), *zeros, norm)
+
+    common = {
+        "init": Program("init", init, (_scalar("seed", "uint32"),), params + mu + nu, frozenset()),
+        "zero_grads": Program("zero_grads", zero_grads, (), grads, frozenset()),
+        "apply_step": Program(
+            "apply_step", apply_step,
+            params + mu + nu + grads + (_scalar("step", "int32"),
+                                        _scalar("learning_rate", "float32"),
+                                        _scalar("grad_scale", "float32")),
+            params + mu + nu + grads + (_scalar("grad_norm", "float32"),),
+            frozenset(range(4 * n))),
+    }
+    build = _sft_programs if train.kind == "sft" else _grpo_programs
+    extra = build(model, train, mesh, params, grads, as_dict)
+    programs = {**common, **extra}
+    return {name: programs[name] for name in PROGRAM_NAMES[train.kind]}
+
+
+def _rows(name: str, dtype: str, rows: int, *width: int) -> TensorSpec:
+    """A per-row tensor: `[rows, *width]`, rows split over `fsdp` like every batch."""
+    return TensorSpec(name, (rows, *width), dtype, ("fsdp",) + (None,) * len(width))
+
+
+def _sft_programs(model, train, mesh, params, grads, as_dict) -> dict[str, Program]:
+    n = len(params)
+    rows, seq = train.micro_batch, train.seq_len
+    batch = (_rows("batch/tokens", "int32", rows, seq), _rows("batch/targets", "int32", rows, seq),
+             _rows("batch/loss_mask", "float32", rows, seq))
+
     def grad_step(*args):
         p, g = as_dict(args[:n]), as_dict(args[n:2 * n])
         tokens, targets, loss_mask = args[2 * n:]
@@ -105,28 +142,75 @@ def build_programs(model: ModelConfig, train: TrainConfig, opt: OptimizerConfig,
             return qwen3.sft_loss(p, tokens, targets, loss_mask, model, train, mesh)
 
         (loss_sum, token_count), step_grads = jax.value_and_grad(loss_fn, has_aux=True)(p)
-        new_grads = [g[k] + step_grads[k].astype(g[k].dtype) for k in paths]
+        new_grads = [g[k] + step_grads[k].astype(g[k].dtype) for k in g]
         return (*new_grads, loss_sum, token_count)
 
-    def apply_step(*args):
-        p, m, v, g = (as_dict(args[i * n:(i + 1) * n]) for i in range(4))
-        step, learning_rate, grad_scale = args[4 * n:]
-        p, m, v, norm = optim.adamw_apply(p, m, v, g, step, learning_rate, grad_scale, decay, opt)
-        zeros = [jnp.zeros_like(g[k]) for k in paths]
-        return (*as_list(p), *as_list(m), *as_list(v), *zeros, norm)
+    return {"grad_step": Program(
+        "grad_step", grad_step, params + grads + batch,
+        grads + (_scalar("loss_sum", "float32"), _scalar("token_count", "float32")),
+        frozenset(range(n, 2 * n)))}
 
+
+def _grpo_programs(model, train, mesh, params, grads, as_dict) -> dict[str, Program]:
+    n = len(params)
+    rows, seq = train.micro_batch, train.seq_len
+    prompt_len, new_tokens = train.prompt_len, train.max_new_tokens
+    shard = qwen3.Sharder(mesh)
+
+    def policy_logprobs(p, tokens, targets, prompt_lengths, temperature):
+        start = rollout.left_padding(prompt_lengths, prompt_len)
+        hidden = qwen3.hidden_states(p, tokens, model, train, mesh, start=start)
+        return grpo.token_logprobs(hidden, p["embed"].astype(hidden.dtype), targets, temperature,
+                                   train.logprob_chunk, shard)
+
+    def rollout_fn(*args):
+        p = as_dict(args[:n])
+        return rollout.generate(p, *args[n:], model, train, mesh)
+
+    def logprobs_fn(*args):
+        return (policy_logprobs(as_dict(args[:n]), *args[n:]),)
+
+    def grpo_grad_step(*args):
+        p, g = as_dict(args[:n]), as_dict(args[n:2 * n])
+        (tokens, targets, prompt_lengths, loss_mask, advantages, old_logprobs, ref_logprobs,
+         temperature, clip_low, clip_high, kl_beta) = args[2 * n:]
+
+        def loss_fn(p):
+            logprobs = policy_logprobs(p, tokens, targets, prompt_lengths, temperature)
+            return grpo.grpo_objective(logprobs, old_logprobs, ref_logprobs, advantages,
+                                       loss_mask, clip_low, clip_high, kl_beta)
+
+        (loss_sum, metrics), step_grads = jax.value_and_grad(loss_fn, has_aux=True)(p)
+        new_grads = [g[k] + step_grads[k].astype(g[k].dtype) for k in g]
+        return (*new_grads, loss_sum, jnp.sum(loss_mask),
+                *(metrics[name] for name in grpo.METRIC_NAMES))
+
+    sequence = (_rows("batch/tokens", "int32", rows, seq),
+                _rows("batch/targets", "int32", rows, seq),
+                _rows("batch/prompt_lengths", "int32", rows))
+    temperature = _scalar("sample/temperature", "float32")
+    rollout_inputs = (_rows("prompt/tokens", "int32", rows, prompt_len),
+                      _rows("prompt/lengths", "int32", rows),
+                      _rows("sample/seeds", "uint32", rows), temperature,
+                      _scalar("sample/top_p", "float32"), _scalar("sample/eos_id", "int32"),
+                      _scalar("sample/pad_id", "int32"))
+    rollout_outputs = (_rows("completion/tokens", "int32", rows, new_tokens),
+                       _rows("completion/lengths", "int32", rows),
+                       _rows("completion/logprobs", "float32", rows, new_tokens))
+    grpo_batch = sequence + (_rows("batch/loss_mask", "float32", rows, seq),
+                             _rows("batch/advantages", "float32", rows),
+                             _rows("batch/old_logprobs", "float32", rows, seq),
+                             _rows("batch/ref_logprobs", "float32", rows, seq),
+                             temperature, _scalar("grpo/clip_low", "float32"),
+                             _scalar("grpo/clip_high", "float32"),
+                             _scalar("grpo/kl_beta", "float32"))
+    metrics = tuple(_scalar(name, "float32")
+                    for name in ("loss_sum", "token_count", *grpo.METRIC_NAMES))
     return {
-        "init": Program("init", init, (_scalar("seed", "uint32"),), params + mu + nu, frozenset()),
-        "zero_grads": Program("zero_grads", zero_grads, (), grads, frozenset()),
-        "grad_step": Program(
-            "grad_step", grad_step, params + grads + batch,
-            grads + (_scalar("loss_sum", "float32"), _scalar("token_count", "float32")),
-            frozenset(range(n, 2 * n))),
-        "apply_step": Program(
-            "apply_step", apply_step,
-            params + mu + nu + grads + (_scalar("step", "int32"),
-                                        _scalar("learning_rate", "float32"),
-                                        _scalar("grad_scale", "float32")),
-            params + mu + nu + grads + (_scalar("grad_norm", "float32"),),
-            frozenset(range(4 * n))),
+        "rollout": Program("rollout", rollout_fn, params + rollout_inputs, rollout_outputs,
+                           frozenset()),
+        "logprobs": Program("logprobs", logprobs_fn, params + sequence + (temperature,),
+                            (_rows("logprobs", "float32", rows, seq),), frozenset()),
+        "grpo_grad_step": Program("grpo_grad_step", grpo_grad_step, params + grads + grpo_batch,
+                                  grads + metrics, frozenset(range(n, 2 * n))),
     }

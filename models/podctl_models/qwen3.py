@@ -113,26 +113,45 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return normed.astype(x.dtype) * weight.astype(x.dtype)
 
 
-def rope_tables(seq_len: int, head_dim: int, theta: float,
+def rope_tables(positions: jax.Array, head_dim: int, theta: float,
                 dtype: Any) -> tuple[jax.Array, jax.Array]:
-    """cos/sin `[seq_len, head_dim]` for rotate-half RoPE (the Hugging Face Qwen3 layout)."""
+    """cos/sin `[rows, seq, head_dim]` for rotate-half RoPE (the Hugging Face Qwen3 layout) at
+    `positions` `[rows, seq]` (rows may be 1 to broadcast over the batch)."""
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq
     angles = jnp.concatenate([angles, angles], axis=-1)
     return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """x: `[batch, seq, ..., head_dim]`; cos/sin: `[seq, head_dim]`."""
+    """x: `[batch, seq, ..., head_dim]`; cos/sin: `[batch or 1, seq, head_dim]`."""
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    extra = (1,) * (x.ndim - 3)
-    cos = cos.reshape(cos.shape[0], *extra, cos.shape[1])
-    sin = sin.reshape(sin.shape[0], *extra, sin.shape[1])
-    return x * cos + rotated * sin
+    shape = (cos.shape[0], cos.shape[1]) + (1,) * (x.ndim - 3) + (cos.shape[2],)
+    return x * cos.reshape(shape) + rotated * sin.reshape(shape)
 
 
-def _attention(x, layer, cos, sin, model: ModelConfig, shard: Sharder):
+def positions_and_mask(seq: int, start: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """RoPE positions `[rows, seq]` and the attention mask `[rows, seq, seq]` (query, key).
+
+    `start[b]` is the column of row b's first real token (left padding before it): positions
+    count from there, and no query sees a padding key. Without `start` there is no padding and
+    both broadcast over rows (`rows = 1`).
+    """
+    query = lax.broadcasted_iota(jnp.int32, (1, seq, seq), 1)
+    key = lax.broadcasted_iota(jnp.int32, (1, seq, seq), 2)
+    causal = query >= key
+    columns = jnp.arange(seq, dtype=jnp.int32)[None, :]
+    if start is None:
+        return columns, causal
+    start = start.astype(jnp.int32)
+    positions = jnp.maximum(columns - start[:, None], 0)
+    return positions, causal & (key >= start[:, None, None])
+
+
+def project_qkv(x, layer, cos, sin, model: ModelConfig, shard: Sharder):
+    """Queries `[b, t, kv, group, hd]` (normed, rotated, scaled), keys and values
+    `[b, t, kv, hd]`."""
     batch, seq, _ = x.shape
     kv, group, hd = model.num_kv_heads, model.num_heads // model.num_kv_heads, model.head_dim
     dtype = x.dtype
@@ -144,19 +163,21 @@ def _attention(x, layer, cos, sin, model: ModelConfig, shard: Sharder):
     v = shard(v, "fsdp", None, "tp", None)
     q = apply_rope(rms_norm(q, layer["layers/q_norm"], model.rms_norm_eps), cos, sin)
     k = apply_rope(rms_norm(k, layer["layers/k_norm"], model.rms_norm_eps), cos, sin)
-    q = q * jnp.asarray(hd ** -0.5, dtype)
+    return q * jnp.asarray(hd ** -0.5, dtype), k, v
+
+
+def attend(q, k, v, mask, layer):
+    """q `[b, t, kv, g, hd]` over keys/values `[b, s, kv, hd]`; mask `[b or 1, t, s]`."""
+    batch, seq = q.shape[:2]
     # Scores and softmax in float32 whatever the compute dtype.
     scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-    causal = lax.broadcasted_iota(jnp.int32, (seq, seq), 0) >= lax.broadcasted_iota(
-        jnp.int32, (seq, seq), 1)
-    scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-    out = out.reshape(batch, seq, kv * group * hd)
-    return out @ layer["layers/o_proj"].astype(dtype)
+    return out.reshape(batch, seq, -1) @ layer["layers/o_proj"].astype(q.dtype)
 
 
-def _mlp(x, layer, shard: Sharder):
+def mlp(x, layer, shard: Sharder):
     dtype = x.dtype
     gate = shard(x @ layer["layers/gate_proj"].astype(dtype), "fsdp", None, "tp")
     up = shard(x @ layer["layers/up_proj"].astype(dtype), "fsdp", None, "tp")
@@ -169,28 +190,40 @@ _REMAT_POLICIES = {
 }
 
 
+def layer_params(params: Params) -> Params:
+    """The stacked per-layer parameters, the `xs` of the scan over layers."""
+    return {path: value for path, value in params.items() if path.startswith("layers/")}
+
+
 def hidden_states(params: Params, tokens: jax.Array, model: ModelConfig, train: TrainConfig,
-                  mesh=None) -> jax.Array:
-    """The final-normed hidden states `[batch, seq, hidden]` in the compute dtype."""
+                  mesh=None, start: jax.Array | None = None, return_kv: bool = False):
+    """The final-normed hidden states `[batch, seq, hidden]` in the compute dtype.
+
+    `start` `[batch]` marks left padding (see `positions_and_mask`). With `return_kv`, also the
+    keys and values of every layer, `[num_layers, batch, seq, kv_heads, head_dim]` each, for a
+    KV cache.
+    """
     shard = Sharder(mesh)
     dtype = jnp.dtype(train.compute_dtype)
     x = jnp.take(params["embed"], tokens, axis=0).astype(dtype)
     x = shard(x, "fsdp", None, None)
-    cos, sin = rope_tables(tokens.shape[1], model.head_dim, model.rope_theta, dtype)
+    positions, mask = positions_and_mask(tokens.shape[1], start)
+    cos, sin = rope_tables(positions, model.head_dim, model.rope_theta, dtype)
 
     def layer_body(x, layer):
         h = rms_norm(x, layer["layers/input_norm"], model.rms_norm_eps)
-        x = shard(x + _attention(h, layer, cos, sin, model, shard), "fsdp", None, None)
+        q, k, v = project_qkv(h, layer, cos, sin, model, shard)
+        x = shard(x + attend(q, k, v, mask, layer), "fsdp", None, None)
         h = rms_norm(x, layer["layers/post_norm"], model.rms_norm_eps)
-        x = shard(x + _mlp(h, layer, shard), "fsdp", None, None)
-        return x, None
+        x = shard(x + mlp(h, layer, shard), "fsdp", None, None)
+        return x, ((k, v) if return_kv else None)
 
     if train.remat != "none":
         layer_body = jax.checkpoint(layer_body, policy=_REMAT_POLICIES[train.remat],
                                     prevent_cse=False)
-    layers = {path: value for path, value in params.items() if path.startswith("layers/")}
-    x, _ = lax.scan(layer_body, x, layers)
-    return rms_norm(x, params["final_norm"], model.rms_norm_eps)
+    x, kv = lax.scan(layer_body, x, layer_params(params))
+    hidden = rms_norm(x, params["final_norm"], model.rms_norm_eps)
+    return (hidden, kv) if return_kv else hidden
 
 
 def sft_loss(params: Params, tokens: jax.Array, targets: jax.Array, loss_mask: jax.Array,
@@ -206,8 +239,9 @@ def sft_loss(params: Params, tokens: jax.Array, targets: jax.Array, loss_mask: j
     return loss_sum, jnp.sum(loss_mask)
 
 
-def logits(params: Params, tokens: jax.Array, model: ModelConfig, train: TrainConfig) -> jax.Array:
+def logits(params: Params, tokens: jax.Array, model: ModelConfig, train: TrainConfig,
+           start: jax.Array | None = None) -> jax.Array:
     """Full float32 logits `[batch, seq, vocab]`; for tests and sampling, never for training."""
-    hidden = hidden_states(params, tokens, model, train)
+    hidden = hidden_states(params, tokens, model, train, start=start)
     return jnp.einsum("bth,vh->btv", hidden, params["embed"].astype(hidden.dtype),
                       preferred_element_type=jnp.float32)

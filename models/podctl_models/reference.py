@@ -4,8 +4,10 @@
     python -m podctl_models.reference bench --bundle DIR --steps N --accum A
 
 `run` reads `IN/<i>.bin` (raw little-endian global arrays, in the program's input order) and
-writes `OUT/<i>.bin` the same way. Both commands run on as many CPU devices as the bundle's mesh
-has (`--xla_force_host_platform_device_count`), with the manifest's shardings, device `d` at the
+writes `OUT/<i>.bin` the same way; it runs any program of any bundle kind (SFT's four, GRPO's
+`rollout`, `logprobs`, `grpo_grad_step` and the shared ones). `bench` times the SFT loop.
+Both commands run on as many CPU devices as the bundle's mesh has
+(`--xla_force_host_platform_device_count`), with the manifest's shardings, device `d` at the
 row-major position `d` of the mesh. Exit status 2 means bad arguments or inputs.
 """
 
@@ -185,6 +187,11 @@ def bench(bundle_dir: Path, steps: int, accum: int, warmup: int = 2) -> dict:
     if steps <= 0 or accum <= 0:
         raise ReferenceError(f"steps = {steps}, accum = {accum}: both must be >= 1")
     bundle = load_bundle(bundle_dir)
+    kind = bundle.manifest["train"]["kind"]
+    if kind != "sft":
+        raise ReferenceError(
+            f"bundle = {bundle_dir}: train.kind is {kind!r}; bench times the sft loop "
+            f"(grad_step + apply_step), export the bundle with --kind sft")
     init_devices(bundle.num_devices)
     runner = Runner(bundle)
     params_n = len(bundle.manifest["params"])

@@ -19,6 +19,7 @@ from podctl_models.export import BundleConfig, check_kept_args, export_programs,
 from podctl_models.programs import TensorSpec
 
 PARAM_PATHS = [s.path for s in qwen3.param_specs(preset("tiny"))]
+GRPO_TRAIN_KEYS = {"prompt_len", "max_new_tokens", "logprob_chunk"}
 
 
 def validate_manifest(bundle_dir) -> dict:
@@ -32,8 +33,11 @@ def validate_manifest(bundle_dir) -> dict:
     assert set(m["model"]) == {"preset", "vocab_size", "hidden_size", "num_layers", "num_heads",
                                "num_kv_heads", "head_dim", "intermediate_size", "rope_theta",
                                "rms_norm_eps", "tie_embeddings"}
+    kind = m["train"]["kind"]
+    assert kind in ("sft", "grpo")
     assert set(m["train"]) == {"kind", "micro_batch", "seq_len", "param_dtype", "compute_dtype",
-                               "remat", "loss_chunk", "attention"}
+                               "remat", "loss_chunk", "attention"} | (GRPO_TRAIN_KEYS
+                                                                      if kind == "grpo" else set())
     assert m["train"]["remat"] in ("none", "dots", "full")
     assert m["optimizer"]["name"] == "adamw"
     assert set(m["optimizer"]) == {"name", "b1", "b2", "eps", "weight_decay", "max_grad_norm"}
@@ -72,17 +76,17 @@ def validate_manifest(bundle_dir) -> dict:
         t = {"name": name, "shape": [], "dtype": dtype, "sharding": []}
         return t if donated is None else dict(t, donated=donated)
 
-    batch_shape = [train["micro_batch"], train["seq_len"]]
-    batch = [{"name": f"batch/{n}", "shape": batch_shape, "dtype": d,
-              "sharding": [["fsdp"], []], "donated": False}
-             for n, d in (("tokens", "int32"), ("targets", "int32"), ("loss_mask", "float32"))]
+    rows, seq = train["micro_batch"], train["seq_len"]
+
+    def per_row(name, dtype, *width, donated=None):
+        t = {"name": name, "shape": [rows, *width], "dtype": dtype,
+             "sharding": [["fsdp"]] + [[] for _ in width]}
+        return t if donated is None else dict(t, donated=donated)
+
     want = {
         "init": ([scalar("seed", "uint32", False)],
                  group("params/") + group("opt/mu/") + group("opt/nu/")),
         "zero_grads": ([], group("grads/")),
-        "grad_step": (group("params/", False) + group("grads/", True) + batch,
-                      group("grads/") + [scalar("loss_sum", "float32"),
-                                         scalar("token_count", "float32")]),
         "apply_step": (group("params/", True) + group("opt/mu/", True) + group("opt/nu/", True)
                        + group("grads/", True) + [scalar("step", "int32", False),
                                                   scalar("learning_rate", "float32", False),
@@ -90,6 +94,43 @@ def validate_manifest(bundle_dir) -> dict:
                        group("params/") + group("opt/mu/") + group("opt/nu/") + group("grads/")
                        + [scalar("grad_norm", "float32")]),
     }
+    if kind == "sft":
+        batch = [per_row(f"batch/{n}", d, seq, donated=False)
+                 for n, d in (("tokens", "int32"), ("targets", "int32"), ("loss_mask", "float32"))]
+        want["grad_step"] = (group("params/", False) + group("grads/", True) + batch,
+                             group("grads/") + [scalar("loss_sum", "float32"),
+                                                scalar("token_count", "float32")])
+    else:
+        prompt, new = train["prompt_len"], train["max_new_tokens"]
+        assert prompt > 0 and new > 0 and seq == prompt + new
+        assert train["loss_chunk"] == (train["logprob_chunk"] or seq)
+        temperature = scalar("sample/temperature", "float32", False)
+        sequence = [per_row("batch/tokens", "int32", seq, donated=False),
+                    per_row("batch/targets", "int32", seq, donated=False),
+                    per_row("batch/prompt_lengths", "int32", donated=False)]
+        want["rollout"] = (
+            group("params/", False)
+            + [per_row("prompt/tokens", "int32", prompt, donated=False),
+               per_row("prompt/lengths", "int32", donated=False),
+               per_row("sample/seeds", "uint32", donated=False), temperature,
+               scalar("sample/top_p", "float32", False), scalar("sample/eos_id", "int32", False),
+               scalar("sample/pad_id", "int32", False)],
+            [per_row("completion/tokens", "int32", new), per_row("completion/lengths", "int32"),
+             per_row("completion/logprobs", "float32", new)])
+        want["logprobs"] = (group("params/", False) + sequence + [temperature],
+                            [per_row("logprobs", "float32", seq)])
+        want["grpo_grad_step"] = (
+            group("params/", False) + group("grads/", True) + sequence
+            + [per_row("batch/loss_mask", "float32", seq, donated=False),
+               per_row("batch/advantages", "float32", donated=False),
+               per_row("batch/old_logprobs", "float32", seq, donated=False),
+               per_row("batch/ref_logprobs", "float32", seq, donated=False), temperature,
+               scalar("grpo/clip_low", "float32", False),
+               scalar("grpo/clip_high", "float32", False),
+               scalar("grpo/kl_beta", "float32", False)],
+            group("grads/") + [scalar(name, "float32") for name in (
+                "loss_sum", "token_count", "kl_sum", "clipped_count", "ratio_sum", "ratio_min",
+                "ratio_max")])
     assert set(m["programs"]) == set(want)
     for name, (inputs, outputs) in want.items():
         entry = m["programs"][name]
@@ -137,6 +178,24 @@ def test_2x2_bundle_matches_the_contract(bundle_2x2):
                       "sharding": [[], ["fsdp"], ["tp"]]}
 
 
+def test_grpo_bundles_match_the_contract(grpo_bundle_single, grpo_bundle_2x2):
+    for bundle in (grpo_bundle_single, grpo_bundle_2x2):
+        m = validate_manifest(bundle)
+        assert m["train"]["kind"] == "grpo" and m["train"]["logprob_chunk"] == 4
+    assert validate_manifest(grpo_bundle_2x2)["mesh"][0] == {"name": "fsdp", "size": 2}
+
+
+def test_cli_writes_an_unchunked_grpo_bundle(tmp_path, capsys):
+    code = main(["--kind", "grpo", "--preset", "tiny", "--mesh", "fsdp=2", "--micro-batch", "4",
+                 "--prompt-len", "6", "--max-new-tokens", "10", "--logprob-chunk", "0",
+                 "--out", str(tmp_path)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "rollout" in printed and "grpo_grad_step" in printed and " grad_step " not in printed
+    train = validate_manifest(tmp_path)["train"]
+    assert (train["seq_len"], train["loss_chunk"], train["logprob_chunk"]) == (16, 16, 0)
+
+
 def test_cli_writes_a_valid_bundle_and_prints_a_summary(tmp_path, capsys):
     code = main(["--preset", "tiny", "--mesh", "tp=2", "--micro-batch", "4", "--seq-len", "32",
                  "--remat", "dots", "--loss-chunk", "16", "--weight-decay", "0.05",
@@ -179,6 +238,25 @@ def test_export_is_bitwise_reproducible_from_any_caller(bundle_single, tmp_path)
     (["--preset", "tiny", "--micro-batch", "0"], "train.micro_batch"),
     (["--preset", "tiny", "--b2", "1.5"], "optimizer.b2"),
     (["--preset", "tiny", "--max-grad-norm", "0"], "optimizer.max_grad_norm"),
+    (["--preset", "tiny", "--kind", "rl"], "train.kind"),
+    (["--preset", "tiny", "--prompt-len", "8"], "train.prompt_len"),
+    (["--preset", "tiny", "--logprob-chunk", "8"], "train.logprob_chunk"),
+    (["--preset", "tiny", "--kind", "grpo", "--max-new-tokens", "8"], "train.prompt_len"),
+    (["--preset", "tiny", "--kind", "grpo", "--prompt-len", "8"], "train.max_new_tokens"),
+    (["--preset", "tiny", "--kind", "grpo", "--prompt-len", "0", "--max-new-tokens", "8"],
+     "train.prompt_len"),
+    (["--preset", "tiny", "--kind", "grpo", "--prompt-len", "8", "--max-new-tokens", "-8"],
+     "train.max_new_tokens"),
+    (["--preset", "tiny", "--kind", "grpo", "--prompt-len", "8", "--max-new-tokens", "8",
+      "--logprob-chunk", "5"], "train.logprob_chunk"),
+    (["--preset", "tiny", "--kind", "grpo", "--prompt-len", "8", "--max-new-tokens", "8",
+      "--logprob-chunk", "-4"], "train.logprob_chunk"),
+    (["--preset", "tiny", "--kind", "grpo", "--prompt-len", "8", "--max-new-tokens", "8",
+      "--seq-len", "32"], "train.seq_len"),
+    (["--preset", "tiny", "--kind", "grpo", "--prompt-len", "8", "--max-new-tokens", "8",
+      "--loss-chunk", "8"], "train.loss_chunk"),
+    (["--preset", "tiny", "--kind", "grpo", "--prompt-len", "8", "--max-new-tokens", "8",
+      "--mesh", "fsdp=4", "--micro-batch", "6"], "train.micro_batch"),
 ])
 def test_cli_refuses_bad_settings_naming_the_field(tmp_path, capsys, argv, field):
     out = tmp_path / "bundle"

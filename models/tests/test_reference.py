@@ -11,7 +11,8 @@ import numpy as np
 from podctl_models.config import OptimizerConfig, TrainConfig, preset
 from podctl_models.programs import build_programs
 
-from conftest import arithmetic_batch, assert_close_to_scale, tiny_init
+from conftest import (arithmetic_batch, assert_close_to_scale, full_sequences, grpo_prompts,
+                      tiny_init)
 
 PROGRAMS = build_programs(preset("tiny"), TrainConfig(), OptimizerConfig())
 
@@ -78,3 +79,56 @@ def test_bench_prints_steady_state_step_time(bundle_single):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(result) == {"step_ms", "steps"}
     assert result["steps"] == 2 and result["step_ms"] > 0
+
+
+def test_run_executes_grpo_programs_on_a_2x2_mesh(grpo_bundle_2x2, grpo_programs, tmp_path):
+    """rollout and grpo_grad_step of a 2x2 GRPO bundle, run by the CLI from files, against the
+    single-device bundle run in-process."""
+    manifest = json.loads((grpo_bundle_2x2 / "manifest.json").read_text())
+    train = manifest["train"]
+    n = len(manifest["params"])
+    params = [np.asarray(p) for p in tiny_init(jnp.uint32(9))[:n]]
+    prompts, lengths = grpo_prompts(seed=2)
+    sampling = [np.array([1, 2, 3, 4], np.uint32), np.float32(0.0), np.float32(1.0),
+                np.int32(-1), np.int32(0)]
+    write_inputs(tmp_path / "rollout_in", [*params, prompts, lengths, *sampling])
+    done = reference("run", "--bundle", grpo_bundle_2x2, "--program", "rollout",
+                     "--inputs", tmp_path / "rollout_in", "--outputs", tmp_path / "rollout_out")
+    assert done.returncode == 0, done.stderr
+    outputs = manifest["programs"]["rollout"]["outputs"]
+    tokens, gen_lengths, logprobs = [
+        np.fromfile(tmp_path / "rollout_out" / f"{i}.bin", t["dtype"]).reshape(t["shape"])
+        for i, t in enumerate(outputs)]
+    want = grpo_programs("rollout", *params, prompts, lengths, *sampling)
+    np.testing.assert_array_equal(tokens, want[0])
+    np.testing.assert_array_equal(gen_lengths, want[1])
+    np.testing.assert_allclose(logprobs, want[2], rtol=0, atol=1e-5)
+
+    prompt_len, seq = train["prompt_len"], train["seq_len"]
+    sequence, targets = full_sequences(prompts, tokens)
+    mask = np.zeros(sequence.shape, np.float32)
+    mask[:, prompt_len - 1:seq - 1] = 1.0
+    old = np.zeros(sequence.shape, np.float32)
+    old[:, prompt_len - 1:seq - 1] = logprobs - 0.1
+    grads = [np.full(p.shape, 0.5, np.float32) for p in params]
+    args = [*params, *grads, sequence, targets, lengths, mask,
+            np.array([1.0, -1.0, 0.5, -0.5], np.float32), old, old + 0.2, np.float32(1.0),
+            np.float32(0.2), np.float32(0.2), np.float32(0.05)]
+    write_inputs(tmp_path / "step_in", args)
+    done = reference("run", "--bundle", grpo_bundle_2x2, "--program", "grpo_grad_step",
+                     "--inputs", tmp_path / "step_in", "--outputs", tmp_path / "step_out")
+    assert done.returncode == 0, done.stderr
+    outputs = manifest["programs"]["grpo_grad_step"]["outputs"]
+    got = [np.fromfile(tmp_path / "step_out" / f"{i}.bin", t["dtype"]).reshape(t["shape"])
+           for i, t in enumerate(outputs)]
+    want = grpo_programs("grpo_grad_step", *args)
+    for g, w in zip(got[:n], want[:n]):
+        assert_close_to_scale(g - 0.5, np.asarray(w) - 0.5, 1e-5)
+    np.testing.assert_allclose(got[n:], [float(w) for w in want[n:]], rtol=1e-5)
+    assert got[n + 1] == mask.sum() == 32
+
+
+def test_bench_refuses_a_grpo_bundle(grpo_bundle_single):
+    done = reference("bench", "--bundle", grpo_bundle_single, "--steps", "1")
+    assert done.returncode == 2
+    assert "train.kind is 'grpo'" in done.stderr and "--kind sft" in done.stderr

@@ -1,0 +1,201 @@
+"""Sampling completions: prefill the prompts once, then decode with a KV cache.
+
+Buffers have fixed shapes. Prompts are left-padded into `[rows, prompt_len]`, so every row's
+first completion token sits at column `prompt_len` and all rows write the cache at the same
+column each step; `prompt_lengths` says where each row's real tokens start (RoPE positions count
+from there and no query sees a padding key). Completions fill `[rows, max_new_tokens]`: a row
+stops after its EOS and the rest of it is PAD. The decode loop is a `lax.while_loop` that ends
+as soon as every row has stopped.
+
+Sampling is deterministic given the per-row seeds: step `t` of a row draws from
+`fold_in(key(seed), t)`, so a row's completion does not depend on which other rows share its
+batch. Temperature `<= 0` is greedy (argmax, first index on ties). Top-p keeps the smallest set
+of most likely tokens whose probability reaches `top_p` (all tokens tied at the boundary are
+kept), found by bisection on the float bits of the probability threshold: 31 reductions over a
+vocabulary that stays split over `tp`, where a sort would gather it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from . import qwen3
+from .config import ModelConfig, TrainConfig
+from .grpo import effective_temperature
+
+# Bisection over the int32 bits of a non-negative float32 threshold: 2^31 candidates.
+_THRESHOLD_STEPS = 31
+
+
+def left_padding(prompt_lengths: jax.Array, prompt_len: int) -> jax.Array:
+    """Column of each row's first real token in a `[rows, prompt_len]` left-padded prompt
+    buffer (lengths clamped to `[1, prompt_len]`); also where real tokens start in a full
+    `[rows, prompt_len + max_new_tokens]` sequence built from it."""
+    return prompt_len - jnp.clip(prompt_lengths.astype(jnp.int32), 1, prompt_len)
+
+
+def nucleus(probs: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Boolean `[rows, vocab]`: the top-p nucleus of each row of `probs`.
+
+    The largest threshold `tau` (one of the row's probabilities) with
+    `sum(probs[probs >= tau]) >= top_p`, found exactly by bisecting its float bits (non-negative
+    floats order like their bits). `top_p >= total mass` keeps every token; `top_p <= 0` keeps
+    the most likely ones only.
+    """
+    probs = probs.astype(jnp.float32)
+
+    def mass(threshold_bits):
+        threshold = lax.bitcast_convert_type(threshold_bits, jnp.float32)
+        return jnp.sum(jnp.where(probs >= threshold[:, None], probs, 0.0), axis=-1)
+
+    # Invariant: mass(low) >= top_p (or low = 0), mass(high) < top_p (or high = max + 1 ulp).
+    low = jnp.zeros(probs.shape[:1], jnp.int32)
+    high = lax.bitcast_convert_type(jnp.max(probs, axis=-1), jnp.int32) + 1
+
+    def step(_, bounds):
+        low, high = bounds
+        middle = low + (high - low) // 2
+        enough = mass(middle) >= top_p
+        return jnp.where(enough, middle, low), jnp.where(enough, high, middle)
+
+    low, _ = lax.fori_loop(0, _THRESHOLD_STEPS, step, (low, high))
+    return probs >= lax.bitcast_convert_type(low, jnp.float32)[:, None]
+
+
+def sample(logits: jax.Array, keys: jax.Array, temperature: jax.Array,
+           top_p: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """One token per row from float32 `logits` `[rows, vocab]` with per-row `keys` `[rows]`.
+
+    Returns `(tokens, logprobs)`: int32 `[rows]` and the float32 log-prob of each token under
+    `softmax(logits / T)`, T the effective temperature (1 when greedy), before top-p truncation:
+    the distribution the policy is trained on (`grpo.token_logprobs` gives the same numbers).
+    """
+    logits = logits.astype(jnp.float32)
+    scaled = logits / effective_temperature(temperature)
+    # The same arithmetic as grpo.token_logprobs, so the two agree to the hidden states' rounding.
+    log_norm = jax.nn.logsumexp(scaled, axis=-1)
+
+    def truncate():
+        return nucleus(jnp.exp(scaled - log_norm[:, None]), top_p)
+
+    def keep_all():
+        return jnp.ones(logits.shape, bool)
+
+    # Skip the bisection (31 cross-device reductions per step) when nothing is truncated.
+    keep = lax.cond(top_p < 1.0, truncate, keep_all)
+    gumbel = jax.vmap(lambda key: jax.random.gumbel(key, logits.shape[1:], jnp.float32))(keys)
+    # Gumbel-max draws exactly from softmax(scaled) restricted to the nucleus.
+    drawn = jnp.argmax(jnp.where(keep, scaled + gumbel, -jnp.inf), axis=-1)
+    greedy = jnp.argmax(logits, axis=-1)
+    tokens = jnp.where(temperature > 0, drawn, greedy).astype(jnp.int32)
+    vocab_ids = lax.broadcasted_iota(jnp.int32, logits.shape, 1)
+    chosen = jnp.sum(jnp.where(vocab_ids == tokens[:, None], scaled, 0.0), axis=-1)
+    return tokens, chosen - log_norm
+
+
+def decode_step(params: qwen3.Params, tokens: jax.Array, column: jax.Array, start: jax.Array,
+                cache: tuple[jax.Array, jax.Array], model: ModelConfig, train: TrainConfig,
+                shard: qwen3.Sharder):
+    """Runs `tokens` `[rows]` at `column` against the KV cache; returns float32 logits
+    `[rows, vocab]` for the next token and the cache with this column's keys/values written.
+
+    The cache is `[num_layers, rows, total_len, kv_heads, head_dim]` (keys, values); every row
+    writes the same column, so the update is one dynamic slice per layer, in place.
+    """
+    dtype = jnp.dtype(train.compute_dtype)
+    x = jnp.take(params["embed"], tokens, axis=0).astype(dtype)[:, None, :]
+    x = shard(x, "fsdp", None, None)
+    positions = jnp.maximum(column - start, 0)[:, None]
+    cos, sin = qwen3.rope_tables(positions, model.head_dim, model.rope_theta, dtype)
+    total = cache[0].shape[2]
+    key_columns = jnp.arange(total, dtype=jnp.int32)[None, :]
+    mask = ((key_columns >= start[:, None]) & (key_columns <= column))[:, None, :]
+
+    def layer_body(carry, xs):
+        x, keys, values = carry
+        layer, index = xs
+        h = qwen3.rms_norm(x, layer["layers/input_norm"], model.rms_norm_eps)
+        q, k, v = qwen3.project_qkv(h, layer, cos, sin, model, shard)
+        at = (index, 0, column, 0, 0)
+        keys = lax.dynamic_update_slice(keys, k[None].astype(keys.dtype), at)
+        values = lax.dynamic_update_slice(values, v[None].astype(values.dtype), at)
+        layer_keys = lax.dynamic_index_in_dim(keys, index, keepdims=False)
+        layer_values = lax.dynamic_index_in_dim(values, index, keepdims=False)
+        x = shard(x + qwen3.attend(q, layer_keys, layer_values, mask, layer), "fsdp", None, None)
+        h = qwen3.rms_norm(x, layer["layers/post_norm"], model.rms_norm_eps)
+        x = shard(x + qwen3.mlp(h, layer, shard), "fsdp", None, None)
+        return (x, keys, values), None
+
+    layers = qwen3.layer_params(params)
+    indices = jnp.arange(model.num_layers, dtype=jnp.int32)
+    (x, keys, values), _ = lax.scan(layer_body, (x, *cache), (layers, indices))
+    hidden = qwen3.rms_norm(x, params["final_norm"], model.rms_norm_eps)[:, 0]
+    logits = jnp.einsum("bh,vh->bv", hidden, params["embed"].astype(hidden.dtype),
+                        preferred_element_type=jnp.float32)
+    return shard(logits, "fsdp", "tp"), (keys, values)
+
+
+def generate(params: qwen3.Params, prompts: jax.Array, prompt_lengths: jax.Array,
+             seeds: jax.Array, temperature: jax.Array, top_p: jax.Array, eos_id: jax.Array,
+             pad_id: jax.Array, model: ModelConfig, train: TrainConfig, mesh=None):
+    """Completions of left-padded `prompts` `[rows, prompt_len]`.
+
+    `prompt_lengths` `[rows]` are clamped to `[1, prompt_len]`. Returns `(tokens, lengths,
+    logprobs)`: int32 `[rows, max_new_tokens]` (EOS then PAD once a row stops), int32 `[rows]`
+    generated tokens per row counting its EOS, and float32 `[rows, max_new_tokens]` log-probs of
+    the tokens (see `sample`; 0 after a row stops).
+    """
+    shard = qwen3.Sharder(mesh)
+    rows, prompt_len = prompts.shape
+    new_tokens = train.max_new_tokens
+    eos_id, pad_id = eos_id.astype(jnp.int32), pad_id.astype(jnp.int32)
+    start = left_padding(prompt_lengths, prompt_len)
+
+    # Prefill: one pass over the prompts fills the cache's first prompt_len columns.
+    hidden, (keys, values) = qwen3.hidden_states(params, prompts, model, train, mesh,
+                                                 start=start, return_kv=True)
+    padding = ((0, 0), (0, 0), (0, new_tokens), (0, 0), (0, 0))
+    cache = tuple(shard(jnp.pad(c, padding), None, "fsdp", None, "tp", None)
+                  for c in (keys, values))
+    logits = jnp.einsum("bh,vh->bv", hidden[:, -1], params["embed"].astype(hidden.dtype),
+                        preferred_element_type=jnp.float32)
+
+    row_keys = jax.vmap(jax.random.key)(seeds.astype(jnp.uint32))
+
+    def draw(logits, t):
+        step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, t)
+        return sample(shard(logits, "fsdp", "tp"), step_keys, temperature, top_p)
+
+    def record(state, t, tokens, logprobs):
+        out_tokens, out_logprobs, lengths, done = state
+        active = ~done
+        tokens = jnp.where(active, tokens, pad_id)
+        logprobs = jnp.where(active, logprobs, 0.0)
+        out_tokens = lax.dynamic_update_slice(out_tokens, tokens[:, None], (0, t))
+        out_logprobs = lax.dynamic_update_slice(out_logprobs, logprobs[:, None], (0, t))
+        lengths = jnp.where(active, t + 1, lengths)
+        return (out_tokens, out_logprobs, lengths, done | (active & (tokens == eos_id))), tokens
+
+    empty = (shard(jnp.full((rows, new_tokens), pad_id, jnp.int32), "fsdp", None),
+             shard(jnp.zeros((rows, new_tokens), jnp.float32), "fsdp", None),
+             jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), bool))
+    t0 = jnp.int32(0)
+    outputs, last = record(empty, t0, *draw(logits, t0))
+
+    # State: (tokens produced so far, the last of them, outputs, cache).
+    def keep_going(state):
+        t, _, outputs, _ = state
+        return (t < new_tokens) & ~jnp.all(outputs[3])
+
+    def body(state):
+        t, last, outputs, cache = state
+        logits, cache = decode_step(params, last, prompt_len + t - 1, start, cache, model,
+                                    train, shard)
+        outputs, last = record(outputs, t, *draw(logits, t))
+        return t + 1, last, outputs, cache
+
+    _, _, (tokens, logprobs, lengths, _), _ = lax.while_loop(
+        keep_going, body, (jnp.int32(1), last, outputs, cache))
+    return tokens, lengths, logprobs

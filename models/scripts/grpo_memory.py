@@ -1,0 +1,135 @@
+"""Per-chip memory of GRPO's `grpo_grad_step` with chunked vs unchunked log-probs, exact.
+
+    .venv/bin/python models/scripts/grpo_memory.py [--micro-batch 16] [--out DIR]
+
+Exports two GRPO bundles of Qwen3-1.7B for a v6e-8 slice (mesh fsdp=4, tp=2; the seeds'
+target: prompts up to 256 tokens, up to 2048 generated), one with `--logprob-chunk` time
+chunks and one unchunked (`logprob_chunk = 0`, which holds `[micro_batch, seq, vocab]` float32
+logits). It then compiles each bundle's own `grpo_grad_step` module for the `v6e:2x4` topology
+through libtpu on this CPU-only machine (`jax.experimental.topologies`) and prints XLA's
+per-chip argument/output/temp/peak bytes side by side, and the saving as a fraction of the
+unchunked path's logits bytes per chip. Each compile takes minutes. The bundles stay in
+`--out` (`chunked/`, `unchunked/`) for a compile through podctl's PJRT bindings.
+"""
+
+from __future__ import annotations
+
+import os
+
+# What JAX sets on a machine without TPUs, plus values that silence libtpu's warnings; before
+# JAX is imported. Lowering and everything else stay on the CPU backend.
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v6e-8")
+os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+os.environ.setdefault("TPU_WORKER_ID", "0")
+# Compiling needs no chip: let other processes on this machine load libtpu at the same time.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+from jax import export as jax_export
+from jax.experimental import topologies
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from podctl_models.config import MeshConfig, TrainConfig, preset
+from podctl_models.export import BundleConfig, write_bundle
+from podctl_models.reference import numpy_dtype
+
+MESH = MeshConfig((("fsdp", 4), ("tp", 2)))
+HBM_LIMIT = 31.25 * 2**30  # what XLA lets one v6e program use
+GIB = 2**30
+
+
+def export(out: Path, micro_batch: int, prompt_len: int, max_new_tokens: int, chunk: int,
+           remat: str) -> dict:
+    train = TrainConfig.grpo(prompt_len, max_new_tokens, chunk, micro_batch=micro_batch,
+                             param_dtype="float32", compute_dtype="bfloat16", remat=remat)
+    cfg = BundleConfig(preset("qwen3-1.7b"), train, mesh=MESH, platform="tpu")
+    start = time.perf_counter()
+    document = write_bundle(cfg, out)
+    print(f"exported {out} in {time.perf_counter() - start:.0f} s", flush=True)
+    return document
+
+
+def compile_stats(bundle: Path, document: dict, topology_name: str) -> dict:
+    """XLA's memory stats of the bundle's `grpo_grad_step` compiled for `topology_name`."""
+    entry = document["programs"]["grpo_grad_step"]
+    exported = jax_export.deserialize(bytearray((bundle / entry["jax_file"]).read_bytes()))
+    topology = topologies.get_topology_desc(topology_name, platform="tpu")
+    sizes = tuple(axis["size"] for axis in document["mesh"])
+    names = tuple(axis["name"] for axis in document["mesh"])
+    mesh = Mesh(np.array(topology.devices).reshape(sizes), names)
+
+    def sharding(tensor):
+        return NamedSharding(mesh, P(*[axes[0] if axes else None for axes in tensor["sharding"]]))
+
+    inputs, outputs = entry["inputs"], entry["outputs"]
+    jitted = jax.jit(exported.call, in_shardings=tuple(sharding(t) for t in inputs),
+                     out_shardings=tuple(sharding(t) for t in outputs),
+                     donate_argnums=tuple(i for i, t in enumerate(inputs) if t["donated"]))
+    args = [jax.ShapeDtypeStruct(tuple(t["shape"]), numpy_dtype(t["dtype"]), sharding=sharding(t))
+            for t in inputs]
+    start = time.perf_counter()
+    stats = jitted.lower(*args).compile().memory_analysis()
+    seconds = time.perf_counter() - start
+    print(f"compiled {bundle.name}/grpo_grad_step for {topology_name} in {seconds:.0f} s",
+          flush=True)
+    return {"argument": stats.argument_size_in_bytes, "output": stats.output_size_in_bytes,
+            "alias": stats.alias_size_in_bytes, "temp": stats.temp_size_in_bytes,
+            "peak": stats.peak_memory_in_bytes, "compile_s": round(seconds, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--micro-batch", type=int, default=16,
+                        help="rows per grpo_grad_step on the slice (e.g. 2 prompts x group 8)")
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=2048)
+    parser.add_argument("--logprob-chunk", type=int, default=256,
+                        help="time steps per chunk on the chunked path")
+    parser.add_argument("--remat", default="dots")
+    parser.add_argument("--topology", default="v6e:2x4")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/podctl-grpo-memory"))
+    args = parser.parse_args(argv)
+
+    results = {}
+    for name, chunk in (("chunked", args.logprob_chunk), ("unchunked", 0)):
+        bundle = args.out / name
+        document = export(bundle, args.micro_batch, args.prompt_len, args.max_new_tokens, chunk,
+                          args.remat)
+        results[name] = compile_stats(bundle, document, args.topology)
+
+    model = preset("qwen3-1.7b")
+    seq = args.prompt_len + args.max_new_tokens
+    fsdp, tp = MESH.size("fsdp"), MESH.size("tp")
+    # The unchunked path's float32 logits, one chip's shard: rows over fsdp, vocab over tp.
+    logits = args.micro_batch // fsdp * seq * (model.vocab_size // tp) * 4
+    chunk_logits = args.micro_batch // fsdp * args.logprob_chunk * (model.vocab_size // tp) * 4
+    print(f"\nqwen3-1.7b grpo_grad_step on {args.topology} (fsdp={fsdp}, tp={tp}): micro-batch "
+          f"{args.micro_batch}, seq {seq} = {args.prompt_len} prompt + {args.max_new_tokens} "
+          f"generated, bf16 compute, f32 params, remat {args.remat}")
+    print(f"{'per chip':<12}{'chunked':>14}{'unchunked':>14}   (chunk {args.logprob_chunk} steps)")
+    for key in ("argument", "output", "alias", "temp", "peak"):
+        row = "".join(f"{results[n][key] / GIB:>10.2f} GiB" for n in ("chunked", "unchunked"))
+        print(f"{key:<12}{row}")
+    saving = results["unchunked"]["peak"] - results["chunked"]["peak"]
+    print(f"f32 logits per chip: unchunked {logits / GIB:.2f} GiB, one chunk "
+          f"{chunk_logits / GIB:.3f} GiB")
+    print(f"saving: {saving / GIB:.2f} GiB = {saving / logits:.2f} x the unchunked logits "
+          f"(goal >= 0.5); HBM limit {HBM_LIMIT / GIB:.2f} GiB")
+    print(json.dumps({"micro_batch": args.micro_batch, "seq_len": seq,
+                      "logprob_chunk": args.logprob_chunk, "logits_bytes_per_chip": logits,
+                      "saving_bytes": saving, "saving_fraction_of_logits": saving / logits,
+                      **results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
