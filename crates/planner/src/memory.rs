@@ -1,0 +1,371 @@
+//! The analytic memory model: per-device bytes of every program of a step, term by term.
+//!
+//! Each program's peak is what it holds at its busiest moment plus the train state that stays
+//! resident on the device while it runs without being one of its arguments (the optimizer
+//! moments during `grad_step`, the reference model during GRPO's programs). The step's peak is
+//! the largest program peak. Terms are derived from what the programs in `models/` compute
+//! (docs/PLANNER.md lists them with the evidence); nothing here is fitted per configuration.
+
+use crate::hardware::{Accelerator, Platform};
+use crate::shapes::{laid_out_bytes, param_bytes};
+use crate::workload::{Candidate, Remat, Workload};
+use mesh::DType;
+use serde::{Deserialize, Serialize};
+
+/// What a term is, for the breakdown table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TermKind {
+    /// Train state on the device that this program does not take as an argument.
+    Resident,
+    /// An argument of the program (its own inputs; donated ones are reused for outputs).
+    Argument,
+    /// Scratch memory the compiler allocates while the program runs.
+    Temporary,
+    /// The compiled program itself.
+    Code,
+}
+
+/// One line of a breakdown.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Term {
+    /// Short name, e.g. `optimizer state`.
+    pub name: String,
+    /// How it was computed, e.g. `AdamW mu + nu, float32, 1/8 of 1.72e9 params`.
+    pub detail: String,
+    /// What kind of memory it is.
+    pub kind: TermKind,
+    /// Bytes on one device.
+    pub bytes: u64,
+}
+
+/// One program's estimated peak on one device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProgramEstimate {
+    /// The bundle program, e.g. `grad_step`.
+    pub program: String,
+    /// Its terms; they add up to the program's peak including resident state.
+    pub terms: Vec<Term>,
+}
+
+impl ProgramEstimate {
+    /// The program's peak bytes per device, resident state included.
+    pub fn bytes(&self) -> u64 {
+        self.terms.iter().map(|t| t.bytes).sum()
+    }
+}
+
+/// The analytic estimate for one candidate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryEstimate {
+    /// Every program whose peak can be the step's peak.
+    pub programs: Vec<ProgramEstimate>,
+}
+
+impl MemoryEstimate {
+    /// The step's peak bytes per device.
+    pub fn peak(&self) -> u64 {
+        self.programs.iter().map(ProgramEstimate::bytes).max().unwrap_or(0)
+    }
+
+    /// The program with the largest peak.
+    pub fn peak_program(&self) -> &ProgramEstimate {
+        self.programs.iter().max_by_key(|p| p.bytes()).expect("every estimate has a training program")
+    }
+
+    /// The estimate of one program, by name.
+    pub fn program(&self, name: &str) -> Option<&ProgramEstimate> {
+        self.programs.iter().find(|p| p.program == name)
+    }
+}
+
+/// The programs whose peaks the planner compares, per kind. `init` and `zero_grads` hold less
+/// than `apply_step`, and GRPO's `logprobs` computes a subset of `grpo_grad_step` over the same
+/// rows, so none of them can be the step's peak.
+pub fn peak_programs(workload: &Workload) -> &'static [&'static str] {
+    if workload.is_grpo() {
+        &["rollout", "grpo_grad_step", "apply_step"]
+    } else {
+        &["grad_step", "apply_step"]
+    }
+}
+
+/// Per-device sizes of one candidate, in elements unless named `_bytes`.
+struct Dims {
+    platform: Platform,
+    /// Rows per device.
+    b: u64,
+    seq: u64,
+    layers: u64,
+    hidden: u64,
+    /// Query heads per device.
+    heads: u64,
+    /// Query width per device (heads x head_dim).
+    q_width: u64,
+    /// Key (and value) width per device.
+    kv_width: u64,
+    /// MLP width per device.
+    mlp: u64,
+    /// Vocabulary per device.
+    vocab: u64,
+    chunk: u64,
+    compute: DType,
+    param: DType,
+    fsdp: u64,
+}
+
+impl Dims {
+    fn new(workload: &Workload, candidate: &Candidate, platform: Platform) -> Self {
+        let m = &workload.model;
+        let t = candidate.layout.tp as u64;
+        Self {
+            platform,
+            b: candidate.rows_per_device().max(1),
+            seq: workload.seq_len(),
+            layers: m.num_layers,
+            hidden: m.hidden_size,
+            heads: m.num_heads / t,
+            q_width: m.num_heads / t * m.head_dim,
+            kv_width: m.num_kv_heads / t * m.head_dim,
+            mlp: m.intermediate_size / t,
+            vocab: m.vocab_size / t,
+            chunk: workload.chunk(),
+            compute: workload.compute_dtype,
+            param: workload.param_dtype,
+            fsdp: candidate.layout.fsdp as u64,
+        }
+    }
+
+    /// Bytes of a `[rows, seq, width]` activation in `dtype`.
+    fn rows(&self, seq: u64, width: u64, dtype: DType) -> u64 {
+        laid_out_bytes(&[self.b, seq, width], dtype, self.platform)
+    }
+
+    /// Bytes of the `[rows, heads, seq, seq]` attention scores in `dtype`.
+    fn scores(&self, seq: u64, dtype: DType) -> u64 {
+        laid_out_bytes(&[self.b, self.heads, seq, seq], dtype, self.platform)
+    }
+
+    /// What the backward pass keeps of one layer under `remat`, read off the compiled
+    /// programs (docs/PLANNER.md has the list): with `none` the softmax output (f32) and the
+    /// probabilities, the f32 inputs of the three RMSNorms and the normed values, q/k/v at
+    /// three stages, the attention output and four MLP-width values (gate, up, silu(gate) and
+    /// their product) plus two of their intermediates; with `dots` the outputs of the weight
+    /// matmuls that the backward needs (q, k, v, o, gate, up) and the layer input; with `full`
+    /// the layer input only.
+    fn saved_per_layer(&self, remat: Remat) -> u64 {
+        let (c, f32) = (self.compute, DType::Float32);
+        let s = self.seq;
+        match remat {
+            Remat::None => {
+                self.scores(s, f32)
+                    + self.scores(s, c)
+                    + 2 * self.rows(s, self.hidden, f32)
+                    + 4 * self.rows(s, self.hidden, c)
+                    + self.rows(s, self.q_width, f32)
+                    + 3 * self.rows(s, self.q_width, c)
+                    + self.rows(s, self.kv_width, f32)
+                    + 3 * self.rows(s, self.kv_width, c)
+                    + 6 * self.rows(s, self.mlp, c)
+            }
+            Remat::Dots => {
+                2 * self.rows(s, self.hidden, c)
+                    + self.rows(s, self.q_width, c)
+                    + 2 * self.rows(s, self.kv_width, c)
+                    + 2 * self.rows(s, self.mlp, c)
+            }
+            Remat::Full => self.rows(s, self.hidden, c),
+        }
+    }
+
+    /// The working set of one layer's backward pass on top of what is saved: the layer's
+    /// recomputed residuals (what `none` would have saved, minus what `remat` did save) and
+    /// the cotangent of the attention scores, in f32.
+    fn layer_backward(&self, remat: Remat) -> u64 {
+        let recomputed = self.saved_per_layer(Remat::None) - self.saved_per_layer(remat);
+        recomputed + self.scores(self.seq, DType::Float32)
+    }
+
+    /// The chunked loss (or log-prob) scan's working set: one chunk's f32 logits, their
+    /// exponentials and their cotangent.
+    fn logits_working_set(&self) -> u64 {
+        3 * self.rows(self.chunk, self.vocab, DType::Float32)
+    }
+
+    /// The embedding's share of the loss backward: the f32 accumulator of its gradient over
+    /// the chunks, one device's vocabulary rows at full width (the rows of the batch are split
+    /// over `fsdp`, so each device sums a partial gradient until the reduction after the scan),
+    /// and the compute-dtype copy the reduction sends.
+    fn embedding_gradient(&self) -> u64 {
+        laid_out_bytes(&[self.vocab, self.hidden], DType::Float32, self.platform)
+            + laid_out_bytes(&[self.vocab, self.hidden], self.compute, self.platform)
+    }
+
+    /// The embedding gathered over `fsdp` in the compute dtype, for the logits matmul.
+    fn gathered_embedding(&self) -> u64 {
+        if self.fsdp == 1 && self.compute == self.param {
+            0
+        } else {
+            laid_out_bytes(&[self.vocab, self.hidden], self.compute, self.platform)
+        }
+    }
+}
+
+/// The analytic estimate of every program of `candidate`'s step that can be its peak.
+pub fn estimate(workload: &Workload, candidate: &Candidate, accelerator: &Accelerator) -> MemoryEstimate {
+    let platform = accelerator.platform;
+    let d = Dims::new(workload, candidate, platform);
+    let layout = &candidate.layout;
+    let m = &workload.model;
+    let (params, layer_params) = param_bytes(m, layout, workload.param_dtype, platform);
+    let devices = layout.devices_per_slice();
+    let share = format!("{}, {} params over {devices} devices", workload.param_dtype, m.num_params());
+    let term = |name: &str, detail: String, kind, bytes| Term { name: name.into(), detail, kind, bytes };
+
+    let resident = |args_hold_params: bool, args_hold_grads: bool| {
+        let mut terms = Vec::new();
+        if !args_hold_params {
+            terms.push(term("parameters", share.clone(), TermKind::Resident, params));
+        }
+        terms.push(term(
+            "optimizer state",
+            format!("AdamW mu + nu, {share}"),
+            TermKind::Resident,
+            2 * params,
+        ));
+        if !args_hold_grads {
+            terms.push(term("gradients", format!("accumulator, {share}"), TermKind::Resident, params));
+        }
+        if workload.is_grpo() {
+            terms.push(term("reference model", format!("frozen copy, {share}"), TermKind::Resident, params));
+        }
+        terms
+    };
+    let code = |program: &str| {
+        // Code size hardly depends on the shapes; these are what the compilers produced for
+        // these programs (XLA:CPU reports none).
+        let bytes = match (platform, program) {
+            (Platform::Cpu, _) => 0,
+            (Platform::Tpu, "apply_step") => 4 << 20,
+            (Platform::Tpu, _) => 20 << 20,
+        };
+        term("program code", "compiled program".into(), TermKind::Code, bytes)
+    };
+    let weight_copies = if workload.compute_dtype == workload.param_dtype {
+        0
+    } else {
+        layer_params / workload.param_dtype.size() as u64 * workload.compute_dtype.size() as u64
+    };
+
+    let mut programs = Vec::new();
+
+    // The training program: grad_step (SFT) or grpo_grad_step.
+    let train_name = if workload.is_grpo() { "grpo_grad_step" } else { "grad_step" };
+    let mut train = resident(true, true);
+    train.push(term("parameters", share.clone(), TermKind::Argument, params));
+    train.push(term("gradients", format!("accumulator (donated), {share}"), TermKind::Argument, params));
+    let batch_row_bytes = if workload.is_grpo() { 4 * 5 } else { 4 * 3 };
+    train.push(term(
+        "batch",
+        format!("{} rows x {} tokens, {} bytes/token", candidate.micro_batch, d.seq, batch_row_bytes),
+        TermKind::Argument,
+        laid_out_bytes(&[d.b, d.seq], DType::Float32, platform) * batch_row_bytes / 4,
+    ));
+    train.push(term(
+        "saved activations",
+        format!("remat {}: {} layers x {} rows x {} tokens", candidate.remat, d.layers, d.b, d.seq),
+        TermKind::Temporary,
+        d.layers * d.saved_per_layer(candidate.remat),
+    ));
+    if weight_copies > 0 {
+        train.push(term(
+            "weight copies",
+            format!("layer weights cast to {} for the matmuls", workload.compute_dtype),
+            TermKind::Temporary,
+            weight_copies,
+        ));
+    }
+    let loss_chunk =
+        if workload.loss_chunk == 0 { "unchunked".to_string() } else { format!("chunks of {}", d.chunk) };
+    train.push(term(
+        "embedding gradient",
+        format!("f32 [{} x {}] partial sums + {} copy", d.vocab, d.hidden, workload.compute_dtype),
+        TermKind::Temporary,
+        d.embedding_gradient() + d.gathered_embedding(),
+    ));
+    let loss_phase = d.logits_working_set();
+    let backward_phase = d.layer_backward(candidate.remat);
+    if loss_phase >= backward_phase {
+        train.push(term(
+            "logits",
+            format!("f32 [{} x {} x {}] x3, {loss_chunk}", d.b, d.chunk, d.vocab),
+            TermKind::Temporary,
+            loss_phase,
+        ));
+    } else {
+        train.push(term(
+            "layer backward",
+            format!("one layer recomputed under remat {} + f32 score cotangent", candidate.remat),
+            TermKind::Temporary,
+            backward_phase,
+        ));
+    }
+    train.push(code(train_name));
+    programs.push(ProgramEstimate { program: train_name.into(), terms: train });
+
+    if let crate::workload::Kind::Grpo { prompt_len, max_new_tokens, .. } = workload.kind {
+        let mut rollout = resident(true, false);
+        rollout.push(term("parameters", share.clone(), TermKind::Argument, params));
+        let total = prompt_len + max_new_tokens;
+        let cache =
+            2 * d.layers * laid_out_bytes(&[d.b, total, d.kv_width], workload.compute_dtype, platform);
+        rollout.push(term(
+            "KV cache",
+            format!(
+                "keys + values, {} layers x {} rows x {total} tokens x {} wide, {}",
+                d.layers, d.b, d.kv_width, workload.compute_dtype
+            ),
+            TermKind::Temporary,
+            cache,
+        ));
+        // Prefill writes the prompt's keys and values before they are padded into the cache.
+        let prefill_kv =
+            2 * d.layers * laid_out_bytes(&[d.b, prompt_len, d.kv_width], workload.compute_dtype, platform);
+        let prefill_layer =
+            d.scores(prompt_len, DType::Float32) + d.scores(prompt_len, workload.compute_dtype);
+        rollout.push(term(
+            "prefill",
+            format!("prompt keys/values before padding + one layer's scores over {prompt_len} tokens"),
+            TermKind::Temporary,
+            prefill_kv + prefill_layer,
+        ));
+        if weight_copies > 0 {
+            rollout.push(term(
+                "weight copies",
+                format!("layer weights cast to {}", workload.compute_dtype),
+                TermKind::Temporary,
+                weight_copies,
+            ));
+        }
+        rollout.push(term(
+            "decode logits",
+            format!("f32 [{} x {}] per step, gathered embedding", d.b, d.vocab),
+            TermKind::Temporary,
+            3 * laid_out_bytes(&[d.b, d.vocab], DType::Float32, platform) + d.gathered_embedding(),
+        ));
+        rollout.push(code("rollout"));
+        programs.push(ProgramEstimate { program: "rollout".into(), terms: rollout });
+    }
+
+    let mut apply = Vec::new();
+    apply.push(term("parameters", share.clone(), TermKind::Argument, params));
+    apply.push(term("optimizer state", format!("AdamW mu + nu, {share}"), TermKind::Argument, 2 * params));
+    apply.push(term("gradients", format!("accumulator, {share}"), TermKind::Argument, params));
+    if workload.is_grpo() {
+        apply.push(term("reference model", format!("frozen copy, {share}"), TermKind::Resident, params));
+    }
+    apply.push(code("apply_step"));
+    programs.push(ProgramEstimate { program: "apply_step".into(), terms: apply });
+
+    MemoryEstimate { programs }
+}

@@ -1,0 +1,136 @@
+//! The arrays a step keeps on each device, from the model's dimensions alone: the parameters
+//! (mirroring `qwen3.param_specs` in models/, checked against exported manifests by tests) and
+//! how many bytes one device's shard of an array takes once the compiler has laid it out.
+
+use crate::hardware::Platform;
+use crate::workload::Layout;
+use bundle::ModelConfig;
+use mesh::{DType, IciMesh, Sharding};
+
+/// One parameter: its name under `params/`, global shape and sharding over `(fsdp, tp)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamShape {
+    /// The path, e.g. `layers/q_proj`.
+    pub path: &'static str,
+    /// The global shape.
+    pub shape: Vec<u64>,
+    /// The sharding.
+    pub sharding: Sharding,
+    /// Whether it is stacked over layers (scanned over), as opposed to the embedding and final norm.
+    pub per_layer: bool,
+}
+
+fn spec(axes: &[Option<&str>]) -> Sharding {
+    Sharding::new(axes.iter().map(|a| a.map(|name| vec![name.to_string()]).unwrap_or_default()).collect())
+}
+
+/// The parameters in canonical order: the manifest's `params`.
+pub fn param_shapes(model: &ModelConfig) -> Vec<ParamShape> {
+    let (l, h, i) = (model.num_layers, model.hidden_size, model.intermediate_size);
+    let q_out = model.num_heads * model.head_dim;
+    let kv_out = model.num_kv_heads * model.head_dim;
+    let (f, t) = (Some("fsdp"), Some("tp"));
+    let matrix = |path, fan_in, fan_out, a, b| ParamShape {
+        path,
+        shape: vec![l, fan_in, fan_out],
+        sharding: spec(&[None, a, b]),
+        per_layer: true,
+    };
+    let norm = |path, size| ParamShape {
+        path,
+        shape: vec![l, size],
+        sharding: spec(&[None, None]),
+        per_layer: true,
+    };
+    vec![
+        ParamShape {
+            path: "embed",
+            shape: vec![model.vocab_size, h],
+            sharding: spec(&[t, f]),
+            per_layer: false,
+        },
+        norm("layers/input_norm", h),
+        matrix("layers/q_proj", h, q_out, f, t),
+        matrix("layers/k_proj", h, kv_out, f, t),
+        matrix("layers/v_proj", h, kv_out, f, t),
+        norm("layers/q_norm", model.head_dim),
+        norm("layers/k_norm", model.head_dim),
+        matrix("layers/o_proj", q_out, h, t, f),
+        norm("layers/post_norm", h),
+        matrix("layers/gate_proj", h, i, f, t),
+        matrix("layers/up_proj", h, i, f, t),
+        matrix("layers/down_proj", i, h, t, f),
+        ParamShape { path: "final_norm", shape: vec![h], sharding: spec(&[None]), per_layer: false },
+    ]
+}
+
+/// Bytes of one device's piece of an array of `local_shape` (already divided by its shards)
+/// as `platform` lays it out. XLA:TPU tiles the two minor dimensions by (8, 128) 32-bit words
+/// (16 rows for 16-bit types) and gives a scalar a 512-byte word; XLA:CPU stores arrays dense.
+pub fn laid_out_bytes(local_shape: &[u64], dtype: DType, platform: Platform) -> u64 {
+    let size = dtype.size() as u64;
+    match platform {
+        Platform::Cpu => local_shape.iter().product::<u64>() * size,
+        Platform::Tpu => match local_shape {
+            [] => 512,
+            [n] => n.div_ceil(128) * 128 * size,
+            [outer @ .., rows, cols] => {
+                let sublanes = 8 * (4 / size.min(4));
+                outer.iter().product::<u64>()
+                    * rows.div_ceil(sublanes)
+                    * sublanes
+                    * cols.div_ceil(128)
+                    * 128
+                    * size
+            }
+        },
+    }
+}
+
+/// Bytes one device holds of a `shape` array sharded by `sharding` over `mesh`.
+pub fn shard_bytes(
+    shape: &[u64],
+    sharding: &Sharding,
+    mesh: &IciMesh,
+    dtype: DType,
+    platform: Platform,
+) -> u64 {
+    laid_out_bytes(&sharding.shard_shape(shape, mesh), dtype, platform)
+}
+
+/// Per-device bytes of one full set of parameters (or gradients, or one optimizer moment) in
+/// `dtype`: `(all, per_layer)`, the second counting only the stacked layer weights.
+pub fn param_bytes(model: &ModelConfig, layout: &Layout, dtype: DType, platform: Platform) -> (u64, u64) {
+    let mesh = layout.ici_mesh();
+    param_shapes(model).iter().fold((0, 0), |(all, layers), p| {
+        let bytes = shard_bytes(&p.shape, &p.sharding, &mesh, dtype, platform);
+        (all + bytes, layers + if p.per_layer { bytes } else { 0 })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_count_like_the_exporter() {
+        for name in ["tiny", "small", "qwen3-0.6b", "qwen3-1.7b"] {
+            let model = bundle::preset(name).unwrap();
+            let total: u64 = param_shapes(&model).iter().map(|p| p.shape.iter().product::<u64>()).sum();
+            assert_eq!(total, model.num_params(), "{name}");
+        }
+    }
+
+    #[test]
+    fn tpu_padding_matches_what_libtpu_reported() {
+        // apply_step of qwen3-0.6b on v6e:2x4, mesh (4,2), f32: XLA's argument bytes were
+        // 1,193,166,336 = params + mu + nu + grads + three 512-byte scalars.
+        let model = bundle::preset("qwen3-0.6b").unwrap();
+        let layout = Layout { dcn: 1, fsdp: 4, tp: 2 };
+        let (params, _) = param_bytes(&model, &layout, DType::Float32, Platform::Tpu);
+        assert_eq!(4 * params + 3 * 512, 1_193_166_336);
+        assert_eq!(laid_out_bytes(&[28, 1024], DType::Float32, Platform::Tpu), 32 * 1024 * 4);
+        assert_eq!(laid_out_bytes(&[3, 100], DType::Bfloat16, Platform::Tpu), 16 * 128 * 2);
+        assert_eq!(laid_out_bytes(&[3, 100], DType::Bfloat16, Platform::Cpu), 600);
+    }
+}
