@@ -70,6 +70,18 @@ impl LeaderState {
         live
     }
 
+    /// One worker's live view (a worker the leader has not seen yet gets a lease from now).
+    pub fn worker_mut(&mut self, job_id: &str, worker_id: &str, now: Instant) -> &mut WorkerLive {
+        if !self.jobs.contains_key(job_id) {
+            self.jobs.insert(job_id.to_string(), JobLive::default());
+        }
+        let live = self.jobs.get_mut(job_id).expect("inserted above");
+        if !live.workers.contains_key(worker_id) {
+            live.workers.insert(worker_id.to_string(), WorkerLive::new(now));
+        }
+        live.workers.get_mut(worker_id).expect("inserted above")
+    }
+
     /// Registers a session, replacing an older one of the same worker.
     pub fn open_session(&mut self, worker_id: &str, tx: mpsc::Sender<Result<Directive, Status>>) -> u64 {
         self.next_session += 1;

@@ -71,53 +71,62 @@ impl WorkersService {
     /// Handles one event of a session; returns a directive to send back at once, if any.
     fn on_event(&self, worker_id: &str, event: WorkerEvent) -> Result<Vec<Directive>, Status> {
         let ctx = &self.0;
-        let job = ctx
-            .shared
-            .read(|s| s.job_of_worker(worker_id).cloned())
-            .ok_or_else(|| Status::not_found(format!("worker {worker_id} is gone")))?;
+        let gone = || Status::not_found(format!("worker {worker_id} is gone"));
         let now = Instant::now();
         let mut out = Vec::new();
+        // Heartbeats are the hot path (one per worker per second): they read a few numbers of
+        // the job, not a copy of it.
+        let job = match &event.event {
+            Some(worker_event::Event::Heartbeat(_)) => None,
+            _ => Some(ctx.shared.read(|s| s.job_of_worker(worker_id).cloned()).ok_or_else(gone)?),
+        };
         match event.event {
             Some(worker_event::Event::Heartbeat(hb)) => {
+                let (job_id, generation, state, committed_step, start_step) = ctx
+                    .shared
+                    .read(|s| {
+                        s.job_of_worker(worker_id)
+                            .map(|j| (j.id.clone(), j.generation, j.state, j.committed_step, j.start_step))
+                    })
+                    .ok_or_else(gone)?;
                 if hb.worker_id != worker_id {
                     return Err(Status::invalid_argument(format!(
                         "the session is {worker_id}'s; a heartbeat names {}",
                         hb.worker_id
                     )));
                 }
-                if hb.generation > job.generation {
-                    return Err(stale_generation(hb.generation, job.generation));
+                if hb.generation > generation {
+                    return Err(stale_generation(hb.generation, generation));
                 }
-                if hb.steps_done > job.committed_step.max(job.start_step) + MAX_STEPS_AHEAD {
+                if hb.steps_done > committed_step.max(start_step) + MAX_STEPS_AHEAD {
                     return Err(Status::out_of_range(format!(
-                        "steps_done {} is more than {MAX_STEPS_AHEAD} steps ahead of the committed step {}",
-                        hb.steps_done, job.committed_step
+                        "steps_done {} is more than {MAX_STEPS_AHEAD} steps ahead of the committed step {committed_step}",
+                        hb.steps_done
                     )));
                 }
                 let answers_quiesce = ctx.leader.with(|m| {
-                    let live = m.job_mut(&job, now);
-                    let Some(w) = live.workers.get_mut(worker_id) else { return false };
+                    let w = m.worker_mut(&job_id, worker_id, now);
                     let was = w.generation;
                     w.last_seen = now;
                     w.generation = hb.generation;
                     w.steps_done = hb.steps_done;
                     w.phase = hb.phase.clone();
-                    job.state == JobState::Recovering
-                        && hb.generation == job.generation
-                        && was != hb.generation
+                    state == JobState::Recovering && hb.generation == generation && was != hb.generation
                 });
                 if answers_quiesce {
                     ctx.leader.wake.notify_one();
                 }
-                out.push(ack(hb.seq, job.generation));
+                out.push(ack(hb.seq, generation));
                 // A worker behind the current generation (reconnected, or missed a directive)
                 // is told what is in force; stale heartbeats keep the session but count for
                 // nothing else.
-                if hb.generation < job.generation || job.state.is_terminal() {
+                if hb.generation < generation || state.is_terminal() {
+                    let job = ctx.shared.read(|s| s.job_of_worker(worker_id).cloned()).ok_or_else(gone)?;
                     out.extend(directive_in_force(&job, worker_id));
                 }
             }
             Some(worker_event::Event::Preempted(p)) => {
+                let job = job.ok_or_else(gone)?;
                 tracing::info!(worker_id, "preempted: {}", p.reason);
                 ctx.leader.with(|m| {
                     if let Some(w) = m.job_mut(&job, now).workers.get_mut(worker_id) {
@@ -127,6 +136,7 @@ impl WorkersService {
                 ctx.leader.wake.notify_one();
             }
             Some(worker_event::Event::Failed(f)) => {
+                let job = job.ok_or_else(gone)?;
                 if f.generation < job.generation {
                     tracing::info!(
                         worker_id,
