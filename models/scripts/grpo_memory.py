@@ -7,7 +7,8 @@ target: prompts up to 256 tokens, up to 2048 generated), one with `--logprob-chu
 chunks and one unchunked (`logprob_chunk = 0`, which holds `[micro_batch, seq, vocab]` float32
 logits). It then compiles each bundle's own `grpo_grad_step` module for the `v6e:2x4` topology
 through libtpu on this CPU-only machine (`jax.experimental.topologies`) and prints XLA's
-per-chip argument/output/temp/peak bytes side by side, and the saving as a fraction of the
+per-chip argument/output/temp bytes, the HBM the call reserves (argument + output - alias +
+temp) and XLA's peak of live buffers side by side, and the saving in both as a fraction of the
 unchunked path's logits bytes per chip. Each compile takes minutes. The bundles stay in
 `--out` (`chunked/`, `unchunked/`) for a compile through podctl's PJRT bindings.
 """
@@ -58,9 +59,9 @@ def export(out: Path, micro_batch: int, prompt_len: int, max_new_tokens: int, ch
     return document
 
 
-def compile_stats(bundle: Path, document: dict, topology_name: str) -> dict:
-    """XLA's memory stats of the bundle's `grpo_grad_step` compiled for `topology_name`."""
-    entry = document["programs"]["grpo_grad_step"]
+def compile_stats(bundle: Path, document: dict, topology_name: str, program: str) -> dict:
+    """XLA's memory stats of the bundle's `program` compiled for `topology_name`."""
+    entry = document["programs"][program]
     exported = jax_export.deserialize(bytearray((bundle / entry["jax_file"]).read_bytes()))
     topology = topologies.get_topology_desc(topology_name, platform="tpu")
     sizes = tuple(axis["size"] for axis in document["mesh"])
@@ -79,11 +80,14 @@ def compile_stats(bundle: Path, document: dict, topology_name: str) -> dict:
     start = time.perf_counter()
     stats = jitted.lower(*args).compile().memory_analysis()
     seconds = time.perf_counter() - start
-    print(f"compiled {bundle.name}/grpo_grad_step for {topology_name} in {seconds:.0f} s",
-          flush=True)
-    return {"argument": stats.argument_size_in_bytes, "output": stats.output_size_in_bytes,
-            "alias": stats.alias_size_in_bytes, "temp": stats.temp_size_in_bytes,
-            "peak": stats.peak_memory_in_bytes, "compile_s": round(seconds, 1)}
+    print(f"compiled {bundle.name}/{program} for {topology_name} in {seconds:.0f} s", flush=True)
+    result = {"argument": stats.argument_size_in_bytes, "output": stats.output_size_in_bytes,
+              "alias": stats.alias_size_in_bytes, "temp": stats.temp_size_in_bytes,
+              "peak": stats.peak_memory_in_bytes, "compile_s": round(seconds, 1)}
+    # What the chip must hold for the call: XLA reserves the temp allocation whole, next to the
+    # arguments and the outputs that do not alias them. XLA's compile-time OOM check is on this.
+    result["reserved"] = result["argument"] + result["output"] - result["alias"] + result["temp"]
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,14 +101,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--remat", default="dots")
     parser.add_argument("--topology", default="v6e:2x4")
     parser.add_argument("--out", type=Path, default=Path("/tmp/podctl-grpo-memory"))
+    parser.add_argument("--also", nargs="*", default=[], choices=("rollout", "logprobs"),
+                        help="also compile these programs of the chunked bundle and print them")
     args = parser.parse_args(argv)
 
-    results = {}
+    results, extra = {}, {}
     for name, chunk in (("chunked", args.logprob_chunk), ("unchunked", 0)):
         bundle = args.out / name
         document = export(bundle, args.micro_batch, args.prompt_len, args.max_new_tokens, chunk,
                           args.remat)
-        results[name] = compile_stats(bundle, document, args.topology)
+        results[name] = compile_stats(bundle, document, args.topology, "grpo_grad_step")
+        for program in args.also if chunk else ():
+            extra[program] = compile_stats(bundle, document, args.topology, program)
 
     model = preset("qwen3-1.7b")
     seq = args.prompt_len + args.max_new_tokens
@@ -116,18 +124,27 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.micro_batch}, seq {seq} = {args.prompt_len} prompt + {args.max_new_tokens} "
           f"generated, bf16 compute, f32 params, remat {args.remat}")
     print(f"{'per chip':<12}{'chunked':>14}{'unchunked':>14}   (chunk {args.logprob_chunk} steps)")
-    for key in ("argument", "output", "alias", "temp", "peak"):
+    for key in ("argument", "output", "alias", "temp", "reserved", "peak"):
         row = "".join(f"{results[n][key] / GIB:>10.2f} GiB" for n in ("chunked", "unchunked"))
         print(f"{key:<12}{row}")
-    saving = results["unchunked"]["peak"] - results["chunked"]["peak"]
+    print("(reserved = argument + output - alias + temp; peak = XLA's peak of live buffers)")
     print(f"f32 logits per chip: unchunked {logits / GIB:.2f} GiB, one chunk "
           f"{chunk_logits / GIB:.3f} GiB")
-    print(f"saving: {saving / GIB:.2f} GiB = {saving / logits:.2f} x the unchunked logits "
-          f"(goal >= 0.5); HBM limit {HBM_LIMIT / GIB:.2f} GiB")
+    savings = {}
+    for key in ("reserved", "peak"):
+        saving = results["unchunked"][key] - results["chunked"][key]
+        savings[key] = saving
+        print(f"saving in {key}: {saving / GIB:.2f} GiB = {saving / logits:.2f} x the unchunked "
+              f"logits (goal >= 0.5)")
+    print(f"HBM limit {HBM_LIMIT / GIB:.2f} GiB per chip")
+    for program, stats in extra.items():
+        print(f"{program} (chunked bundle): " + ", ".join(
+            f"{key} {stats[key] / GIB:.2f} GiB" for key in ("argument", "output", "temp", "peak")))
     print(json.dumps({"micro_batch": args.micro_batch, "seq_len": seq,
                       "logprob_chunk": args.logprob_chunk, "logits_bytes_per_chip": logits,
-                      "saving_bytes": saving, "saving_fraction_of_logits": saving / logits,
-                      **results}))
+                      "saving_bytes": savings,
+                      "saving_fraction_of_logits": {k: v / logits for k, v in savings.items()},
+                      **results, **extra}))
     return 0
 
 
