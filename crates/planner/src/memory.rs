@@ -201,6 +201,20 @@ impl Dims {
             + laid_out_bytes(&[self.vocab, self.hidden], self.compute, self.platform)
     }
 
+    /// The attention mask where the scores are masked. XLA:CPU broadcasts the mask and the
+    /// f32 fill value to the scores' shape once, outside the loop over layers; XLA:TPU fuses
+    /// them into the masking and keeps only the mask itself, `[S, S]` for SFT and one per row
+    /// for GRPO's left-padded rows.
+    fn attention_mask(&self, per_row: bool) -> u64 {
+        match self.platform {
+            Platform::Cpu => self.scores(self.seq, DType::Float32) + self.scores(self.seq, DType::Bool),
+            Platform::Tpu => {
+                let rows = if per_row { self.b } else { 1 };
+                laid_out_bytes(&[rows, self.seq, self.seq], DType::Bool, self.platform)
+            }
+        }
+    }
+
     /// The embedding gathered over `fsdp` in the compute dtype, for the logits matmul.
     fn gathered_embedding(&self) -> u64 {
         if self.fsdp == 1 && self.compute == self.param {
@@ -287,6 +301,12 @@ pub fn estimate(workload: &Workload, candidate: &Candidate, accelerator: &Accele
     }
     let loss_chunk =
         if workload.loss_chunk == 0 { "unchunked".to_string() } else { format!("chunks of {}", d.chunk) };
+    train.push(term(
+        "attention mask",
+        format!("{} x {} causal mask{}", d.seq, d.seq, if workload.is_grpo() { " per row" } else { "" }),
+        TermKind::Temporary,
+        d.attention_mask(workload.is_grpo()),
+    ));
     train.push(term(
         "embedding gradient",
         format!("f32 [{} x {}] partial sums + {} copy", d.vocab, d.hidden, workload.compute_dtype),

@@ -359,7 +359,9 @@ pub fn plan(
         cliff = Some(found);
         choice = choose(&rows, limit, true);
     }
-    if choice.is_none() && oracle.is_none() {
+    // Nothing fits by either count: say what would. (When the analytic model thinks something
+    // fits but no compile agrees, the plan itself shows the exact numbers.)
+    if choice.is_none() && !rows.iter().any(|r| r.analytic.peak() <= limit) {
         return Err(does_not_fit(workload, target, &rows));
     }
     Ok(Plan { workload: workload.clone(), target: target.clone(), rows, choice, cliff, skipped })

@@ -64,12 +64,14 @@ pub fn step_time(workload: &Workload, candidate: &Candidate, target: &Target) ->
     }
     let slices = layout.dcn as f64;
     let per_device_flops = flops / (slices * devices);
-    let compute = per_device_flops / (acc.peak_flops * target.mfu);
+    let accum = candidate.accum_steps(workload).max(1) as f64;
+    // Every micro-batch also reads and writes the gradient accumulator once.
+    let accumulator = 2.0 * n * p / devices / acc.memory_bandwidth;
+    let compute = per_device_flops / (acc.peak_flops * target.mfu) + accum * accumulator;
 
     // ICI per micro-batch: FSDP gathers the weights for the forward and the backward (again for
     // a full recompute) and reduce-scatters the gradient; TP all-reduces two activations per
     // layer forward and two backward.
-    let accum = candidate.accum_steps(workload).max(1) as f64;
     let gathered = (n * c / t) * (f - 1.0) / f;
     let gathers = if candidate.remat == Remat::Full { 3.0 } else { 2.0 };
     let fsdp_bytes = gathers * gathered + (n * p / t) * (f - 1.0) / f;

@@ -75,7 +75,7 @@ impl Compiler for ProcessCompiler {
             .and_then(|m| m.modified().ok())
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map_or(0, |d| d.as_secs());
-        format!("{} size={size} mtime={modified}", self.plugin.display())
+        format!("{} size={size} mtime={modified} assignment=identity", self.plugin.display())
     }
 
     fn compile(&self, job: &CompileJob) -> Result<CompileOutcome, String> {
@@ -135,17 +135,27 @@ impl Compiler for ProcessCompiler {
     }
 }
 
-/// Parses an XLA:TPU out-of-memory error: `Used 60.41G of 31.25G hbm` (binary units, two
-/// decimals, so the bytes are good to about 10 MiB).
-pub fn parse_out_of_memory(message: &str) -> Option<(u64, u64)> {
-    let rest = &message[message.find("Used ")? + 5..];
-    let mut words = rest.split_whitespace();
-    let used = parse_size(words.next()?)?;
-    if words.next()? != "of" {
-        return None;
+/// What an XLA:TPU out-of-memory error says: `(used, limit, temporaries_only)`. libtpu words
+/// it two ways: `Used 60.41G of 31.25G hbm` (everything the program needs) once it has placed
+/// the buffers, or `the total memory required for HLO temporaries (43.93G) exceeds available
+/// HBM (31.25G)` when the scratch alone is too large, before placing anything. Sizes are in
+/// binary units with two decimals, so the bytes are good to about 10 MiB.
+pub fn parse_out_of_memory(message: &str) -> Option<(u64, u64, bool)> {
+    if let Some(at) = message.find("Used ") {
+        let mut words = message[at + 5..].split_whitespace();
+        let used = parse_size(words.next()?)?;
+        if words.next()? != "of" {
+            return None;
+        }
+        let limit = parse_size(words.next()?)?;
+        return Some((used, limit, false));
     }
-    let limit = parse_size(words.next()?)?;
-    Some((used, limit))
+    let at = message.find("HLO temporaries (")?;
+    let rest = &message[at + "HLO temporaries (".len()..];
+    let used = parse_size(&rest[..rest.find(')')?])?;
+    let rest = &rest[rest.find("available HBM (")? + "available HBM (".len()..];
+    let limit = parse_size(&rest[..rest.find(')')?])?;
+    Some((used, limit, true))
 }
 
 fn parse_size(text: &str) -> Option<u64> {
@@ -207,7 +217,12 @@ fn compile_in_child(args: &ChildArgs) -> Result<CompileOutcome, String> {
     let module =
         std::fs::read(&args.module).map_err(|e| format!("cannot read {}: {e}", args.module.display()))?;
     let plugin = pjrt::Plugin::load(&args.plugin).map_err(|e| e.to_string())?;
-    let options = pjrt::CompileOptions::spmd(args.partitions);
+    // Partition p on device p, as the worker compiles a slice's programs (its devices in mesh
+    // order): XLA schedules and places buffers differently without a device assignment.
+    let options = pjrt::CompileOptions {
+        device_assignment: Some(vec![(0..i64::from(args.partitions)).collect()]),
+        ..pjrt::CompileOptions::spmd(args.partitions)
+    };
     let result = match &args.topology {
         Some(name) => {
             let topology = plugin.topology(name, &[]).map_err(|e| format!("topology {name}: {e}"))?;
@@ -225,7 +240,9 @@ fn compile_in_child(args: &ChildArgs) -> Result<CompileOutcome, String> {
         Err(error) => {
             let message = error.to_string();
             match parse_out_of_memory(&message) {
-                Some((used, limit)) => Ok(CompileOutcome::OutOfMemory { used, limit }),
+                Some((used, limit, temporaries_only)) => {
+                    Ok(CompileOutcome::OutOfMemory { used, limit, temporaries_only })
+                }
                 None => Err(message),
             }
         }
@@ -258,9 +275,15 @@ mod tests {
     fn out_of_memory_messages_parse_in_binary_units() {
         let message = "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space \
                        hbm. Used 60.41G of 31.25G hbm. Exceeded hbm capacity by 29.16G.";
-        let (used, limit) = parse_out_of_memory(message).unwrap();
+        let (used, limit, temporaries_only) = parse_out_of_memory(message).unwrap();
         assert_eq!(limit, crate::V6E_HBM_LIMIT);
         assert_eq!(used, (60.41 * (1u64 << 30) as f64).round() as u64);
+        assert!(!temporaries_only);
+        let early = "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO \
+                     temporaries (43.93G) exceeds available HBM (31.25G).";
+        let (used, limit, temporaries_only) = parse_out_of_memory(early).unwrap();
+        assert_eq!((used, limit), ((43.93 * (1u64 << 30) as f64).round() as u64, crate::V6E_HBM_LIMIT));
+        assert!(temporaries_only);
         assert_eq!(parse_size("18.80M"), Some((18.80 * (1u64 << 20) as f64).round() as u64));
         assert_eq!(parse_out_of_memory("Used nothing"), None);
         assert_eq!(parse_out_of_memory("no memory words here"), None);

@@ -66,15 +66,19 @@ pub enum CompileOutcome {
         used: u64,
         /// The compiler's limit.
         limit: u64,
+        /// `used` counts the scratch memory only (libtpu's early check), not the arguments.
+        temporaries_only: bool,
     },
 }
 
 impl CompileOutcome {
-    /// Bytes the program occupies on one device.
-    pub fn bytes(&self) -> u64 {
-        match self {
+    /// Bytes the program occupies on one device; `arguments` (its inputs' bytes) complete an
+    /// out-of-memory count that covers the scratch memory only.
+    pub fn bytes(&self, arguments: u64) -> u64 {
+        match *self {
             CompileOutcome::Compiled(stats) => stats.peak(),
-            CompileOutcome::OutOfMemory { used, .. } => *used,
+            CompileOutcome::OutOfMemory { used, temporaries_only: false, .. } => used,
+            CompileOutcome::OutOfMemory { used, temporaries_only: true, .. } => used + arguments,
         }
     }
 }
@@ -172,7 +176,8 @@ pub enum Progress {
         candidate: Candidate,
         /// The program.
         program: String,
-        /// Its peak bytes (without resident state).
+        /// Its peak bytes (without resident state; scratch only if the compiler ran out of memory
+        /// early).
         bytes: u64,
         /// Wall time of the compile.
         seconds: f64,
@@ -292,7 +297,7 @@ impl<'a> ExactOracle<'a> {
         self.report(Progress::Compiled {
             candidate: *candidate,
             program: program.to_string(),
-            bytes: outcome.bytes(),
+            bytes: outcome.bytes(0),
             seconds,
         });
         {
@@ -339,19 +344,22 @@ fn run_parallel<T: Sync, R: Send>(tasks: &[T], threads: usize, work: impl Fn(&T)
         .collect()
 }
 
-/// Bytes of train state resident on one device during `program` that it does not take as
-/// arguments: the parameters, both AdamW moments, the gradient accumulator and, for GRPO, the
-/// reference model, minus what `program`'s inputs hold.
+/// `(resident, arguments)` on one device during `program`: bytes of train state resident that
+/// it does not take as arguments (the parameters, both AdamW moments, the gradient accumulator
+/// and, for GRPO, the reference model, minus what its inputs hold), and bytes of its inputs.
 pub fn resident_outside(
     bundle: &Bundle,
     program: &str,
     workload: &Workload,
     target: &Target,
-) -> Result<u64, String> {
+) -> Result<(u64, u64), String> {
     let manifest = bundle.manifest();
     let platform = target.accelerator.platform;
     let mesh = &manifest.mesh;
     let spec = bundle.program(program).map_err(|e| e.to_string())?;
+    let laid_out =
+        |t: &bundle::TensorSpec| laid_out_bytes(&t.sharding.shard_shape(&t.shape, mesh), t.dtype, platform);
+    let arguments = spec.inputs.iter().map(laid_out).sum();
     let per_param = |prefix: &str| -> u64 {
         manifest
             .params
@@ -360,20 +368,16 @@ pub fn resident_outside(
                 let name = format!("{prefix}{}", &p.name["params/".len()..]);
                 !spec.inputs.iter().any(|t| t.name == name)
             })
-            .map(|p| laid_out_bytes(&p.sharding.shard_shape(&p.shape, mesh), p.dtype, platform))
+            .map(laid_out)
             .sum()
     };
     let mut bytes = per_param("params/") + per_param("opt/mu/") + per_param("opt/nu/") + per_param("grads/");
     if workload.is_grpo() {
         // The reference model is never an argument under its own name: `logprobs` takes it in
         // place of the parameters.
-        bytes += manifest
-            .params
-            .iter()
-            .map(|p| laid_out_bytes(&p.sharding.shard_shape(&p.shape, mesh), p.dtype, platform))
-            .sum::<u64>();
+        bytes += manifest.params.iter().map(laid_out).sum::<u64>();
     }
-    Ok(bytes)
+    Ok((bytes, arguments))
 }
 
 impl Oracle for ExactOracle<'_> {
@@ -439,7 +443,9 @@ impl Oracle for ExactOracle<'_> {
                 };
                 measured.compiler_out_of_memory |= matches!(outcome, CompileOutcome::OutOfMemory { .. });
                 match resident_outside(&bundle, program, &self.workload, &self.target) {
-                    Ok(resident) => measured.programs.push((program.to_string(), outcome.bytes() + resident)),
+                    Ok((resident, arguments)) => {
+                        measured.programs.push((program.to_string(), outcome.bytes(arguments) + resident))
+                    }
                     Err(message) => {
                         failure = Some(message);
                         break;

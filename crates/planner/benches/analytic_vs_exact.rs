@@ -1,0 +1,160 @@
+//! Analytic vs exact peak bytes per device, program by program, for SFT and GRPO over several
+//! models, meshes, micro-batches and remat policies: the XLA:CPU plugin on `tiny`/`small`, and
+//! libtpu compiling for v6e:2x4 on `qwen3-0.6b`/`qwen3-1.7b`.
+//!
+//! ```text
+//! cargo bench -p podctl-planner --bench analytic_vs_exact            # all (libtpu: long, cached)
+//! cargo bench -p podctl-planner --bench analytic_vs_exact -- --quick # the CPU ones only
+//! ```
+//!
+//! Bundles and compiled statistics are cached under `target/planner-cache`, so a second run
+//! only recomputes the analytic side.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use mesh::DType;
+use planner::exact::ExactOracle;
+use planner::{
+    Accelerator, Candidate, GIB, Kind, Layout, Oracle, Remat, Target, Workload, estimate, format_bytes,
+};
+use std::time::Instant;
+
+struct Config {
+    workload: Workload,
+    accelerator: Accelerator,
+    candidate: Candidate,
+}
+
+fn workload(preset: &str, kind: Kind, global_batch: u64, dtypes: (DType, DType), chunk: u64) -> Workload {
+    Workload {
+        model: bundle::preset(preset).unwrap(),
+        kind,
+        global_batch,
+        param_dtype: dtypes.0,
+        compute_dtype: dtypes.1,
+        loss_chunk: chunk,
+    }
+}
+
+fn config(
+    w: Workload,
+    accelerator: Accelerator,
+    (fsdp, tp): (usize, usize),
+    micro_batch: u64,
+    remat: Remat,
+) -> Config {
+    Config {
+        workload: w,
+        accelerator,
+        candidate: Candidate { layout: Layout { dcn: 1, fsdp, tp }, micro_batch, remat },
+    }
+}
+
+fn configs(quick: bool) -> Vec<Config> {
+    let f32s = (DType::Float32, DType::Float32);
+    let mixed = (DType::Float32, DType::Bfloat16);
+    let cpu = |devices| Accelerator::cpu(devices, 64 * GIB);
+    let sft = |seq_len| Kind::Sft { seq_len };
+    let grpo = |prompt_len, max_new_tokens| Kind::Grpo { prompt_len, max_new_tokens, generations: 8 };
+    let mut all = vec![
+        config(workload("tiny", sft(128), 64, f32s, 64), cpu(4), (2, 2), 8, Remat::None),
+        config(workload("tiny", sft(256), 64, f32s, 64), cpu(4), (4, 1), 16, Remat::Dots),
+        config(workload("small", sft(512), 64, f32s, 64), cpu(4), (2, 2), 16, Remat::None),
+        config(workload("small", sft(512), 64, f32s, 128), cpu(4), (1, 4), 8, Remat::Full),
+        config(workload("tiny", grpo(32, 96), 64, f32s, 32), cpu(4), (2, 2), 8, Remat::None),
+        config(workload("small", grpo(64, 192), 64, f32s, 64), cpu(4), (2, 2), 8, Remat::Dots),
+    ];
+    if !quick {
+        let v6e = Accelerator::v6e_8;
+        all.extend([
+            config(workload("qwen3-0.6b", sft(1024), 64, mixed, 64), v6e(), (4, 2), 8, Remat::None),
+            config(workload("qwen3-0.6b", sft(1024), 64, mixed, 64), v6e(), (4, 2), 8, Remat::Dots),
+            config(workload("qwen3-0.6b", sft(1024), 64, mixed, 64), v6e(), (4, 2), 8, Remat::Full),
+            config(workload("qwen3-0.6b", grpo(128, 896), 64, mixed, 64), v6e(), (4, 2), 8, Remat::Dots),
+            config(workload("qwen3-1.7b", sft(2048), 64, mixed, 256), v6e(), (8, 1), 16, Remat::Dots),
+            config(workload("qwen3-1.7b", grpo(256, 2048), 256, mixed, 256), v6e(), (4, 2), 16, Remat::Dots),
+            config(workload("qwen3-1.7b", grpo(256, 2048), 256, mixed, 256), v6e(), (2, 4), 8, Remat::Full),
+        ]);
+    }
+    all
+}
+
+fn describe(c: &Config) -> String {
+    let w = &c.workload;
+    format!(
+        "{} {} {} {} mb={} seq={} {}",
+        w.model.preset,
+        w.kind_name(),
+        c.accelerator.name,
+        c.candidate.layout,
+        c.candidate.micro_batch,
+        w.seq_len(),
+        c.candidate.remat
+    )
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let started = Instant::now();
+    let configs = configs(quick);
+    let cache = common::compile_cache();
+    let cpu = common::compiler(common::cpu_plugin());
+    let tpu = common::compiler(common::libtpu());
+    let parallelism = planner::exact::default_parallelism(6 * GIB);
+    println!(
+        "{} configurations, {parallelism} compiles at a time, cache {}",
+        configs.len(),
+        cache.dir().display()
+    );
+
+    let mut worst: f64 = 0.0;
+    let mut errors = Vec::new();
+    for config in &configs {
+        let target = Target::new(config.accelerator.clone(), 1);
+        let compiler: &dyn planner::exact::Compiler =
+            if config.accelerator.topology.is_some() { &tpu } else { &cpu };
+        let exporter = common::export;
+        let oracle = ExactOracle::new(&config.workload, &target, &exporter, compiler, parallelism)
+            .with_cache(cache.clone());
+        let t0 = Instant::now();
+        let measured = oracle.measure(&[config.candidate]).remove(0);
+        let analytic = estimate(&config.workload, &config.candidate, &config.accelerator);
+        println!("\n{}  ({:.0} s)", describe(config), t0.elapsed().as_secs_f64());
+        match measured {
+            Ok(measured) => {
+                for (program, exact) in &measured.programs {
+                    let guess = analytic.program(program).map_or(0, |p| p.bytes());
+                    let error = guess as f64 / *exact as f64 - 1.0;
+                    println!(
+                        "  {program:<15} analytic {:>11}  exact {:>11}  error {:+6.1}%",
+                        format_bytes(guess),
+                        format_bytes(*exact),
+                        100.0 * error
+                    );
+                }
+                let error = analytic.peak() as f64 / measured.peak() as f64 - 1.0;
+                println!(
+                    "  {:<15} analytic {:>11}  exact {:>11}  error {:+6.1}%{}",
+                    "PEAK",
+                    format_bytes(analytic.peak()),
+                    format_bytes(measured.peak()),
+                    100.0 * error,
+                    if measured.compiler_out_of_memory { "  (compiler: out of memory)" } else { "" }
+                );
+                worst = worst.max(error.abs());
+                errors.push(error.abs());
+            }
+            Err(message) => println!("  failed: {message}"),
+        }
+    }
+    let mean = errors.iter().sum::<f64>() / errors.len().max(1) as f64;
+    println!(
+        "\n{} of {} configurations measured; largest relative error of the peak {:.1}%, mean {:.1}%; {:.0} s",
+        errors.len(),
+        configs.len(),
+        100.0 * worst,
+        100.0 * mean,
+        started.elapsed().as_secs_f64()
+    );
+}
