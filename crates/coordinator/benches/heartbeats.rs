@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -40,9 +41,9 @@ fn start(id: u64, peers: &str, port: u16, dir: &Path) -> Node {
         .arg("--tls-dir")
         .arg(dir.join("tls"))
         .env("PODCTL_ADMIN_TOKEN", ADMIN)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", "info,openraft=warn,h2=warn,hyper=warn,tower=warn")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.join(format!("node{id}.log"))).expect("a log file"))
         .spawn()
         .expect("the podctl-coordinator binary runs");
     let mut line = String::new();
@@ -91,44 +92,33 @@ async fn run(n: usize, window: Duration, dir: &Path, addrs: &[String], nodes: &[
         .collect();
 
     let started = Instant::now();
-    let mut registrations = tokio::task::JoinSet::new();
+    let rtts: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let measuring = Arc::new(AtomicBool::new(false));
+    let reconnects = Arc::new(AtomicU64::new(0));
+    let opened = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(tokio::sync::Notify::new());
     let limit = Arc::new(tokio::sync::Semaphore::new(64));
+    let mut workers = tokio::task::JoinSet::new();
     for i in 0..n {
         let c = clients[i / SESSIONS_PER_CONNECTION].clone();
         let job_id = job.job_id.clone();
-        let limit = limit.clone();
-        registrations.spawn(async move {
-            let _permit = limit.acquire().await.expect("open");
-            let request = RegisterRequest {
-                job_id,
-                host: format!("sim{i}"),
-                data_addr: format!("127.0.0.1:{}", 30000 + i),
-                devices: 1,
-                platform: "cpu".into(),
-                slice: None,
-                instance_id: format!("bench-{i}"),
-            };
-            (i, c.register(request).await.expect("registers").worker_id)
-        });
-    }
-    let mut ids = vec![String::new(); n];
-    while let Some(done) = registrations.join_next().await {
-        let (i, id) = done.expect("a registration task");
-        ids[i] = id;
-    }
-    println!("N = {n}: {n} workers registered through Raft in {:.2} s", started.elapsed().as_secs_f64());
-
-    let rtts: Arc<Mutex<Vec<Duration>>> = Arc::default();
-    let measuring = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let mut workers = tokio::task::JoinSet::new();
-    for (i, worker_id) in ids.into_iter().enumerate() {
-        let c = clients[i / SESSIONS_PER_CONNECTION].clone();
         let (rtts, measuring, stop) = (rtts.clone(), measuring.clone(), stop.clone());
-        // Spread the first beats over the second, as workers started at different times are.
-        let offset = Duration::from_micros((i as u64 * 1_000_000) / n as u64);
+        let (reconnects, opened, limit) = (reconnects.clone(), opened.clone(), limit.clone());
         workers.spawn(async move {
-            tokio::time::sleep(offset).await;
+            // Each worker registers and opens its session at once, as a starting worker does.
+            let worker_id = {
+                let _permit = limit.acquire().await.expect("open");
+                let request = RegisterRequest {
+                    job_id,
+                    host: format!("sim{i}"),
+                    data_addr: format!("127.0.0.1:{}", 30000 + i),
+                    devices: 1,
+                    platform: "cpu".into(),
+                    slice: None,
+                    instance_id: format!("bench-{i}"),
+                };
+                c.register(request).await.expect("registers").worker_id
+            };
             let beat = |seq| WorkerEvent {
                 event: Some(worker_event::Event::Heartbeat(Heartbeat {
                     worker_id: worker_id.clone(),
@@ -137,41 +127,64 @@ async fn run(n: usize, window: Duration, dir: &Path, addrs: &[String], nodes: &[
                     ..Default::default()
                 })),
             };
-            let mut session = c.session(beat(0)).await.expect("a session");
+            // Workers start at different times: spread the beats over the second.
+            tokio::time::sleep(Duration::from_micros((i as u64 * 1_000_000) / n as u64)).await;
+            let mut seq = 0;
+            let mut session = c.session(beat(seq)).await.expect("a session");
+            opened.fetch_add(1, Ordering::Relaxed);
             let mut sent: HashMap<u64, Instant> = HashMap::from([(0, Instant::now())]);
             let mut ticker = tokio::time::interval(Duration::from_secs(1));
             ticker.tick().await;
-            let mut seq = 0;
             loop {
                 tokio::select! {
                     () = stop.notified() => return,
                     _ = ticker.tick() => {
                         seq += 1;
                         sent.insert(seq, Instant::now());
-                        session.events.send(beat(seq)).await.expect("the session is open");
+                        sent.retain(|s, _| *s + 10 > seq);
+                        // A closed session shows up on the directive stream below.
+                        let _ = session.events.send(beat(seq)).await;
                     }
-                    d = session.directives.message() => {
-                        let d = d.expect("the session stays up").expect("the session stays open");
-                        if let Some(directive::Directive::Ack(ack)) = d.directive
-                            && let Some(at) = sent.remove(&ack.seq)
-                            && measuring.load(std::sync::atomic::Ordering::Relaxed)
-                        {
-                            rtts.lock().expect("not poisoned").push(at.elapsed());
+                    d = session.directives.message() => match d {
+                        Ok(Some(d)) => {
+                            if let Some(directive::Directive::Ack(ack)) = d.directive
+                                && let Some(at) = sent.remove(&ack.seq)
+                                && measuring.load(Ordering::Relaxed)
+                            {
+                                rtts.lock().expect("not poisoned").push(at.elapsed());
+                            }
+                        }
+                        // The leader changed or the stream broke: reconnect, as a worker does.
+                        _ => {
+                            reconnects.fetch_add(1, Ordering::Relaxed);
+                            seq += 1;
+                            sent.insert(seq, Instant::now());
+                            session = c.session(beat(seq)).await.expect("a new session");
                         }
                     }
                 }
             }
         });
     }
+    while opened.load(Ordering::Relaxed) < n as u64 {
+        assert!(started.elapsed() < Duration::from_secs(120), "sessions did not all open in 120 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "N = {n}: {n} workers registered through Raft and in session after {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
     // Let every session open and settle, then measure.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let reconnects_before = reconnects.load(Ordering::Relaxed);
     let info = admin.cluster_info().await.expect("cluster info");
     let leader_pid = nodes[info.leader_id as usize - 1].0.id();
     let ticks = cpu_ticks(leader_pid);
     let window_start = Instant::now();
-    measuring.store(true, std::sync::atomic::Ordering::Relaxed);
+    measuring.store(true, Ordering::Relaxed);
     tokio::time::sleep(window).await;
-    measuring.store(false, std::sync::atomic::Ordering::Relaxed);
+    measuring.store(false, Ordering::Relaxed);
+    let reconnected = reconnects.load(Ordering::Relaxed) - reconnects_before;
     let cpu = (cpu_ticks(leader_pid) - ticks) as f64
         / clock_ticks_per_second()
         / window_start.elapsed().as_secs_f64();
@@ -184,7 +197,7 @@ async fn run(n: usize, window: Duration, dir: &Path, addrs: &[String], nodes: &[
     let expected = n as f64 * window.as_secs_f64();
     println!(
         "N = {n}: {} round trips in {:.0} s ({:.0}% of 1 Hz): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; \
-         leader (node {}) CPU {:.1}% of one core",
+         leader (node {}) CPU {:.1}% of one core; {reconnected} sessions reconnected",
         rtts.len(),
         window.as_secs_f64(),
         100.0 * rtts.len() as f64 / expected,
@@ -225,4 +238,8 @@ fn main() {
             run(n, window, dir.path(), &addrs, &nodes, &tls).await;
         }
     });
+    if std::env::var_os("HEARTBEAT_BENCH_KEEP_LOGS").is_some() {
+        let kept = dir.keep();
+        println!("node logs kept in {}", kept.display());
+    }
 }

@@ -17,6 +17,7 @@ use proto::v1::RaftPayload;
 use proto::v1::raft_client::RaftClient;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use std::collections::HashMap;
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 
@@ -63,12 +64,16 @@ pub fn endpoint(
 /// The factory openraft asks for a connection per peer.
 pub struct Network {
     dialer: PeerDialer,
+    /// One channel per peer address, kept across `new_client` calls: openraft asks again after
+    /// every replication error and term change, and a new TLS handshake each time would turn a
+    /// slow moment into a storm of reconnects. A channel reconnects by itself.
+    channels: HashMap<String, Channel>,
 }
 
 impl Network {
     /// Dials peers with `dialer`.
     pub fn new(dialer: PeerDialer) -> Self {
-        Self { dialer }
+        Self { dialer, channels: HashMap::new() }
     }
 }
 
@@ -76,7 +81,13 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerConnection;
 
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> PeerConnection {
-        let client = self.dialer.channel(&node.addr).map(|channel| {
+        let channel = match self.channels.get(&node.addr) {
+            Some(channel) => Ok(channel.clone()),
+            None => self.dialer.channel(&node.addr).inspect(|channel| {
+                self.channels.insert(node.addr.clone(), channel.clone());
+            }),
+        };
+        let client = channel.map(|channel| {
             RaftClient::new(channel)
                 .max_decoding_message_size(self.dialer.max_message_bytes)
                 .max_encoding_message_size(self.dialer.max_message_bytes)

@@ -37,6 +37,8 @@ pub fn info(ctx: &Ctx) -> ClusterInfo {
             })
             .collect(),
         answered_by: ctx.id,
+        snapshot_index: metrics.snapshot.map_or(0, |l| l.index),
+        purged_index: metrics.purged.map_or(0, |l| l.index),
     }
 }
 

@@ -249,6 +249,9 @@ impl Workers for WorkersService {
             Some(worker_event::Event::Failed(f)) => f.worker_id.clone(),
             None => return Err(Status::invalid_argument("an empty WorkerEvent")),
         };
+        // A leader deposed without knowing it yet must not answer "no such worker" for one
+        // its successor just registered.
+        super::linearizable(&ctx).await?;
         let job = worker_job(&ctx, &who, &worker_id)?;
         let sessions = ctx.leader.with(|m| m.sessions.len());
         if sessions >= ctx.config.max_sessions {

@@ -7,12 +7,17 @@ use coordinator::tls::ClientTls;
 use proto::v1::JobState;
 use std::time::{Duration, Instant};
 
-/// Asks `addr` alone who leads.
-async fn leader_seen_by(addr: &str, tls: &ClientTls) -> Option<(u64, u64)> {
+/// Asks `addr` alone about the cluster.
+async fn info_of(addr: &str, tls: &ClientTls) -> Option<proto::v1::ClusterInfo> {
     let mut config = coordinator::client::ClientConfig::new(vec![addr.into()], ADMIN, Some(tls.clone()));
     config.retry_for = Duration::ZERO;
     config.call_timeout = Duration::from_millis(300);
-    let info = Client::new(config).ok()?.cluster_info().await.ok()?;
+    Client::new(config).ok()?.cluster_info().await.ok()
+}
+
+/// Asks `addr` alone who leads, and how far it has applied.
+async fn leader_seen_by(addr: &str, tls: &ClientTls) -> Option<(u64, u64)> {
+    let info = info_of(addr, tls).await?;
     (info.leader_id != 0).then_some((info.leader_id, info.commit_index))
 }
 
@@ -50,6 +55,8 @@ async fn the_cluster_survives_a_leader_sigkill_and_a_full_restart() {
 
     // SIGKILL the leader mid-run.
     let (old_leader, _) = leader_seen_by(&addrs[0], &ca).await.expect("a leader");
+    let (_, applied_at_death) =
+        leader_seen_by(&addrs[old_leader as usize - 1], &ca).await.expect("it answers");
     let killed_at = Instant::now();
     nodes[old_leader as usize - 1].as_mut().unwrap().sigkill();
     let survivors: Vec<&String> =
@@ -81,6 +88,8 @@ async fn the_cluster_survives_a_leader_sigkill_and_a_full_restart() {
     assert_eq!(status.generation, 1, "{:?}", status.events);
     assert!((status.loss - sim::loss_of(60)).abs() < 1e-12, "{}", status.loss);
     assert_eq!(status.leader, format!("{new_leader}@{}", addrs[new_leader as usize - 1]));
+    assert_eq!(status.slices.len(), 3, "{:?}", status.slices);
+    assert!(status.slices.iter().all(|s| s.virtual_ranks.len() == 1 && !s.worker_id.is_empty()));
     for r in &reports {
         assert_eq!(r.generations, vec![1], "{r:?}");
         assert!(r.acks.iter().all(|(step, committed)| committed >= step));
@@ -93,8 +102,15 @@ async fn the_cluster_survives_a_leader_sigkill_and_a_full_restart() {
     let catalog = admin.checkpoints(&job).await.unwrap().checkpoints;
     assert_eq!(catalog.iter().map(|c| c.step).collect::<Vec<_>>(), vec![50, 60]);
 
-    // The killed node restarts and catches up (its log was purged past it: by snapshot).
-    let (_, leader_index) = leader_seen_by(&addrs[new_leader as usize - 1], &ca).await.unwrap();
+    // The killed node restarts and catches up; the leader's log was purged past where the
+    // killed node stopped, so it can only catch up from a snapshot.
+    let leader_info = info_of(&addrs[new_leader as usize - 1], &ca).await.unwrap();
+    let leader_index = leader_info.commit_index;
+    assert!(
+        leader_info.purged_index > applied_at_death,
+        "purged {} <= {applied_at_death}: lower --snapshot-every",
+        leader_info.purged_index
+    );
     nodes[old_leader as usize - 1] = Some(Proc::start(old_leader, &peers, dir.path(), &tls, &extra));
     let caught_up = Instant::now();
     eventually("the restarted node to catch up", Duration::from_secs(30), || async {
