@@ -262,6 +262,11 @@ pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timin
             if let Some((worker, reason)) = lost.iter().find(|(w, _)| job.member(w).is_some()) {
                 return Some(Decision::Begin { reason: format!("{worker} {reason}"), removed });
             }
+            // With a worker per rank nobody can take one back: spares wait (and this skips the
+            // placement on every tick of a job with many spares).
+            if job.members.len() >= job.shape.dp_size as usize {
+                return None;
+            }
             let placement = place(job.shape.dp_size, &job.members, &candidates);
             let joiner = placement.keys().find(|w| job.member(w).is_none());
             joiner.map(|w| Decision::Begin { reason: format!("replacement {w} joined"), removed })

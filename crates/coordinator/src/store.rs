@@ -10,6 +10,9 @@
 //!
 //! redb calls block (they fsync), so they run on the blocking pool.
 
+// openraft's StorageError is large, and it is the error type its traits require.
+#![allow(clippy::result_large_err)]
+
 use crate::TypeConfig;
 use crate::state::{ClusterState, Command, Response};
 use crate::typ;

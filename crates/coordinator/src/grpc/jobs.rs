@@ -285,7 +285,10 @@ impl Jobs for JobsService {
                     return;
                 }
             }
-            while follow {
+            if !follow {
+                return;
+            }
+            loop {
                 let line = tokio::select! {
                     line = follower.recv() => line,
                     () = tx.closed() => return,

@@ -102,7 +102,7 @@ async fn save(
         .devices_of_host(host)
         .map(|d| {
             let region = array.sharding.shard_region(&array.shape, &mesh, d);
-            let data: Vec<u8> = (0..region.num_elements() * 4).map(|i| (i as u64 + step) as u8).collect();
+            let data: Vec<u8> = (0..region.num_elements() * 4).map(|i| (i + step) as u8).collect();
             ShardBuffer { array: "w".into(), device: d, data: Bytes::from(data) }
         })
         .collect();
@@ -146,7 +146,7 @@ fn step_work(client: Client, a: Assignment, worker_id: String, step: u64, opts: 
                 Ok(a2)
                     if a2.committed_step >= step
                         && opts.checkpoint_every > 0
-                        && step % opts.checkpoint_every == 0 =>
+                        && step.is_multiple_of(opts.checkpoint_every) =>
                 {
                     let ckpt = save(&client, &a, &worker_id, step).await;
                     return Work::Step(step, ack, Some(ckpt));
