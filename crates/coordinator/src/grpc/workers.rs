@@ -121,8 +121,12 @@ impl WorkersService {
                 // is told what is in force; stale heartbeats keep the session but count for
                 // nothing else.
                 if hb.generation < generation || state.is_terminal() {
-                    let job = ctx.shared.read(|s| s.job_of_worker(worker_id).cloned()).ok_or_else(gone)?;
-                    out.extend(directive_in_force(&job, worker_id));
+                    // Spares beat with generation 0 every second: read in place, no job copy.
+                    out.extend(
+                        ctx.shared.read(|s| {
+                            s.job_of_worker(worker_id).and_then(|j| directive_in_force(j, worker_id))
+                        }),
+                    );
                 }
             }
             Some(worker_event::Event::Preempted(p)) => {
