@@ -1,5 +1,5 @@
 //! Analytic vs exact peak bytes per device, program by program, for SFT and GRPO over several
-//! models, meshes, micro-batches and remat policies: the XLA:CPU plugin on `tiny`/`small`, and
+//! models, meshes, micro-batches and remat policies: the XLA:CPU plugin on `small`, and
 //! libtpu compiling for v6e:2x4 on `qwen3-0.6b`/`qwen3-1.7b`.
 //!
 //! ```text
@@ -12,6 +12,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+
+const CHILD: &str = env!("CARGO_BIN_EXE_podctl-compile-stats");
 
 use mesh::DType;
 use planner::exact::ExactOracle;
@@ -58,12 +60,12 @@ fn configs(quick: bool) -> Vec<Config> {
     let sft = |seq_len| Kind::Sft { seq_len };
     let grpo = |prompt_len, max_new_tokens| Kind::Grpo { prompt_len, max_new_tokens, generations: 8 };
     let mut all = vec![
-        config(workload("tiny", sft(128), 64, f32s, 64), cpu(4), (2, 2), 8, Remat::None),
-        config(workload("tiny", sft(256), 64, f32s, 64), cpu(4), (4, 1), 16, Remat::Dots),
         config(workload("small", sft(512), 64, f32s, 64), cpu(4), (2, 2), 16, Remat::None),
+        config(workload("small", sft(256), 64, f32s, 64), cpu(4), (2, 2), 32, Remat::None),
+        config(workload("small", sft(1024), 64, f32s, 128), cpu(4), (4, 1), 16, Remat::Dots),
         config(workload("small", sft(512), 64, f32s, 128), cpu(4), (1, 4), 8, Remat::Full),
-        config(workload("tiny", grpo(32, 96), 64, f32s, 32), cpu(4), (2, 2), 8, Remat::None),
         config(workload("small", grpo(64, 192), 64, f32s, 64), cpu(4), (2, 2), 8, Remat::Dots),
+        config(workload("small", grpo(128, 384), 64, f32s, 128), cpu(4), (4, 1), 16, Remat::Full),
     ];
     if !quick {
         let v6e = Accelerator::v6e_8;
@@ -99,8 +101,8 @@ fn main() {
     let started = Instant::now();
     let configs = configs(quick);
     let cache = common::compile_cache();
-    let cpu = common::compiler(common::cpu_plugin());
-    let tpu = common::compiler(common::libtpu());
+    let cpu = common::compiler(CHILD, common::cpu_plugin());
+    let tpu = common::compiler(CHILD, common::libtpu());
     let parallelism = planner::exact::default_parallelism(6 * GIB);
     println!(
         "{} configurations, {parallelism} compiles at a time, cache {}",

@@ -12,7 +12,6 @@
 //! ```
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 use mesh::DType;

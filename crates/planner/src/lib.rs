@@ -22,6 +22,8 @@
 //! tokio; the same inputs give the same plan, byte for byte. Exact numbers enter the search
 //! only through the [`Oracle`] trait.
 #![deny(missing_docs)]
+// `u64::is_multiple_of` needs Rust 1.87; the workspace supports 1.85.
+#![allow(clippy::manual_is_multiple_of)]
 
 pub mod exact;
 mod hardware;
@@ -72,22 +74,13 @@ pub enum PlanError {
         /// Layouts of the same devices that do divide it.
         fits: Vec<Layout>,
     },
-    /// Nothing fits, not even the smallest micro-batch on the most sharded mesh with full
-    /// rematerialization.
-    #[error(
-        "{model} does not fit: the smallest configuration ({smallest}) needs {needed} per device but {accelerator} allows {limit}; {advice}"
-    )]
+    /// Nothing fits, not even the smallest candidate.
+    #[error("{model} does not fit: {smallest}; {advice}")]
     DoesNotFit {
         /// The model preset.
         model: String,
-        /// The accelerator name.
-        accelerator: String,
-        /// The smallest configuration tried.
+        /// The smallest candidate tried, its bytes and the accelerator's limit.
         smallest: String,
-        /// Its bytes, formatted.
-        needed: String,
-        /// The limit, formatted.
-        limit: String,
         /// What would fit instead.
         advice: String,
     },

@@ -178,12 +178,38 @@ impl Dims {
         }
     }
 
-    /// The working set of one layer's backward pass on top of what is saved: the layer's
-    /// recomputed residuals (what `none` would have saved, minus what `remat` did save) and
-    /// the cotangent of the attention scores, in f32.
+    /// The attention part of what `none` saves: everything but the MLP-width values and the
+    /// f32 input of the post-attention norm and its normed values.
+    fn attention_saved(&self) -> u64 {
+        let (c, f32) = (self.compute, DType::Float32);
+        let s = self.seq;
+        self.scores(s, f32)
+            + self.scores(s, c)
+            + self.rows(s, self.hidden, f32)
+            + 2 * self.rows(s, self.hidden, c)
+            + self.rows(s, self.q_width, f32)
+            + 3 * self.rows(s, self.q_width, c)
+            + self.rows(s, self.kv_width, f32)
+            + 3 * self.rows(s, self.kv_width, c)
+    }
+
+    /// The working set of one layer's backward pass on top of what is saved: what `remat`
+    /// recomputes plus the cotangents of the attention scores (the probabilities' and the
+    /// scores' in f32, and on TPU the scores' cotangent again in the compute dtype for the
+    /// matmuls). XLA:TPU recomputes the whole layer before its backward starts; XLA:CPU
+    /// recomputes as the backward goes, so only the attention half is live at once there.
     fn layer_backward(&self, remat: Remat) -> u64 {
-        let recomputed = self.saved_per_layer(Remat::None) - self.saved_per_layer(remat);
-        recomputed + self.scores(self.seq, DType::Float32)
+        let f32_scores = self.scores(self.seq, DType::Float32);
+        match self.platform {
+            Platform::Tpu => {
+                let recomputed = self.saved_per_layer(Remat::None) - self.saved_per_layer(remat);
+                recomputed + 2 * f32_scores + self.scores(self.seq, self.compute)
+            }
+            Platform::Cpu => {
+                let recomputed = if remat == Remat::None { 0 } else { self.attention_saved() };
+                recomputed + 2 * f32_scores
+            }
+        }
     }
 
     /// The chunked loss (or log-prob) scan's working set: one chunk's f32 logits, their
@@ -201,14 +227,16 @@ impl Dims {
             + laid_out_bytes(&[self.vocab, self.hidden], self.compute, self.platform)
     }
 
-    /// The attention mask where the scores are masked. XLA:CPU broadcasts the mask and the
-    /// f32 fill value to the scores' shape once, outside the loop over layers; XLA:TPU fuses
-    /// them into the masking and keeps only the mask itself, `[S, S]` for SFT and one per row
-    /// for GRPO's left-padded rows.
-    fn attention_mask(&self, per_row: bool) -> u64 {
+    /// The attention mask. XLA:TPU fuses it into the masking and keeps only the mask itself,
+    /// `[S, S]` for SFT and one per row for GRPO's left-padded rows. XLA:CPU also broadcasts the
+    /// mask and the f32 fill value to the scores' shape once for the forward pass, which stays
+    /// live beside the saved scores when nothing is rematerialized.
+    fn attention_mask(&self, per_row: bool, remat: Remat) -> u64 {
         match self.platform {
-            Platform::Cpu => self.scores(self.seq, DType::Float32) + self.scores(self.seq, DType::Bool),
-            Platform::Tpu => {
+            Platform::Cpu if remat == Remat::None => {
+                self.scores(self.seq, DType::Float32) + self.scores(self.seq, DType::Bool)
+            }
+            _ => {
                 let rows = if per_row { self.b } else { 1 };
                 laid_out_bytes(&[rows, self.seq, self.seq], DType::Bool, self.platform)
             }
@@ -271,6 +299,12 @@ pub fn estimate(workload: &Workload, candidate: &Candidate, accelerator: &Accele
         layer_params / workload.param_dtype.size() as u64 * workload.compute_dtype.size() as u64
     };
 
+    // The local shard of the embedding cast to the compute dtype (before it is gathered).
+    let embedding_copy = if workload.compute_dtype == workload.param_dtype {
+        0
+    } else {
+        laid_out_bytes(&[d.vocab, m.hidden_size / d.fsdp], workload.compute_dtype, platform)
+    };
     let mut programs = Vec::new();
 
     // The training program: grad_step (SFT) or grpo_grad_step.
@@ -299,35 +333,62 @@ pub fn estimate(workload: &Workload, candidate: &Candidate, accelerator: &Accele
             weight_copies,
         ));
     }
-    let loss_chunk =
-        if workload.loss_chunk == 0 { "unchunked".to_string() } else { format!("chunks of {}", d.chunk) };
     train.push(term(
         "attention mask",
         format!("{} x {} causal mask{}", d.seq, d.seq, if workload.is_grpo() { " per row" } else { "" }),
         TermKind::Temporary,
-        d.attention_mask(workload.is_grpo()),
+        d.attention_mask(workload.is_grpo(), candidate.remat),
     ));
-    train.push(term(
-        "embedding gradient",
-        format!("f32 [{} x {}] partial sums + {} copy", d.vocab, d.hidden, workload.compute_dtype),
-        TermKind::Temporary,
-        d.embedding_gradient() + d.gathered_embedding(),
-    ));
-    let loss_phase = d.logits_working_set();
-    let backward_phase = d.layer_backward(candidate.remat);
-    if loss_phase >= backward_phase {
+    // The backward pass has two phases, and the larger one sets the peak: the loss (or
+    // log-prob) scan's backward, with the embedding gradient and a chunk of logits live, then
+    // the scan over layers, with the stacked f32 gradient of the layer weights it fills and one
+    // layer's working set. GRPO's log-prob scan emits a value per token instead of summing into
+    // one, and the compiled grpo_grad_step holds a second f32 embedding-gradient buffer through
+    // it (measured: exactly one more [vocab/tp, hidden] f32 than grad_step with the same shapes).
+    let gradient_buffers = if workload.is_grpo() { 2 } else { 1 };
+    let f32_gradient = laid_out_bytes(&[d.vocab, d.hidden], DType::Float32, platform);
+    let embedding = d.embedding_gradient() + (gradient_buffers - 1) * f32_gradient + d.gathered_embedding();
+    let logits = d.logits_working_set();
+    let layer_gradients = layer_params / workload.param_dtype.size() as u64 * 4;
+    let layer_backward = d.layer_backward(candidate.remat);
+    let loss_chunk =
+        if workload.loss_chunk == 0 { "unchunked".to_string() } else { format!("chunks of {}", d.chunk) };
+    let (loss_total, layers_total) = (embedding + logits, layer_gradients + layer_backward);
+    if loss_total >= layers_total {
+        train.push(term(
+            "embedding gradient",
+            format!(
+                "loss backward: {gradient_buffers} x f32 [{} x {}] partial sums, {} copy, gathered embedding \
+                 (the layer backward needs {} instead)",
+                d.vocab,
+                d.hidden,
+                workload.compute_dtype,
+                crate::report::format_bytes(layers_total)
+            ),
+            TermKind::Temporary,
+            embedding,
+        ));
         train.push(term(
             "logits",
-            format!("f32 [{} x {} x {}] x3, {loss_chunk}", d.b, d.chunk, d.vocab),
+            format!("loss backward: f32 [{} x {} x {}] x3, {loss_chunk}", d.b, d.chunk, d.vocab),
             TermKind::Temporary,
-            loss_phase,
+            logits,
         ));
     } else {
         train.push(term(
-            "layer backward",
-            format!("one layer recomputed under remat {} + f32 score cotangent", candidate.remat),
+            "layer gradients",
+            format!(
+                "layer backward: stacked f32 gradient of the layer weights (the loss backward needs {} instead)",
+                crate::report::format_bytes(loss_total)
+            ),
             TermKind::Temporary,
-            backward_phase,
+            layer_gradients,
+        ));
+        train.push(term(
+            "layer backward",
+            format!("layer backward: one layer under remat {} + score cotangents", candidate.remat),
+            TermKind::Temporary,
+            layer_backward,
         ));
     }
     train.push(code(train_name));
@@ -348,16 +409,14 @@ pub fn estimate(workload: &Workload, candidate: &Candidate, accelerator: &Accele
             TermKind::Temporary,
             cache,
         ));
-        // Prefill writes the prompt's keys and values before they are padded into the cache.
-        let prefill_kv =
-            2 * d.layers * laid_out_bytes(&[d.b, prompt_len, d.kv_width], workload.compute_dtype, platform);
-        let prefill_layer =
-            d.scores(prompt_len, DType::Float32) + d.scores(prompt_len, workload.compute_dtype);
+        // The padded cache is copied into the decode loop's state when the loop starts, so two
+        // caches are live at that moment (the prompt's unpadded keys and values are gone by then;
+        // one layer of prefill attention is far smaller).
         rollout.push(term(
-            "prefill",
-            format!("prompt keys/values before padding + one layer's scores over {prompt_len} tokens"),
+            "KV cache copy",
+            "the padded cache copied into the decode loop's state".into(),
             TermKind::Temporary,
-            prefill_kv + prefill_layer,
+            cache,
         ));
         if weight_copies > 0 {
             rollout.push(term(
@@ -369,9 +428,14 @@ pub fn estimate(workload: &Workload, candidate: &Candidate, accelerator: &Accele
         }
         rollout.push(term(
             "decode logits",
-            format!("f32 [{} x {}] per step, gathered embedding", d.b, d.vocab),
+            format!(
+                "f32 [{} x {}] per step, the embedding cast to {} and gathered",
+                d.b, d.vocab, workload.compute_dtype
+            ),
             TermKind::Temporary,
-            3 * laid_out_bytes(&[d.b, d.vocab], DType::Float32, platform) + d.gathered_embedding(),
+            3 * laid_out_bytes(&[d.b, d.vocab], DType::Float32, platform)
+                + d.gathered_embedding()
+                + embedding_copy,
         ));
         rollout.push(code("rollout"));
         programs.push(ProgramEstimate { program: "rollout".into(), terms: rollout });

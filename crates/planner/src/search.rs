@@ -518,10 +518,13 @@ fn does_not_fit(workload: &Workload, target: &Target, rows: &[Row]) -> PlanError
     ));
     PlanError::DoesNotFit {
         model: workload.model.preset.clone(),
-        accelerator: acc.name.clone(),
-        smallest: smallest.candidate.to_string(),
-        needed: format_bytes(smallest.analytic.peak()),
-        limit: format_bytes(limit),
+        smallest: format!(
+            "the smallest configuration ({}) needs {} per device but {} allows {}",
+            smallest.candidate,
+            format_bytes(smallest.analytic.peak()),
+            acc.name,
+            format_bytes(limit)
+        ),
         advice: advice.join("; "),
     }
 }

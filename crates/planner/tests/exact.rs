@@ -3,6 +3,8 @@
 
 mod common;
 
+const CHILD: &str = env!("CARGO_BIN_EXE_podctl-compile-stats");
+
 use mesh::DType;
 use planner::exact::{
     BundleRequest, CompileJob, CompileOutcome, Compiler, DiskCache, ExactOracle, resident_outside,
@@ -35,7 +37,7 @@ fn direct_peak(workload: &Workload, target: &Target, micro_batch: u64) -> u64 {
     let request =
         BundleRequest { workload: workload.clone(), candidate: candidate(micro_batch), platform: "cpu" };
     let bundle = bundle::Bundle::load(common::export(&request).unwrap()).unwrap();
-    let compiler = common::compiler(common::cpu_plugin());
+    let compiler = common::compiler(CHILD, common::cpu_plugin());
     peak_programs(workload)
         .iter()
         .map(|&program| {
@@ -65,7 +67,7 @@ fn the_cliff_agrees_with_direct_compiles_and_a_second_plan_compiles_nothing() {
     };
     let cache_dir = tempfile::tempdir().unwrap();
     let cache = DiskCache::new(cache_dir.path());
-    let compiler = common::compiler(common::cpu_plugin());
+    let compiler = common::compiler(CHILD, common::cpu_plugin());
     let exporter = common::export;
     let oracle = ExactOracle::new(&workload, &target, &exporter, &compiler, 2).with_cache(cache.clone());
     let plan = planner::plan(&workload, &target, &options, Some(&oracle)).unwrap();
@@ -94,7 +96,7 @@ fn the_child_reports_what_pjrt_reports_in_process() {
     let request = BundleRequest { workload, candidate: candidate(8), platform: "cpu" };
     let bundle = bundle::Bundle::load(common::export(&request).unwrap()).unwrap();
     let module = bundle.dir().join(&bundle.program("grad_step").unwrap().file);
-    let outcome = common::compiler(common::cpu_plugin())
+    let outcome = common::compiler(CHILD, common::cpu_plugin())
         .compile(&CompileJob { module: module.clone(), partitions: 4, topology: None })
         .unwrap();
     let plugin = pjrt::Plugin::load(common::cpu_plugin()).unwrap();
@@ -125,12 +127,12 @@ fn a_child_that_cannot_compile_is_an_error_not_a_crash() {
     let bundle = bundle::Bundle::load(common::export(&request).unwrap()).unwrap();
     let module = bundle.dir().join("manifest.json");
     // A plugin path that is not a plugin, then a module that is not StableHLO.
-    let not_a_plugin = common::compiler(module.clone());
+    let not_a_plugin = common::compiler(CHILD, module.clone());
     let e = not_a_plugin
         .compile(&CompileJob { module: module.clone(), partitions: 4, topology: None })
         .unwrap_err();
     assert!(e.contains("manifest.json"), "{e}");
-    let e = common::compiler(common::cpu_plugin())
+    let e = common::compiler(CHILD, common::cpu_plugin())
         .compile(&CompileJob { module, partitions: 4, topology: None })
         .unwrap_err();
     assert!(!e.is_empty());
@@ -149,7 +151,7 @@ fn analytic_and_exact_agree_on_cpu() {
         kind: Kind::Grpo { prompt_len: 64, max_new_tokens: 192, generations: 8 },
         ..tiny_sft()
     };
-    let compiler = common::compiler(common::cpu_plugin());
+    let compiler = common::compiler(CHILD, common::cpu_plugin());
     let exporter = common::export;
     for (workload, c) in [
         (&sft, Candidate { layout: LAYOUT, micro_batch: 16, remat: Remat::None }),

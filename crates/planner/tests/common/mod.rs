@@ -27,9 +27,12 @@ pub fn libtpu() -> PathBuf {
     site_packages().join("libtpu/libtpu.so")
 }
 
-/// Where exported bundles and compile results are kept between runs.
+/// Where exported bundles and compile results are kept between runs: `PLANNER_CACHE` or
+/// `target/planner-cache`.
 pub fn cache_dir() -> PathBuf {
-    root().join("target/planner-cache")
+    std::env::var_os("PLANNER_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target/planner-cache"))
 }
 
 /// The compile cache.
@@ -37,11 +40,9 @@ pub fn compile_cache() -> DiskCache {
     DiskCache::new(cache_dir().join("compiles"))
 }
 
-/// The crate's child compiler with `plugin` (in tests and benches, where Cargo names the
-/// binary).
-pub fn compiler(plugin: PathBuf) -> ProcessCompiler {
-    let child = option_env!("CARGO_BIN_EXE_podctl-compile-stats")
-        .expect("Cargo builds podctl-compile-stats for tests");
+/// The crate's child compiler with `plugin`; tests and benches pass
+/// `env!("CARGO_BIN_EXE_podctl-compile-stats")`.
+pub fn compiler(child: &str, plugin: PathBuf) -> ProcessCompiler {
     ProcessCompiler::new(child, Vec::new(), plugin)
 }
 
