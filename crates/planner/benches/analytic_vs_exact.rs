@@ -77,6 +77,11 @@ fn configs(quick: bool) -> Vec<Config> {
             config(workload("qwen3-1.7b", sft(2048), 64, mixed, 256), v6e(), (8, 1), 16, Remat::Dots),
             config(workload("qwen3-1.7b", grpo(256, 2048), 256, mixed, 256), v6e(), (4, 2), 16, Remat::Dots),
             config(workload("qwen3-1.7b", grpo(256, 2048), 256, mixed, 256), v6e(), (2, 4), 8, Remat::Full),
+            // The candidates exact mode measured for seed 000's target (examples/plan.rs).
+            config(workload("qwen3-1.7b", grpo(256, 2048), 256, mixed, 256), v6e(), (8, 1), 64, Remat::Full),
+            config(workload("qwen3-1.7b", grpo(256, 2048), 256, mixed, 256), v6e(), (4, 2), 64, Remat::Full),
+            config(workload("qwen3-1.7b", grpo(256, 2048), 256, mixed, 256), v6e(), (2, 4), 64, Remat::Full),
+            config(workload("qwen3-1.7b", grpo(256, 2048), 256, mixed, 256), v6e(), (1, 8), 32, Remat::Full),
         ]);
     }
     all

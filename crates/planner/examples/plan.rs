@@ -149,7 +149,7 @@ fn run(args: Args) -> Result<(), String> {
         planner::plan_analytic(&workload, &target, &options).map_err(|e| e.to_string())?
     };
     print!("{}", render_plan(&plan, args.all));
-    println!("wall time {:.1} s", started.elapsed().as_secs_f64());
+    println!("wall time {:.2} s", started.elapsed().as_secs_f64());
     Ok(())
 }
 

@@ -148,7 +148,7 @@ impl Default for PlanOptions {
             layouts: None,
             micro_batches: None,
             remats: Remat::ALL.to_vec(),
-            exact_slack: 1.25,
+            exact_slack: 1.3,
             max_rounds: 2,
             cliff: true,
         }

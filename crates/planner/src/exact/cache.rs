@@ -84,12 +84,16 @@ mod tests {
                 alias: 1,
                 temp: 7,
                 generated_code: 3,
+                reported_peak: 0,
             }),
             compile_seconds: 1.5,
             program: "grad_step".into(),
         };
         cache.put(&key, &entry).unwrap();
-        assert_eq!(cache.get(&key), Some(entry));
+        assert_eq!(cache.get(&key), Some(entry.clone()));
+        if let CompileOutcome::Compiled(stats) = entry.outcome {
+            assert_eq!(stats.peak(), 1 + 2 - 1 + 7 + 3);
+        }
         std::fs::write(cache.dir().join(format!("{key}.json")), b"{not json").unwrap();
         assert!(cache.get(&key).is_none());
     }

@@ -210,6 +210,7 @@ fn stats(memory: pjrt::MemoryStats) -> ProgramStats {
         alias: bytes(memory.alias_bytes),
         temp: bytes(memory.temp_bytes),
         generated_code: bytes(memory.generated_code_bytes),
+        reported_peak: bytes(memory.peak_bytes),
     }
 }
 

@@ -45,6 +45,10 @@ pub struct ProgramStats {
     pub temp: u64,
     /// Bytes of the compiled code.
     pub generated_code: u64,
+    /// The plugin's own peak (`peak_memory_in_bytes`, 0 where it reports none): libtpu's differs
+    /// from [`ProgramStats::peak`] (docs/PLANNER.md), so it is kept for comparison.
+    #[serde(default)]
+    pub reported_peak: u64,
 }
 
 impl ProgramStats {
@@ -410,7 +414,12 @@ impl Oracle for ExactOracle<'_> {
                 }
             }
         }
-        let unique: Vec<(String, (usize, &str, CompileJob))> = unique.into_iter().collect();
+        let mut unique: Vec<(String, (usize, &str, CompileJob))> = unique.into_iter().collect();
+        // The training programs take the longest to compile: start them first so the short ones
+        // fill in behind them. Cached results cost nothing wherever they sit.
+        unique.sort_by_key(|(key, (i, program, _))| {
+            (*program == "apply_step", *program == "rollout", *i, key.clone())
+        });
         let compiled = run_parallel(&unique, self.parallelism, |(key, (i, program, job))| {
             self.compile(&candidates[*i], program, job, key)
         });
