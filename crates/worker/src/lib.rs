@@ -13,10 +13,12 @@
 //! only batches going in and metrics coming out (and, for syncs and saves, gradients and state).
 #![deny(missing_docs)]
 
+pub mod dp;
 pub mod run;
 pub mod slice;
 pub mod trainer;
 
+pub use dp::{Reduce, StepOutcome, run_step};
 pub use run::{Observer, RunSummary, StepMetrics, train};
 pub use slice::{Arg, DeviceArray, Program, Slice};
 pub use trainer::Trainer;
@@ -38,6 +40,9 @@ pub enum WorkerError {
     /// The data could not be produced.
     #[error(transparent)]
     Data(#[from] data::DataError),
+    /// The all-reduce between slices failed (a peer vanished, the generation changed, ...).
+    #[error("all-reduce: {0}")]
+    Collective(#[from] collective::Error),
     /// The plugin, the bundle and the job disagree.
     #[error("{0}")]
     Mismatch(String),

@@ -1,6 +1,7 @@
 //! The loop over optimizer steps for one slice.
 
 use crate::WorkerError;
+use crate::dp::{Reduce, run_step};
 use crate::trainer::Trainer;
 use data::Loader;
 use job::JobSpec;
@@ -61,42 +62,36 @@ pub fn train(
     observer: &mut dyn Observer,
 ) -> Result<RunSummary, WorkerError> {
     trainer.init(init_seed(job.seed))?;
-    let micro_batches = job.micro_batches_per_step();
     let started = Instant::now();
     let (mut first_loss, mut final_loss, mut tokens) = (f64::NAN, f64::NAN, 0u64);
     for step in 0..job.steps {
         let step_started = Instant::now();
-        let (mut target_tokens, mut truncated_rows, mut step_tokens) = (0u64, 0u64, 0u64);
-        for micro in 0..micro_batches {
-            let batch = loader.micro_batch(step, micro)?;
-            target_tokens += batch.token_count();
-            truncated_rows += batch.truncated_rows as u64;
-            step_tokens += (batch.rows * batch.seq_len) as u64;
-            trainer.grad_step(&batch)?;
-        }
-        if target_tokens == 0 {
-            return Err(WorkerError::Mismatch(format!(
-                "step {} has no target tokens to learn from; check the data and seq_len",
-                step + 1
-            )));
-        }
         let learning_rate = job.optimizer.learning_rate(step, job.steps);
-        let applied = trainer.apply(step + 1, learning_rate as f32, 1.0 / target_tokens as f32)?;
+        let outcome = run_step(
+            trainer,
+            loader,
+            step,
+            &[0],
+            job.micro_batches_per_step(),
+            learning_rate,
+            Reduce::Alone,
+        )?;
+        let applied = outcome.applied;
         let loss = applied.loss_sum / applied.token_count;
         if step == 0 {
             first_loss = loss;
         }
         final_loss = loss;
-        tokens += step_tokens;
+        tokens += outcome.tokens;
         observer.on_step(&StepMetrics {
             step: step + 1,
             loss,
-            target_tokens,
-            tokens: step_tokens,
+            target_tokens: applied.token_count as u64,
+            tokens: outcome.tokens,
             learning_rate,
             grad_norm: applied.grad_norm,
             seconds: step_started.elapsed().as_secs_f64(),
-            truncated_rows,
+            truncated_rows: outcome.truncated_rows,
         });
     }
     let seconds = started.elapsed().as_secs_f64();

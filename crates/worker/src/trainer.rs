@@ -8,7 +8,7 @@
 
 use crate::WorkerError;
 use crate::slice::{Arg, DeviceArray, Program, Slice};
-use bundle::{Bundle, Manifest};
+use bundle::{Bundle, Manifest, TensorSpec};
 
 /// What one optimizer step produced.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -127,6 +127,7 @@ impl Trainer {
         learning_rate: f32,
         grad_scale: f32,
     ) -> Result<AppliedStep, WorkerError> {
+        let (loss_sum, token_count) = self.pending_metrics()?;
         let state = self.state.take().ok_or_else(not_initialized)?;
         let n = self.manifest.params.len();
         let inputs = &self.apply_step.spec().inputs;
@@ -137,11 +138,6 @@ impl Trainer {
         let lr = self.slice.scalar(&inputs[4 * n + 1], learning_rate.to_le_bytes())?;
         let scale = self.slice.scalar(&inputs[4 * n + 2], grad_scale.to_le_bytes())?;
 
-        let (mut loss_sum, mut token_count) = (0.0f64, 0.0f64);
-        for (loss, tokens) in &state.pending {
-            loss_sum += self.slice.read_f32(loss)? as f64;
-            token_count += self.slice.read_f32(tokens)? as f64;
-        }
         let args: Vec<Arg<'_>> = [state.params, state.mu, state.nu, state.grads]
             .into_iter()
             .flatten()
@@ -170,6 +166,88 @@ impl Trainer {
             .zip(arrays)
             .map(|(spec, a)| Ok((spec.name.clone(), self.slice.download(spec, a)?)))
             .collect()
+    }
+
+    /// Replaces the parameters and optimizer state with host arrays named and laid out as
+    /// [`Trainer::download_state`] gives them (a restore or a peer's state), and zeroes the
+    /// gradients.
+    pub fn upload_state(&mut self, arrays: &[(String, Vec<u8>)]) -> Result<(), WorkerError> {
+        let specs = &self.init.spec().outputs;
+        if arrays.len() != specs.len() {
+            return Err(WorkerError::Mismatch(format!(
+                "a state of {} arrays does not fit the bundle's {}",
+                arrays.len(),
+                specs.len()
+            )));
+        }
+        let mut uploaded = Vec::with_capacity(specs.len());
+        for (spec, (name, bytes)) in specs.iter().zip(arrays) {
+            if *name != spec.name {
+                return Err(WorkerError::Mismatch(format!(
+                    "state array '{name}' is where '{}' belongs",
+                    spec.name
+                )));
+            }
+            uploaded.push(self.slice.upload(spec, bytes)?);
+        }
+        let n = self.manifest.params.len();
+        let mut it = uploaded.into_iter();
+        let params = it.by_ref().take(n).collect();
+        let mu = it.by_ref().take(n).collect();
+        let nu = it.collect();
+        let grads = self.zero_grads.run(vec![])?;
+        self.state = Some(State { params, mu, nu, grads, pending: Vec::new() });
+        Ok(())
+    }
+
+    /// The gradient accumulator's tensors, in parameter order.
+    pub fn grad_specs(&self) -> &[TensorSpec] {
+        let n = self.manifest.params.len();
+        &self.grad_step.spec().outputs[..n]
+    }
+
+    /// Copies gradient tensor `index` (whole, row-major) to the host.
+    pub fn download_grad(&self, index: usize) -> Result<Vec<u8>, WorkerError> {
+        let state = self.state.as_ref().ok_or_else(not_initialized)?;
+        self.slice.download(&self.grad_specs()[index], &state.grads[index])
+    }
+
+    /// Starts a fresh accumulator (the previous one is dropped).
+    pub fn zero_grads(&mut self) -> Result<(), WorkerError> {
+        let grads = self.zero_grads.run(vec![])?;
+        self.state.as_mut().ok_or_else(not_initialized)?.grads = grads;
+        Ok(())
+    }
+
+    /// Forgets a step in flight: its accumulated gradient and metrics. The state stays at the
+    /// last applied step.
+    pub fn discard_step(&mut self) -> Result<(), WorkerError> {
+        self.zero_grads()?;
+        self.state.as_mut().ok_or_else(not_initialized)?.pending.clear();
+        Ok(())
+    }
+
+    /// Replaces the accumulator with host tensors (the sums of an all-reduce).
+    pub fn upload_grads(&mut self, grads: &[Vec<u8>]) -> Result<(), WorkerError> {
+        let uploaded: Vec<DeviceArray> = self
+            .grad_specs()
+            .iter()
+            .zip(grads)
+            .map(|(spec, bytes)| self.slice.upload(spec, bytes))
+            .collect::<Result<_, _>>()?;
+        self.state.as_mut().ok_or_else(not_initialized)?.grads = uploaded;
+        Ok(())
+    }
+
+    /// Micro-batch metrics accumulated since the last apply: `(loss_sum, token_count)`.
+    pub fn pending_metrics(&self) -> Result<(f64, f64), WorkerError> {
+        let state = self.state.as_ref().ok_or_else(not_initialized)?;
+        let (mut loss_sum, mut token_count) = (0.0f64, 0.0f64);
+        for (loss, tokens) in &state.pending {
+            loss_sum += self.slice.read_f32(loss)? as f64;
+            token_count += self.slice.read_f32(tokens)? as f64;
+        }
+        Ok((loss_sum, token_count))
     }
 }
 

@@ -4,5 +4,6 @@
 extern crate podctl_worker as worker;
 
 mod determinism;
+mod multislice;
 mod parity;
 mod support;
