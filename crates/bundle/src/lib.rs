@@ -25,8 +25,13 @@ use std::path::{Path, PathBuf};
 /// The manifest format this build reads.
 pub const FORMAT: &str = "podctl-bundle/1";
 
-/// The programs every training bundle carries.
+/// The programs every SFT bundle (`train.kind = "sft"`) carries.
 pub const TRAIN_PROGRAMS: [&str; 4] = ["init", "zero_grads", "grad_step", "apply_step"];
+
+/// The programs every GRPO bundle (`train.kind = "grpo"`) carries: SFT's without `grad_step`,
+/// plus sampling, scoring and the GRPO gradient.
+pub const GRPO_PROGRAMS: [&str; 6] =
+    ["init", "zero_grads", "apply_step", "rollout", "logprobs", "grpo_grad_step"];
 
 /// Why a bundle cannot be used. Messages name the file or field and what to do.
 #[derive(Debug, thiserror::Error)]

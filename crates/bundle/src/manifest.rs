@@ -1,6 +1,6 @@
 //! The manifest's types and the checks that hold it to docs/BUNDLE.md.
 
-use crate::{FORMAT, TRAIN_PROGRAMS};
+use crate::{FORMAT, GRPO_PROGRAMS, TRAIN_PROGRAMS};
 use mesh::{DType, IciMesh, Sharding};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
@@ -67,7 +67,7 @@ pub struct ModelConfig {
 /// How the programs were lowered.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainConfig {
-    /// `sft` (and later `grpo`).
+    /// `sft` or `grpo`.
     pub kind: String,
     /// Rows per `grad_step` call, across the slice.
     pub micro_batch: u64,
@@ -83,6 +83,15 @@ pub struct TrainConfig {
     pub loss_chunk: u64,
     /// Attention implementation.
     pub attention: String,
+    /// GRPO only: tokens of the left-padded prompt buffer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_len: Option<u64>,
+    /// GRPO only: tokens of the completion buffer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_new_tokens: Option<u64>,
+    /// GRPO only: time steps per log-prob chunk; 0 computes all logits at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprob_chunk: Option<u64>,
 }
 
 /// AdamW as `apply_step` implements it.
@@ -143,28 +152,59 @@ pub struct ProgramSpec {
 pub(crate) type Violation = (String, String);
 
 /// What one position of a signature must hold.
+#[derive(Clone)]
 enum Slot {
     /// One tensor per parameter, named `<prefix><path>`, shaped like the parameter.
     PerParam { prefix: &'static str, donated: bool },
-    /// One named tensor.
-    One { name: &'static str, dtype: DType, batch_shaped: bool, donated: bool },
+    /// One named tensor: a scalar (replicated) or per-row (`[rows, ...]`, rows split over `fsdp`).
+    One { name: &'static str, dtype: DType, shape: Vec<u64>, donated: bool },
 }
 
 fn scalar(name: &'static str, dtype: DType) -> Slot {
-    Slot::One { name, dtype, batch_shaped: false, donated: false }
+    Slot::One { name, dtype, shape: vec![], donated: false }
 }
 
-fn batch(name: &'static str, dtype: DType) -> Slot {
-    Slot::One { name, dtype, batch_shaped: true, donated: false }
+fn rows(name: &'static str, dtype: DType, shape: &[u64]) -> Slot {
+    Slot::One { name, dtype, shape: shape.to_vec(), donated: false }
 }
 
 fn each(prefix: &'static str, donated: bool) -> Slot {
     Slot::PerParam { prefix, donated }
 }
 
-/// The signature docs/BUNDLE.md gives each training program: (inputs, outputs).
-fn train_signature(program: &str) -> (Vec<Slot>, Vec<Slot>) {
+/// The sharding docs/BUNDLE.md gives a non-parameter tensor of rank `rank`: scalars replicated,
+/// anything else split over `fsdp` along its rows.
+fn row_sharding(rank: usize) -> Sharding {
+    let mut dims = vec![Vec::new(); rank];
+    if let Some(first) = dims.first_mut() {
+        first.push("fsdp".to_string());
+    }
+    Sharding::new(dims)
+}
+
+/// The shapes a kind's per-row tensors take.
+struct Shapes {
+    /// `[micro_batch]`.
+    b: [u64; 1],
+    /// `[micro_batch, seq_len]`.
+    bs: [u64; 2],
+    /// `[micro_batch, prompt_len]`.
+    bp: [u64; 2],
+    /// `[micro_batch, max_new_tokens]`.
+    bn: [u64; 2],
+}
+
+/// The signature docs/BUNDLE.md gives each program: (inputs, outputs).
+fn signature(program: &str, shapes: &Shapes) -> (Vec<Slot>, Vec<Slot>) {
     use DType::{Float32, Int32, Uint32};
+    let Shapes { b, bs, bp, bn } = shapes;
+    let sequence = || {
+        vec![
+            rows("batch/tokens", Int32, bs),
+            rows("batch/targets", Int32, bs),
+            rows("batch/prompt_lengths", Int32, b),
+        ]
+    };
     match program {
         "init" => (
             vec![scalar("seed", Uint32)],
@@ -175,9 +215,9 @@ fn train_signature(program: &str) -> (Vec<Slot>, Vec<Slot>) {
             vec![
                 each("params/", false),
                 each("grads/", true),
-                batch("batch/tokens", Int32),
-                batch("batch/targets", Int32),
-                batch("batch/loss_mask", Float32),
+                rows("batch/tokens", Int32, bs),
+                rows("batch/targets", Int32, bs),
+                rows("batch/loss_mask", Float32, bs),
             ],
             vec![each("grads/", false), scalar("loss_sum", Float32), scalar("token_count", Float32)],
         ),
@@ -198,6 +238,51 @@ fn train_signature(program: &str) -> (Vec<Slot>, Vec<Slot>) {
                 each("grads/", false),
                 scalar("grad_norm", Float32),
             ],
+        ),
+        "rollout" => (
+            vec![
+                each("params/", false),
+                rows("prompt/tokens", Int32, bp),
+                rows("prompt/lengths", Int32, b),
+                rows("sample/seeds", Uint32, b),
+                scalar("sample/temperature", Float32),
+                scalar("sample/top_p", Float32),
+                scalar("sample/eos_id", Int32),
+                scalar("sample/pad_id", Int32),
+            ],
+            vec![
+                rows("completion/tokens", Int32, bn),
+                rows("completion/lengths", Int32, b),
+                rows("completion/logprobs", Float32, bn),
+            ],
+        ),
+        "logprobs" => (
+            [vec![each("params/", false)], sequence(), vec![scalar("sample/temperature", Float32)]].concat(),
+            vec![rows("logprobs", Float32, bs)],
+        ),
+        "grpo_grad_step" => (
+            [
+                vec![each("params/", false), each("grads/", true)],
+                sequence(),
+                vec![
+                    rows("batch/loss_mask", Float32, bs),
+                    rows("batch/advantages", Float32, b),
+                    rows("batch/old_logprobs", Float32, bs),
+                    rows("batch/ref_logprobs", Float32, bs),
+                    scalar("sample/temperature", Float32),
+                    scalar("grpo/clip_low", Float32),
+                    scalar("grpo/clip_high", Float32),
+                    scalar("grpo/kl_beta", Float32),
+                ],
+            ]
+            .concat(),
+            [
+                vec![each("grads/", false)],
+                ["loss_sum", "token_count", "kl_sum", "clipped_count", "ratio_sum", "ratio_min", "ratio_max"]
+                    .map(|name| scalar(name, Float32))
+                    .into(),
+            ]
+            .concat(),
         ),
         other => unreachable!("no signature for program {other}"),
     }
@@ -242,17 +327,75 @@ impl Manifest {
                 }
             }
         }
-        if self.train.kind == "sft" {
-            for name in TRAIN_PROGRAMS {
-                let Some(program) = self.programs.get(name) else {
-                    return Err((format!("programs.{name}"), "missing; every sft bundle has it".into()));
-                };
-                let (inputs, outputs) = train_signature(name);
-                self.check_signature(&format!("programs.{name}.inputs"), &program.inputs, &inputs)?;
-                self.check_signature(&format!("programs.{name}.outputs"), &program.outputs, &outputs)?;
+        let programs: &[&str] = match self.train.kind.as_str() {
+            "sft" => &TRAIN_PROGRAMS,
+            "grpo" => &GRPO_PROGRAMS,
+            other => {
+                return Err((
+                    "train.kind".into(),
+                    format!("'{other}' is not a kind this podctl runs (sft, grpo); export the bundle again"),
+                ));
             }
+        };
+        let shapes = self.check_grpo_train()?;
+        for name in programs {
+            let Some(program) = self.programs.get(*name) else {
+                return Err((
+                    format!("programs.{name}"),
+                    format!("missing; every {} bundle has it", self.train.kind),
+                ));
+            };
+            let (inputs, outputs) = signature(name, &shapes);
+            self.check_signature(&format!("programs.{name}.inputs"), &program.inputs, &inputs)?;
+            self.check_signature(&format!("programs.{name}.outputs"), &program.outputs, &outputs)?;
+        }
+        if self.train.kind == "grpo" && self.programs.contains_key("grad_step") {
+            return Err((
+                "programs.grad_step".into(),
+                "a grpo bundle has grpo_grad_step instead; export the bundle again".into(),
+            ));
         }
         Ok(())
+    }
+
+    /// Checks the rollout buffers of a GRPO bundle (and their absence elsewhere); returns the
+    /// shapes the signatures use.
+    fn check_grpo_train(&self) -> Result<Shapes, Violation> {
+        let t = &self.train;
+        let b = t.micro_batch;
+        let buffers = [
+            ("prompt_len", t.prompt_len),
+            ("max_new_tokens", t.max_new_tokens),
+            ("logprob_chunk", t.logprob_chunk),
+        ];
+        if t.kind != "grpo" {
+            if let Some((field, _)) = buffers.iter().find(|(_, value)| value.is_some()) {
+                return Err((format!("train.{field}"), "only grpo bundles have it".into()));
+            }
+            return Ok(Shapes { b: [b], bs: [b, t.seq_len], bp: [b, 0], bn: [b, 0] });
+        }
+        let [(_, Some(p)), (_, Some(n)), (_, Some(chunk))] = buffers else {
+            let (field, _) = buffers.iter().find(|(_, value)| value.is_none()).expect("one is missing");
+            return Err((format!("train.{field}"), "missing; a grpo bundle has it, export it again".into()));
+        };
+        if p == 0 || n == 0 {
+            let field = if p == 0 { "prompt_len" } else { "max_new_tokens" };
+            return Err((format!("train.{field}"), "is 0; the rollout buffers must be positive".into()));
+        }
+        if t.seq_len != p + n {
+            return Err((
+                "train.seq_len".into(),
+                format!("{} is not prompt_len + max_new_tokens = {p} + {n}", t.seq_len),
+            ));
+        }
+        let loss_chunk = if chunk == 0 { t.seq_len } else { chunk };
+        if t.loss_chunk != loss_chunk {
+            return Err((
+                "train.loss_chunk".into(),
+                format!("{} is not logprob_chunk (or seq_len when that is 0) = {loss_chunk}", t.loss_chunk),
+            ));
+        }
+        Ok(Shapes { b: [b], bs: [b, t.seq_len], bp: [b, p], bn: [b, n] })
     }
 
     fn check_tensor(&self, field: &str, t: &TensorSpec) -> Result<(), Violation> {
@@ -265,7 +408,7 @@ impl Manifest {
         let mut at = 0;
         let mismatch = |i: usize, t: Option<&TensorSpec>, expected: String| {
             let found = t.map_or("nothing".to_string(), |t| {
-                format!("'{}' {} {:?} donated={}", t.name, t.dtype, t.shape, t.donated)
+                format!("'{}' {} {:?} sharded {} donated={}", t.name, t.dtype, t.shape, t.sharding, t.donated)
             });
             Err((format!("{field}[{i}]"), format!("expected {expected}, found {found}")))
         };
@@ -295,14 +438,21 @@ impl Manifest {
                         at += 1;
                     }
                 }
-                Slot::One { name, dtype, batch_shaped, donated } => {
-                    let shape: Vec<u64> =
-                        if batch_shaped { vec![self.train.micro_batch, self.train.seq_len] } else { vec![] };
+                Slot::One { name, dtype, ref shape, donated } => {
+                    let sharding = row_sharding(shape.len());
                     let t = got.get(at);
                     if !t.is_some_and(|t| {
-                        t.name == name && t.dtype == dtype && t.shape == shape && t.donated == donated
+                        t.name == name
+                            && t.dtype == dtype
+                            && t.shape == *shape
+                            && t.sharding == sharding
+                            && t.donated == donated
                     }) {
-                        return mismatch(at, t, format!("'{name}' {dtype} {shape:?} donated={donated}"));
+                        return mismatch(
+                            at,
+                            t,
+                            format!("'{name}' {dtype} {shape:?} sharded {sharding} donated={donated}"),
+                        );
                     }
                     at += 1;
                 }

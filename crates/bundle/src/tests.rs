@@ -58,7 +58,7 @@ fn manifest() -> serde_json::Value {
 fn write(manifest: &serde_json::Value) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("programs")).unwrap();
-    for name in TRAIN_PROGRAMS {
+    for name in manifest["programs"].as_object().unwrap().keys() {
         std::fs::write(dir.path().join(format!("programs/{name}.mlirbc")), name.as_bytes()).unwrap();
     }
     std::fs::write(dir.path().join("manifest.json"), serde_json::to_vec_pretty(manifest).unwrap()).unwrap();
@@ -138,4 +138,135 @@ fn reports_io_and_parse_errors_with_paths() {
     std::fs::write(dir.path().join("manifest.json"), b"{\"format\": 3").unwrap();
     let e = Bundle::load(dir.path()).unwrap_err().to_string();
     assert!(e.contains("is not a valid bundle manifest") && e.contains("line 1"), "{e}");
+}
+
+/// The GRPO bundle of docs/BUNDLE.md for the same model: micro-batch 8, prompt 10 + 6 new tokens.
+fn grpo_manifest() -> serde_json::Value {
+    let mut m = manifest();
+    let sft = m["programs"].as_object_mut().unwrap();
+    let grads: Vec<serde_json::Value> = sft["grad_step"]["outputs"].as_array().unwrap()[..2].to_vec();
+    let params: Vec<serde_json::Value> = sft["grad_step"]["inputs"].as_array().unwrap()[..2].to_vec();
+    let donated: Vec<serde_json::Value> = sft["grad_step"]["inputs"].as_array().unwrap()[2..4].to_vec();
+    sft.remove("grad_step");
+    m["train"] = json!({"kind": "grpo", "micro_batch": 8, "seq_len": 16, "param_dtype": "float32",
+        "compute_dtype": "float32", "remat": "none", "loss_chunk": 8, "attention": "xla",
+        "prompt_len": 10, "max_new_tokens": 6, "logprob_chunk": 8});
+    let scalar = |name: &str, dtype: &str| tensor(name, &[], dtype, json!([]), false);
+    let rows = |name: &str, dtype: &str, shape: &[u64]| {
+        let sharding = if shape.len() == 1 { json!([["fsdp"]]) } else { json!([["fsdp"], []]) };
+        tensor(name, shape, dtype, sharding, false)
+    };
+    let program = |name: &str, inputs: Vec<serde_json::Value>, outputs: Vec<serde_json::Value>| json!({"file": format!("programs/{name}.mlirbc"), "inputs": inputs, "outputs": outputs});
+    let sequence = || {
+        vec![
+            rows("batch/tokens", "int32", &[8, 16]),
+            rows("batch/targets", "int32", &[8, 16]),
+            rows("batch/prompt_lengths", "int32", &[8]),
+        ]
+    };
+    let metrics =
+        ["loss_sum", "token_count", "kl_sum", "clipped_count", "ratio_sum", "ratio_min", "ratio_max"]
+            .map(|name| scalar(name, "float32"));
+    m["programs"]["rollout"] = program(
+        "rollout",
+        [
+            params.clone(),
+            vec![
+                rows("prompt/tokens", "int32", &[8, 10]),
+                rows("prompt/lengths", "int32", &[8]),
+                rows("sample/seeds", "uint32", &[8]),
+                scalar("sample/temperature", "float32"),
+                scalar("sample/top_p", "float32"),
+                scalar("sample/eos_id", "int32"),
+                scalar("sample/pad_id", "int32"),
+            ],
+        ]
+        .concat(),
+        vec![
+            rows("completion/tokens", "int32", &[8, 6]),
+            rows("completion/lengths", "int32", &[8]),
+            rows("completion/logprobs", "float32", &[8, 6]),
+        ],
+    );
+    m["programs"]["logprobs"] = program(
+        "logprobs",
+        [params.clone(), sequence(), vec![scalar("sample/temperature", "float32")]].concat(),
+        vec![rows("logprobs", "float32", &[8, 16])],
+    );
+    m["programs"]["grpo_grad_step"] = program(
+        "grpo_grad_step",
+        [
+            params,
+            donated,
+            sequence(),
+            vec![
+                rows("batch/loss_mask", "float32", &[8, 16]),
+                rows("batch/advantages", "float32", &[8]),
+                rows("batch/old_logprobs", "float32", &[8, 16]),
+                rows("batch/ref_logprobs", "float32", &[8, 16]),
+                scalar("sample/temperature", "float32"),
+                scalar("grpo/clip_low", "float32"),
+                scalar("grpo/clip_high", "float32"),
+                scalar("grpo/kl_beta", "float32"),
+            ],
+        ]
+        .concat(),
+        [grads, metrics.to_vec()].concat(),
+    );
+    m
+}
+
+#[test]
+fn loads_a_valid_grpo_bundle() {
+    let dir = write(&grpo_manifest());
+    let b = Bundle::load(dir.path()).unwrap();
+    let train = &b.manifest().train;
+    assert_eq!((train.prompt_len, train.max_new_tokens, train.logprob_chunk), (Some(10), Some(6), Some(8)));
+    assert_eq!(b.program("grpo_grad_step").unwrap().inputs.len(), 2 * 2 + 11);
+    assert_eq!(b.program("rollout").unwrap().inputs.len(), 2 + 7);
+    assert!(b.program("grad_step").is_err());
+}
+
+#[test]
+fn grpo_checks_name_the_broken_field() {
+    type Breakage = (fn(&mut serde_json::Value), &'static str);
+    let cases: [Breakage; 9] = [
+        (|m| m["train"]["seq_len"] = json!(17), "train.seq_len: 17 is not prompt_len + max_new_tokens"),
+        (|m| m["train"]["loss_chunk"] = json!(16), "train.loss_chunk: 16 is not logprob_chunk"),
+        (
+            |m| m["train"].as_object_mut().unwrap().remove("logprob_chunk").map(drop).unwrap(),
+            "train.logprob_chunk: missing",
+        ),
+        (|m| m["train"]["max_new_tokens"] = json!(0), "train.max_new_tokens: is 0"),
+        (|m| m["train"]["kind"] = json!("dpo"), "train.kind: 'dpo' is not a kind"),
+        (
+            |m| m["programs"]["rollout"]["inputs"][3]["shape"] = json!([16]),
+            "programs.rollout.inputs[3]: expected 'prompt/lengths' int32 [8] sharded P(fsdp)",
+        ),
+        (
+            |m| m["programs"]["logprobs"]["inputs"][3]["sharding"] = json!([[], []]),
+            "programs.logprobs.inputs[3]: expected 'batch/targets'",
+        ),
+        (
+            |m| m["programs"]["grpo_grad_step"]["outputs"][8]["name"] = json!("ratio_mean"),
+            "programs.grpo_grad_step.outputs[8]: expected 'ratio_max'",
+        ),
+        (
+            |m| m["programs"]["grad_step"] = m["programs"]["logprobs"].clone(),
+            "programs.grad_step: a grpo bundle",
+        ),
+    ];
+    for (break_it, expected) in cases {
+        let mut m = grpo_manifest();
+        break_it(&mut m);
+        let e = load_err(&m);
+        assert!(e.contains(expected), "{e}\nexpected: {expected}");
+    }
+    let mut m = grpo_manifest();
+    m["programs"].as_object_mut().unwrap().remove("logprobs");
+    assert!(load_err(&m).contains("programs.logprobs: missing; every grpo bundle has it"));
+
+    let mut sft = manifest();
+    sft["train"]["prompt_len"] = json!(4);
+    assert!(load_err(&sft).contains("train.prompt_len: only grpo bundles have it"));
 }
