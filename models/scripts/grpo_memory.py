@@ -33,15 +33,9 @@ import sys
 import time
 from pathlib import Path
 
-import jax
-import numpy as np
-from jax import export as jax_export
-from jax.experimental import topologies
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-
+from podctl_models.compiled_memory import compile_stats
 from podctl_models.config import MeshConfig, TrainConfig, preset
 from podctl_models.export import BundleConfig, write_bundle
-from podctl_models.reference import numpy_dtype
 
 MESH = MeshConfig((("fsdp", 4), ("tp", 2)))
 HBM_LIMIT = 31.25 * 2**30  # what XLA lets one v6e program use
@@ -49,45 +43,20 @@ GIB = 2**30
 
 
 def export(out: Path, micro_batch: int, prompt_len: int, max_new_tokens: int, chunk: int,
-           remat: str) -> dict:
+           remat: str) -> None:
     train = TrainConfig.grpo(prompt_len, max_new_tokens, chunk, micro_batch=micro_batch,
                              param_dtype="float32", compute_dtype="bfloat16", remat=remat)
     cfg = BundleConfig(preset("qwen3-1.7b"), train, mesh=MESH, platform="tpu")
     start = time.perf_counter()
-    document = write_bundle(cfg, out)
+    write_bundle(cfg, out)
     print(f"exported {out} in {time.perf_counter() - start:.0f} s", flush=True)
-    return document
 
 
-def compile_stats(bundle: Path, document: dict, topology_name: str, program: str) -> dict:
-    """XLA's memory stats of the bundle's `program` compiled for `topology_name`."""
-    entry = document["programs"][program]
-    exported = jax_export.deserialize(bytearray((bundle / entry["jax_file"]).read_bytes()))
-    topology = topologies.get_topology_desc(topology_name, platform="tpu")
-    sizes = tuple(axis["size"] for axis in document["mesh"])
-    names = tuple(axis["name"] for axis in document["mesh"])
-    mesh = Mesh(np.array(topology.devices).reshape(sizes), names)
-
-    def sharding(tensor):
-        return NamedSharding(mesh, P(*[axes[0] if axes else None for axes in tensor["sharding"]]))
-
-    inputs, outputs = entry["inputs"], entry["outputs"]
-    jitted = jax.jit(exported.call, in_shardings=tuple(sharding(t) for t in inputs),
-                     out_shardings=tuple(sharding(t) for t in outputs),
-                     donate_argnums=tuple(i for i, t in enumerate(inputs) if t["donated"]))
-    args = [jax.ShapeDtypeStruct(tuple(t["shape"]), numpy_dtype(t["dtype"]), sharding=sharding(t))
-            for t in inputs]
-    start = time.perf_counter()
-    stats = jitted.lower(*args).compile().memory_analysis()
-    seconds = time.perf_counter() - start
-    print(f"compiled {bundle.name}/{program} for {topology_name} in {seconds:.0f} s", flush=True)
-    result = {"argument": stats.argument_size_in_bytes, "output": stats.output_size_in_bytes,
-              "alias": stats.alias_size_in_bytes, "temp": stats.temp_size_in_bytes,
-              "peak": stats.peak_memory_in_bytes, "compile_s": round(seconds, 1)}
-    # What the chip must hold for the call: XLA reserves the temp allocation whole, next to the
-    # arguments and the outputs that do not alias them. XLA's compile-time OOM check is on this.
-    result["reserved"] = result["argument"] + result["output"] - result["alias"] + result["temp"]
-    return result
+def compiled(bundle: Path, program: str, topology: str) -> dict:
+    stats = compile_stats(bundle, program, topology)
+    print(f"compiled {bundle.name}/{program} for {topology} in {stats['compile_s']:.0f} s",
+          flush=True)
+    return stats
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,11 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     results, extra = {}, {}
     for name, chunk in (("chunked", args.logprob_chunk), ("unchunked", 0)):
         bundle = args.out / name
-        document = export(bundle, args.micro_batch, args.prompt_len, args.max_new_tokens, chunk,
-                          args.remat)
-        results[name] = compile_stats(bundle, document, args.topology, "grpo_grad_step")
+        export(bundle, args.micro_batch, args.prompt_len, args.max_new_tokens, chunk, args.remat)
+        results[name] = compiled(bundle, "grpo_grad_step", args.topology)
         for program in args.also if chunk else ():
-            extra[program] = compile_stats(bundle, document, args.topology, program)
+            extra[program] = compiled(bundle, program, args.topology)
 
     model = preset("qwen3-1.7b")
     seq = args.prompt_len + args.max_new_tokens
