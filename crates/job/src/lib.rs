@@ -1,17 +1,23 @@
 //! The job spec: what to train, on which mesh, with which data.
 //!
 //! A job spec is YAML written by a user (`examples/*.yaml`). [`JobSpec::from_yaml`] parses it
-//! (unknown fields are refused, so a typo never falls back to a default silently) and
-//! [`JobSpec::validate`] checks that the numbers fit together, with messages that name the field
-//! and the fix. Everything derived from the spec (accumulation steps, the ICI mesh, the learning
-//! rate at a step) is a method here, so the CLI, the coordinator and the workers agree.
+//! (unknown fields are refused, so a typo never falls back to a default silently), resolves the
+//! mesh (the short form `"(8,2)"` over `hosts`, and `mesh: auto`, which the planner's analytic
+//! model chooses) and [`JobSpec::validate`] checks that the numbers fit together, with messages
+//! that name the field and the fix. Everything derived from the spec (accumulation steps, the
+//! ICI mesh, the learning rate at a step, the workload the planner sees) is a method here, so the
+//! CLI, the coordinator and the workers agree.
 //!
 //! **Architecture Invariant:** no I/O beyond reading the spec file; no knowledge of PJRT,
-//! gRPC or the bundle format.
+//! gRPC or the bundle format. The planner is used through its pure, analytic side only.
 #![deny(missing_docs)]
 
+mod mesh_spec;
+mod planning;
 mod schedule;
 
+pub use mesh_spec::{IciSpec, MeshRequest, MeshSpec};
+pub use planning::{DEFAULT_DEVICE_MEMORY, MemorySize};
 pub use schedule::{OptimizerSpec, Schedule};
 
 use data::DataConfig;
@@ -63,8 +69,12 @@ pub struct JobSpec {
     pub mesh: MeshSpec,
     /// Rows per optimizer step and per device call.
     pub batch: BatchSpec,
-    /// Tokens per row.
+    /// Tokens per row; derived for GRPO (prompt + completion).
+    #[serde(default)]
     pub seq_len: u64,
+    /// GRPO's rollout shapes; absent for supervised fine-tuning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpo: Option<GrpoSpec>,
     /// Optimizer steps to run.
     pub steps: u64,
     /// Seeds initialization and data order.
@@ -92,31 +102,17 @@ pub struct JobSpec {
     pub runtime: RuntimeSpec,
 }
 
-/// The mesh: `dcn` slices, each an ICI mesh `(fsdp, tp)`.
+/// GRPO's shapes: each prompt is answered `generations` times; a row is the left-padded prompt
+/// followed by the completion. `podctl plan` plans GRPO jobs; training them is not built yet.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct MeshSpec {
-    /// Slices (data-parallel replicas over the data-centre network).
-    #[serde(default = "one")]
-    pub dcn: usize,
-    /// The axes inside one slice.
-    pub ici: IciSpec,
-}
-
-/// The axes inside one slice, in canonical order.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct IciSpec {
-    /// Parameters and the batch are split over this axis (fully sharded data parallel).
-    #[serde(default = "one")]
-    pub fsdp: usize,
-    /// Heads, the MLP and the vocabulary are split over this axis (tensor parallel).
-    #[serde(default = "one")]
-    pub tp: usize,
-}
-
-fn one() -> usize {
-    1
+pub struct GrpoSpec {
+    /// Tokens of the left-padded prompt buffer.
+    pub prompt_len: u64,
+    /// Tokens of the completion buffer (decode steps at most).
+    pub max_new_tokens: u64,
+    /// Completions per prompt (the group); `batch.global` is prompts x this.
+    pub generations: u64,
 }
 
 /// Batch sizes, in rows (sequences).
@@ -125,7 +121,9 @@ fn one() -> usize {
 pub struct BatchSpec {
     /// Rows per optimizer step, over all slices.
     pub global: u64,
-    /// Rows per device call on one slice (the gradient is accumulated over calls).
+    /// Rows per device call on one slice (the gradient is accumulated over calls). Absent (0)
+    /// only with `mesh: auto`, which then chooses it.
+    #[serde(default)]
     pub micro: u64,
 }
 
@@ -133,9 +131,10 @@ pub struct BatchSpec {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrainOptions {
-    /// Rematerialization of the layer body: `none`, `dots` or `full`.
+    /// Rematerialization of the layer body: `none`, `dots` or `full`; `auto` (the default) lets
+    /// `mesh: auto` choose, and is `none` with any other mesh.
     pub remat: String,
-    /// Time steps per chunk of the chunked loss.
+    /// Time steps per chunk of the chunked loss (for GRPO, of the log-probs).
     pub loss_chunk: u64,
     /// Parameters, optimizer state and gradients.
     pub param_dtype: mesh::DType,
@@ -146,7 +145,7 @@ pub struct TrainOptions {
 impl Default for TrainOptions {
     fn default() -> Self {
         Self {
-            remat: "none".into(),
+            remat: "auto".into(),
             loss_chunk: 64,
             param_dtype: mesh::DType::Float32,
             compute_dtype: mesh::DType::Float32,
@@ -185,26 +184,118 @@ pub struct RuntimeSpec {
     /// Devices each host has. Locally the CPU plugin makes as many as the mesh needs; on a
     /// TPU v6e-8 host this is 8, and the ICI mesh must use them all.
     pub devices_per_host: Option<usize>,
+    /// The kind of host the job is planned for: `v6e-8`, `v6e-4`, `v6e-1` or `cpu-N`; this
+    /// machine's CPU devices when absent.
+    pub accelerator: Option<String>,
+    /// What one CPU device may use, for planning local runs (`4GiB`, `512MiB`);
+    /// [`DEFAULT_DEVICE_MEMORY`] when absent. TPU limits are fixed.
+    pub device_memory: Option<MemorySize>,
+}
+
+/// What a spec is parsed for: running it, or only planning it (GRPO jobs can be planned, not
+/// trained yet).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    Run,
+    Plan,
 }
 
 impl JobSpec {
-    /// Reads, parses and validates a spec file.
+    /// Reads, parses, resolves and validates a spec file to run.
     pub fn load(path: &Path) -> Result<Self, JobError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| JobError::Io { path: path.into(), source })?;
-        Self::from_yaml(&text, path)
+        Self::parse(&read(path)?, path, Purpose::Run)
     }
 
-    /// Parses and validates spec text; `path` only labels errors.
+    /// Parses, resolves and validates spec text to run; `path` only labels errors.
     pub fn from_yaml(text: &str, path: &Path) -> Result<Self, JobError> {
-        let spec: JobSpec = serde_saphyr::from_str(text)
+        Self::parse(text, path, Purpose::Run)
+    }
+
+    /// Reads a spec file to plan it (`podctl plan`): as [`JobSpec::load`], and GRPO jobs too.
+    pub fn load_for_plan(path: &Path) -> Result<Self, JobError> {
+        Self::parse(&read(path)?, path, Purpose::Plan)
+    }
+
+    fn parse(text: &str, path: &Path, purpose: Purpose) -> Result<Self, JobError> {
+        let mut spec: JobSpec = serde_saphyr::from_str(text)
             .map_err(|e| JobError::Yaml { path: path.into(), message: e.to_string() })?;
+        if purpose == Purpose::Run && spec.grpo.is_some() {
+            return Err(JobError::Invalid {
+                field: "grpo",
+                reason: "podctl trains supervised (SFT) jobs only so far; `podctl plan` plans GRPO jobs. \
+                         Drop `grpo:` to train with SFT"
+                    .into(),
+            });
+        }
+        spec.resolve()?;
         spec.validate()?;
         Ok(spec)
     }
 
+    /// Fills in what the spec leaves to podctl: a GRPO row's length, the axes of a short-form
+    /// or `auto` mesh (with the micro-batch and remat policy the planner picks), and the remat
+    /// policy `auto` means with a fixed mesh.
+    fn resolve(&mut self) -> Result<(), JobError> {
+        let invalid = |field, reason: String| Err(JobError::Invalid { field, reason });
+        match &self.grpo {
+            Some(g) => {
+                let total = g.prompt_len + g.max_new_tokens;
+                if self.seq_len == 0 {
+                    self.seq_len = total;
+                } else if self.seq_len != total {
+                    return invalid(
+                        "seq_len",
+                        format!(
+                            "{} but a GRPO row is grpo.prompt_len + grpo.max_new_tokens = {total} tokens; \
+                             drop seq_len (it is derived) or set it to {total}",
+                            self.seq_len
+                        ),
+                    );
+                }
+            }
+            None if self.seq_len == 0 => {
+                return invalid(
+                    "seq_len",
+                    "is missing (or 0); set the tokens per row, e.g. seq_len: 128".into(),
+                );
+            }
+            None => {}
+        }
+        self.check_basics()?;
+        match self.mesh.request.clone() {
+            MeshRequest::Axes => {}
+            MeshRequest::Shape { data, tp, hosts } => {
+                if data % hosts != 0 {
+                    let divisors: Vec<String> =
+                        (1..=data).filter(|h| data % h == 0).map(|h| h.to_string()).collect();
+                    return invalid(
+                        "mesh.hosts",
+                        format!(
+                            "({data},{tp}) over {hosts} hosts: the data axis of {data} devices does not split \
+                             into {hosts} equal hosts; use hosts {} or a data size that is a multiple of {hosts}",
+                            divisors.join(", ")
+                        ),
+                    );
+                }
+                self.mesh.dcn = hosts;
+                self.mesh.ici = IciSpec { fsdp: data / hosts, tp };
+            }
+            MeshRequest::Auto { hosts, .. } => self.plan_mesh(hosts)?,
+        }
+        if self.train.remat == "auto" {
+            self.train.remat = "none".into();
+        }
+        Ok(())
+    }
+
     /// Checks that the fields fit together.
     pub fn validate(&self) -> Result<(), JobError> {
+        self.check_basics()?;
+        self.check_layout()
+    }
+
+    /// The checks that do not depend on the mesh.
+    fn check_basics(&self) -> Result<(), JobError> {
         let invalid = |field, reason: String| Err(JobError::Invalid { field, reason });
         let name_ok = !self.name.is_empty()
             && self.name.len() <= 63
@@ -219,65 +310,34 @@ impl JobSpec {
                 ),
             );
         }
-        let model = match bundle::preset(&self.model) {
-            Ok(model) => model,
-            Err(reason) => return invalid("model", reason),
-        };
-        let MeshSpec { dcn, ici: IciSpec { fsdp, tp } } = self.mesh;
-        for (field, value) in [("mesh.dcn", dcn), ("mesh.ici.fsdp", fsdp), ("mesh.ici.tp", tp)] {
-            if value == 0 {
-                return invalid(field, "is 0; every mesh axis needs at least one device".into());
+        if let Err(reason) = bundle::preset(&self.model) {
+            return invalid("model", reason);
+        }
+        if self.batch.global == 0 {
+            return invalid("batch.global", "is 0; train on at least one row per step".into());
+        }
+        if let Some(g) = &self.grpo {
+            for (field, value) in [
+                ("grpo.prompt_len", g.prompt_len),
+                ("grpo.max_new_tokens", g.max_new_tokens),
+                ("grpo.generations", g.generations),
+            ] {
+                if value == 0 {
+                    return invalid(field, "is 0; use at least 1".into());
+                }
             }
-        }
-        if let Some(devices) = self.runtime.devices_per_host
-            && fsdp * tp != devices
-        {
-            return invalid(
-                "mesh.ici",
-                format!(
-                    "(fsdp={fsdp}, tp={tp}) uses {} devices per slice, but each host has {devices}; \
-                     choose axes whose product is {devices}: {}",
-                    fsdp * tp,
-                    tilings(devices)
-                ),
-            );
-        }
-        for (what, size) in [
-            ("query heads", model.num_heads),
-            ("key/value heads", model.num_kv_heads),
-            ("MLP width", model.intermediate_size),
-            ("vocabulary", model.vocab_size),
-        ] {
-            if size % tp as u64 != 0 {
+            if self.batch.global % g.generations != 0 {
                 return invalid(
-                    "mesh.ici.tp",
+                    "batch.global",
                     format!(
-                        "{tp} does not divide the {what} of {} ({size}); use a tp that divides {size}",
-                        self.model
+                        "{} rows are not whole groups of grpo.generations = {}; use prompts x {}, e.g. {}",
+                        self.batch.global,
+                        g.generations,
+                        g.generations,
+                        (self.batch.global / g.generations).max(1) * g.generations
                     ),
                 );
             }
-        }
-        let BatchSpec { global, micro } = self.batch;
-        if micro == 0 || global == 0 {
-            return invalid("batch", "global and micro must both be at least 1".into());
-        }
-        if micro % fsdp as u64 != 0 {
-            return invalid(
-                "batch.micro",
-                format!("{micro} does not split over mesh.ici.fsdp={fsdp}; use a multiple of {fsdp}"),
-            );
-        }
-        let per_step = micro * dcn as u64;
-        if global % per_step != 0 {
-            return invalid(
-                "batch.global",
-                format!(
-                    "{global} is not a multiple of batch.micro x mesh.dcn = {micro} x {dcn} = {per_step}; \
-                     use e.g. {}",
-                    (global / per_step).max(1) * per_step
-                ),
-            );
         }
         if self.seq_len < 2 {
             return invalid("seq_len", format!("{} is too short; use at least 2", self.seq_len));
@@ -285,8 +345,11 @@ impl JobSpec {
         if self.steps == 0 {
             return invalid("steps", "is 0; train for at least one step".into());
         }
-        if !["none", "dots", "full"].contains(&self.train.remat.as_str()) {
-            return invalid("train.remat", format!("'{}' is not one of none, dots, full", self.train.remat));
+        if !["auto", "none", "dots", "full"].contains(&self.train.remat.as_str()) {
+            return invalid(
+                "train.remat",
+                format!("'{}' is not one of auto, none, dots, full", self.train.remat),
+            );
         }
         if self.train.loss_chunk == 0 {
             return invalid("train.loss_chunk", "is 0; use a positive number of time steps".into());
@@ -312,8 +375,85 @@ impl JobSpec {
                 );
             }
         }
+        self.check_runtime()?;
         self.optimizer.validate(self.steps)?;
         self.data.validate()?;
+        Ok(())
+    }
+
+    /// The checks of a resolved mesh against the model, the hosts and the batch.
+    fn check_layout(&self) -> Result<(), JobError> {
+        let invalid = |field, reason: String| Err(JobError::Invalid { field, reason });
+        let model =
+            bundle::preset(&self.model).map_err(|reason| JobError::Invalid { field: "model", reason })?;
+        let MeshSpec { dcn, ici: IciSpec { fsdp, tp }, .. } = self.mesh;
+        for (field, value) in [("mesh.dcn", dcn), ("mesh.ici.fsdp", fsdp), ("mesh.ici.tp", tp)] {
+            if value == 0 {
+                return invalid(field, "is 0; every mesh axis needs at least one device".into());
+            }
+        }
+        if let Some((devices, what)) = self.host_devices()?
+            && fsdp * tp != devices
+        {
+            return invalid(
+                "mesh.ici",
+                format!(
+                    "(fsdp={fsdp}, tp={tp}) uses {} devices per slice, but {what} has {devices}; \
+                     choose axes whose product is {devices}: {}",
+                    fsdp * tp,
+                    tilings(devices)
+                ),
+            );
+        }
+        for (what, size) in [
+            ("query heads", model.num_heads),
+            ("key/value heads", model.num_kv_heads),
+            ("MLP width", model.intermediate_size),
+            ("vocabulary", model.vocab_size),
+        ] {
+            if size % tp as u64 != 0 {
+                return invalid(
+                    "mesh.ici.tp",
+                    format!(
+                        "{tp} does not divide the {what} of {} ({size}); use a tp that divides {size}",
+                        self.model
+                    ),
+                );
+            }
+        }
+        let BatchSpec { global, micro } = self.batch;
+        if micro == 0 {
+            return invalid(
+                "batch.micro",
+                format!(
+                    "is missing (or 0); set the rows per device call, a multiple of mesh.ici.fsdp={fsdp}, \
+                     or use mesh: auto to let the planner choose"
+                ),
+            );
+        }
+        if micro % fsdp as u64 != 0 {
+            return invalid(
+                "batch.micro",
+                format!("{micro} does not split over mesh.ici.fsdp={fsdp}; use a multiple of {fsdp}"),
+            );
+        }
+        let per_step = micro * dcn as u64;
+        if global % per_step != 0 {
+            return invalid(
+                "batch.global",
+                format!(
+                    "{global} is not a multiple of batch.micro x mesh.dcn = {micro} x {dcn} = {per_step}; \
+                     use e.g. {}",
+                    (global / per_step).max(1) * per_step
+                ),
+            );
+        }
+        if self.train.remat == "auto" {
+            return invalid(
+                "train.remat",
+                "auto is resolved when the spec is parsed; load it with from_yaml".into(),
+            );
+        }
         Ok(())
     }
 
@@ -352,6 +492,10 @@ impl JobSpec {
     pub fn to_yaml(&self) -> String {
         serde_json::to_string_pretty(self).expect("job specs serialize")
     }
+}
+
+fn read(path: &Path) -> Result<String, JobError> {
+    std::fs::read_to_string(path).map_err(|source| JobError::Io { path: path.into(), source })
 }
 
 /// The `(fsdp, tp)` pairs that use exactly `devices` devices, for error messages.

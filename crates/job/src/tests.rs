@@ -29,7 +29,8 @@ fn parses_the_tiny_example_with_defaults() {
     assert_eq!(spec.mesh.dcn, 1);
     assert_eq!(spec.accum_steps(), 4);
     assert_eq!(spec.seed, 0);
-    assert_eq!(spec.train, TrainOptions::default());
+    // `auto` remat is `none` with a fixed mesh.
+    assert_eq!(spec.train, TrainOptions { remat: "none".into(), ..TrainOptions::default() });
     assert_eq!(spec.output_dir(), PathBuf::from("runs/tiny-arith"));
     assert_eq!(spec.optimizer.lr, 3e-3);
     assert_eq!(spec.optimizer.b2, 0.95);
@@ -103,4 +104,134 @@ fn checkpoint_section_and_round_trip() {
     assert!(e.contains("`checkpoint.uri`"), "{e}");
     let e = parse(&format!("{TINY}\ncheckpoint: {{ every: 0 }}")).unwrap_err();
     assert!(e.contains("`checkpoint.every`"), "{e}");
+}
+
+#[test]
+fn short_form_mesh_resolves_over_hosts_and_explains_itself() {
+    let spec =
+        parse(&with("mesh: { shape: \"(8,2)\", hosts: 2 }\nruntime: { devices_per_host: 8 }")).unwrap();
+    assert_eq!(spec.mesh, MeshSpec::axes(2, 4, 2));
+    assert_eq!(spec.mesh.request, MeshRequest::Shape { data: 8, tp: 2, hosts: 2 });
+    assert_eq!(spec.accum_steps(), 2);
+    assert!(spec.mesh.explain().starts_with("mesh (8,2) on 2 hosts = dcn 2 x ici(fsdp=4, tp=2)"));
+    let one = parse(&with("mesh: \"(2,2)\"")).unwrap();
+    assert_eq!(one.mesh, MeshSpec::axes(1, 2, 2));
+    // A serialized spec carries the axes, and parses back to the same layout.
+    let again = JobSpec::from_yaml(&spec.to_yaml(), Path::new("again.yaml")).unwrap();
+    assert_eq!(again, spec);
+    assert_eq!(again.mesh.request, MeshRequest::Axes);
+}
+
+#[test]
+fn short_form_errors_name_the_field_and_the_fix() {
+    let e = parse(&with("mesh: { shape: \"(6,2)\", hosts: 4 }")).unwrap_err();
+    assert!(
+        e.contains("`mesh.hosts`: (6,2) over 4 hosts: the data axis of 6 devices does not split into 4 equal hosts; use hosts 1, 2, 3, 6"),
+        "{e}"
+    );
+    let e = parse(&with("mesh: \"(8,2\"")).unwrap_err();
+    assert!(e.contains("'(8,2' is not a mesh; write the mesh as"), "{e}");
+    let e =
+        parse(&with("mesh: { shape: \"(8,2)\", hosts: 2 }\nruntime: { devices_per_host: 4 }")).unwrap_err();
+    assert!(e.contains("`mesh.ici`: (fsdp=4, tp=2) uses 8 devices per slice, but each host has 4"), "{e}");
+    let e = parse(&with("mesh: { shape: \"(4,3)\", hosts: 1 }")).unwrap_err();
+    assert!(e.contains("`mesh.ici.tp`: 3 does not divide"), "{e}");
+}
+
+#[test]
+fn auto_mesh_is_the_planners_choice_within_the_device_budget() {
+    let auto = "mesh: auto\nruntime: { devices_per_host: 4, device_memory: 1GiB }";
+    let spec =
+        parse(&with(auto).replace("batch: { global: 32, micro: 8 }", "batch: { global: 32 }")).unwrap();
+    let MeshRequest::Auto { hosts: 1, choice: Some(choice) } = &spec.mesh.request else {
+        panic!("{:?}", spec.mesh.request)
+    };
+    assert!(choice.starts_with("the planner chose micro-batch"), "{choice}");
+    assert_eq!(spec.mesh.devices_per_slice(), 4);
+    assert!(spec.batch.micro > 0 && ["none", "dots", "full"].contains(&spec.train.remat.as_str()));
+    // The same plan, made directly, chooses the same candidate.
+    let workload = spec.workload().unwrap();
+    let target = planner::Target::new(spec.accelerator().unwrap(), 1);
+    let plan = planner::plan_analytic(&workload, &target, &planner::PlanOptions::default()).unwrap();
+    assert_eq!(plan.chosen().unwrap().candidate, spec.candidate().unwrap());
+    assert!(spec.describe_layout().unwrap().starts_with("auto: the planner chose"));
+
+    // batch.micro and train.remat, when written, pin the choice.
+    let pinned = parse(&format!("{}\ntrain: {{ remat: full }}", with(auto))).unwrap();
+    assert_eq!((pinned.batch.micro, pinned.train.remat.as_str()), (8, "full"));
+
+    // Without the devices of a host there is nothing to plan for.
+    let e = parse(&with("mesh: auto")).unwrap_err();
+    assert!(
+        e.contains("`runtime.devices_per_host`: is missing: mesh: auto needs the devices of a host"),
+        "{e}"
+    );
+    // Nothing fits in 1 MiB per device: the planner says what would.
+    let e = parse(&with("mesh: auto\nruntime: { devices_per_host: 4, device_memory: 1MiB }")).unwrap_err();
+    assert!(e.contains("`mesh`: auto: tiny does not fit"), "{e}");
+}
+
+#[test]
+fn auto_mesh_over_two_v6e_hosts() {
+    let spec = parse(
+        &with("mesh: { shape: auto, hosts: 2 }\nruntime: { accelerator: v6e-8 }")
+            .replace("model: tiny", "model: qwen3-1.7b")
+            .replace("batch: { global: 32, micro: 8 }", "batch: { global: 64 }"),
+    )
+    .unwrap();
+    assert_eq!((spec.mesh.dcn, spec.mesh.devices_per_slice()), (2, 8));
+}
+
+#[test]
+fn grpo_jobs_are_planned_not_run() {
+    let grpo =
+        TINY.replace("seq_len: 128\n", "grpo: { prompt_len: 32, max_new_tokens: 96, generations: 8 }\n");
+    let e = parse(&grpo).unwrap_err();
+    assert!(e.contains("`grpo`: podctl trains supervised (SFT) jobs only so far"), "{e}");
+    let path = std::env::temp_dir().join(format!("podctl-job-grpo-{}.yaml", std::process::id()));
+    std::fs::write(&path, &grpo).unwrap();
+    let spec = JobSpec::load_for_plan(&path).unwrap();
+    assert_eq!(spec.seq_len, 128);
+    assert_eq!(spec.workload().unwrap().kind_name(), "grpo");
+    std::fs::write(&path, grpo.replace("global: 32", "global: 36").replace("micro: 8", "micro: 4")).unwrap();
+    let e = JobSpec::load_for_plan(&path).unwrap_err().to_string();
+    assert!(e.contains("`batch.global`: 36 rows are not whole groups of grpo.generations = 8"), "{e}");
+    std::fs::write(&path, format!("{grpo}seq_len: 100\n")).unwrap();
+    let e = JobSpec::load_for_plan(&path).unwrap_err().to_string();
+    assert!(
+        e.contains("`seq_len`: 100 but a GRPO row is grpo.prompt_len + grpo.max_new_tokens = 128"),
+        "{e}"
+    );
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn runtime_accelerator_is_checked_against_the_host() {
+    for (runtime, needle) in [
+        ("{ accelerator: v5e-8 }", "`runtime.accelerator`: unknown topology 'v5e-8'"),
+        (
+            "{ accelerator: v6e-8, device_memory: 8GiB }",
+            "`runtime.device_memory`: a v6e-8 device may use 31.25 GiB",
+        ),
+        (
+            "{ accelerator: v6e-8, devices_per_host: 4 }",
+            "`runtime.devices_per_host`: 4, but a v6e-8 host has 8",
+        ),
+        (
+            "{ accelerator: v6e-8 }",
+            "`mesh.ici`: (fsdp=2, tp=2) uses 4 devices per slice, but a v6e-8 host has 8",
+        ),
+        ("{ device_memory: 4GB }", "'4GB' is not a memory size"),
+    ] {
+        let e = parse(&format!("{TINY}runtime: {runtime}")).unwrap_err();
+        assert!(e.contains(needle), "{runtime}: {e}");
+    }
+}
+
+#[test]
+fn missing_micro_batch_or_seq_len_say_what_to_write() {
+    let e = parse(&with("batch: { global: 32 }")).unwrap_err();
+    assert!(e.contains("`batch.micro`: is missing (or 0)") && e.contains("mesh: auto"), "{e}");
+    let e = parse(&TINY.replace("seq_len: 128\n", "")).unwrap_err();
+    assert!(e.contains("`seq_len`: is missing"), "{e}");
 }

@@ -13,6 +13,8 @@
 //! - `search`: candidates, pruning, the choice and the memory-cliff search ([`plan`]), over an
 //!   [`Oracle`] that measures candidates exactly.
 //! - `report`: the tables `podctl plan` prints.
+//! - `layout`: which device of which host holds which shard of each parameter
+//!   ([`render_layout`], for `podctl launch --dry-run`).
 //! - `exact`: exact mode, the one module that touches files, processes and PJRT: export each
 //!   candidate's bundle through the caller's [`exact::Exporter`], compile its programs in
 //!   child processes ([`exact::ProcessCompiler`]) in parallel, cache the compiled memory
@@ -27,6 +29,7 @@
 
 pub mod exact;
 mod hardware;
+mod layout;
 mod memory;
 mod report;
 mod search;
@@ -35,6 +38,7 @@ mod time;
 mod workload;
 
 pub use hardware::{Accelerator, GIB, Platform, Target, V6E_HBM_LIMIT};
+pub use layout::render_layout;
 pub use memory::{MemoryEstimate, ProgramEstimate, Term, TermKind, estimate, peak_programs};
 pub use report::{format_bytes, render_breakdown, render_plan};
 pub use search::{
