@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what podctl needs on a fresh machine, pinned, inside the project; safe to rerun.
 #   .venv/             Python 3.11: JAX 0.10.2, the CPU PJRT plugin (xla-cpu-pjrt), libtpu (TPU
-#                      AOT compiles), the exporter (models/, editable), object-store emulators
+#                      AOT compiles), the exporter (models/, editable), object-store emulators,
+#                      kubernetes-validate
+#   .tools/helm-*/     helm, for the chart tests (scripts/install-helm.sh)
 #   target/release/podctl   (only with --release)
 # Nothing is installed outside the project; every version comes from a pin in this repository.
 set -euo pipefail
@@ -38,6 +40,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/pip install --quiet --disable-pip-version-check --no-deps -e models
   echo "$want" > "$stamp"
 fi
+
+# helm for the chart tests, into .tools/ (the pinned binary is checked by sha256).
+scripts/install-helm.sh
 
 if [ "$release" = 1 ]; then
   echo "setup: building podctl (release)"

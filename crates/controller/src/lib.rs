@@ -1,0 +1,32 @@
+//! Kubernetes for podctl: the coordinator's worker pods, and reaching a coordinator from a laptop.
+//!
+//! On GKE the coordinator is its own controller (no JobSet, no operator): the Raft leader creates
+//! the worker pods of each job, watches them, and when a pod is deleted, evicted or fails it
+//! replaces the pod's slice and tells the coordinator's recovery path at once, while the other
+//! slices keep training. `docs/KUBERNETES.md` tells the whole story.
+//!
+//! # Layout
+//! - [`slice`]: a TPU slice type (accelerator, topology, chips per host) and the worker pod
+//!   template: names, labels, GKE selectors, tolerations, TPU environment, the job token Secret.
+//! - [`decide`]: **the decision**, a pure function of (desired jobs, observed pods and secrets)
+//!   to actions (create a pod, delete one, report a slice lost, fail a job that cannot fit).
+//! - [`reconcile`]: the loop that lists and watches the API server, calls [`decide::decide`]
+//!   and carries the actions out; it asks a [`reconcile::ControlPlane`] (the coordinator) what
+//!   is desired and tells it what was lost.
+//! - [`remote`]: from a kubeconfig context, the coordinator's client Service and addresses a
+//!   laptop can dial (port-forwards through the API server), with TLS settings and the token.
+//!
+//! **Architecture Invariant:** this crate knows nothing of the coordinator (no openraft, no
+//! gRPC): the coordinator implements [`reconcile::ControlPlane`]. Only this crate names kube.
+#![deny(missing_docs)]
+
+pub mod decide;
+mod error;
+pub mod reconcile;
+pub mod remote;
+pub mod slice;
+
+pub use decide::{Action, DesiredJob, ObservedPod, ObservedSecret, PodState, Registration, decide};
+pub use error::Error;
+pub use reconcile::{ControlPlane, Controller, ControllerConfig};
+pub use slice::{TpuSlice, WorkerTemplate};

@@ -1,0 +1,235 @@
+//! The reconcile loop: list, decide, act; then wait for a watch event or the next tick.
+//!
+//! Each pass lists the worker pods and job token Secrets afresh (a consistent read from the API
+//! server, not a cache), so a decision is never made over a stale view; the watch only wakes the
+//! loop early. The loop acts only while [`ControlPlane::leading`] says so: on a coordinator that
+//! is the Raft leader whose state is caught up. Errors of one action are logged and the next pass
+//! tries again; nothing here gives up.
+
+use crate::decide::{Action, ObservedPod, ObservedSecret, decide};
+use crate::{DesiredJob, Error, WorkerTemplate};
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the controller needs from the coordinator. Implemented by the coordinator; this crate
+/// never names it.
+pub trait ControlPlane: Send + Sync + 'static {
+    /// Whether this node may act now: it leads and has applied everything committed.
+    fn leading(&self) -> bool;
+
+    /// The jobs, as the coordinator wants them.
+    fn desired(&self) -> Vec<DesiredJob>;
+
+    /// Workers whose pods are gone: the coordinator treats them as preempted (the recovery
+    /// path). Called again on every pass until the workers are removed from the job.
+    fn lost(&self, job_id: &str, worker_ids: &[String], reason: &str);
+
+    /// A job that can never run on this cluster: fail it with `reason`.
+    fn fail(&self, job_id: &str, reason: &str) -> impl Future<Output = ()> + Send;
+}
+
+/// How the loop runs.
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// The worker pods' template (namespace, image, slice type, ...).
+    pub template: WorkerTemplate,
+    /// A pass at least this often, watch or not (job submissions and stops are seen this way).
+    pub resync: Duration,
+}
+
+/// The loop over one namespace.
+pub struct Controller<P> {
+    config: ControllerConfig,
+    plane: Arc<P>,
+    pods: Api<Pod>,
+    secrets: Api<Secret>,
+}
+
+/// What one pass did, for logs and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pass {
+    /// Pods created (an `AlreadyExists` answer is not counted).
+    pub created: usize,
+    /// Pods and secrets deleted.
+    pub deleted: usize,
+    /// Workers reported lost.
+    pub reported: usize,
+    /// Actions that failed (retried next pass).
+    pub failed: usize,
+    /// The pods' list version, to watch from.
+    pub resource_version: String,
+}
+
+type Events = Pin<Box<dyn Stream<Item = Result<WatchEvent<Pod>, kube::Error>> + Send>>;
+
+impl<P: ControlPlane> Controller<P> {
+    /// A controller acting through `client` in the template's namespace.
+    pub fn new(client: kube::Client, config: ControllerConfig, plane: Arc<P>) -> Self {
+        let ns = &config.template.namespace;
+        Self {
+            pods: Api::namespaced(client.clone(), ns),
+            secrets: Api::namespaced(client, ns),
+            config,
+            plane,
+        }
+    }
+
+    /// Runs until `shutdown` resolves.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut events: Option<Events> = None;
+        loop {
+            if self.plane.leading() {
+                match self.pass().await {
+                    Ok(pass) => {
+                        if events.is_none() {
+                            events = self.watch(&pass.resource_version).await;
+                        }
+                    }
+                    Err(e) => tracing::warn!("controller: {e}"),
+                }
+            } else {
+                // A follower keeps no watch open: the leader's is the one that matters.
+                events = None;
+            }
+            let next_event = async {
+                match events.as_mut() {
+                    Some(stream) => stream.next().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = &mut shutdown => return,
+                () = tokio::time::sleep(self.config.resync) => {}
+                event = next_event => {
+                    match event {
+                        Some(Ok(WatchEvent::Error(e))) => {
+                            tracing::debug!("pod watch ended: {}", e.message);
+                            events = None;
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => {
+                            tracing::debug!("pod watch failed: {e}");
+                            events = None;
+                        }
+                        None => events = None,
+                    }
+                }
+            }
+        }
+    }
+
+    async fn watch(&self, version: &str) -> Option<Events> {
+        let params = WatchParams::default().labels(&self.config.template.pod_selector()).timeout(290);
+        match self.pods.watch(&params, version).await {
+            Ok(stream) => Some(stream.boxed()),
+            Err(e) => {
+                tracing::warn!("controller: cannot watch pods: {e}");
+                None
+            }
+        }
+    }
+
+    /// One pass: list, decide, act.
+    pub async fn pass(&self) -> Result<Pass, Error> {
+        let template = &self.config.template;
+        let ns = &template.namespace;
+        let pods = self
+            .pods
+            .list(&ListParams::default().labels(&template.pod_selector()))
+            .await
+            .map_err(Error::api(format!("list worker pods in {ns}")))?;
+        let secrets = self
+            .secrets
+            .list(&ListParams::default().labels(&template.secret_selector()))
+            .await
+            .map_err(Error::api(format!("list job token secrets in {ns}")))?;
+        let desired = self.plane.desired();
+        let mut pass =
+            Pass { resource_version: pods.metadata.resource_version.unwrap_or_default(), ..Pass::default() };
+        // The lists took time: act only if this node still leads.
+        if !self.plane.leading() {
+            return Ok(pass);
+        }
+        let observed: Vec<ObservedPod> = pods.items.iter().filter_map(ObservedPod::from_pod).collect();
+        let observed_secrets: Vec<ObservedSecret> =
+            secrets.items.iter().filter_map(ObservedSecret::from_secret).collect();
+        for action in decide(template, &desired, &observed, &observed_secrets) {
+            self.act(action, &mut pass).await;
+        }
+        Ok(pass)
+    }
+
+    async fn act(&self, action: Action, pass: &mut Pass) {
+        let result = match action {
+            Action::CreateSecret(secret) => {
+                let name = secret.metadata.name.clone().unwrap_or_default();
+                match self.secrets.create(&PostParams::default(), &secret).await {
+                    Ok(_) => Ok(()),
+                    Err(e) if code(&e) == Some(409) => Ok(()),
+                    Err(e) => Err(Error::api(format!("create secret {name}"))(e)),
+                }
+            }
+            Action::DeleteSecret { name } => match self.secrets.delete(&name, &DeleteParams::default()).await
+            {
+                Ok(_) => {
+                    pass.deleted += 1;
+                    Ok(())
+                }
+                Err(e) if code(&e) == Some(404) => Ok(()),
+                Err(e) => Err(Error::api(format!("delete secret {name}"))(e)),
+            },
+            Action::CreatePod(pod) => {
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                match self.pods.create(&PostParams::default(), &pod).await {
+                    Ok(_) => {
+                        tracing::info!(pod = name, "created worker pod");
+                        pass.created += 1;
+                        Ok(())
+                    }
+                    // A leader before this one created it: deterministic names make that safe.
+                    Err(e) if code(&e) == Some(409) => Ok(()),
+                    Err(e) => Err(Error::api(format!("create pod {name}"))(e)),
+                }
+            }
+            Action::DeletePod { name, reason } => {
+                match self.pods.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => {
+                        tracing::info!(pod = name, "deleted worker pod: {reason}");
+                        pass.deleted += 1;
+                        Ok(())
+                    }
+                    Err(e) if code(&e) == Some(404) => Ok(()),
+                    Err(e) => Err(Error::api(format!("delete pod {name}"))(e)),
+                }
+            }
+            Action::ReportLost { job_id, slice, worker_ids, reason } => {
+                tracing::info!(job_id, slice, ?worker_ids, "workers lost: {reason}");
+                self.plane.lost(&job_id, &worker_ids, &reason);
+                pass.reported += worker_ids.len();
+                Ok(())
+            }
+            Action::FailJob { job_id, reason } => {
+                tracing::warn!(job_id, "failing the job: {reason}");
+                self.plane.fail(&job_id, &reason).await;
+                Ok(())
+            }
+        };
+        if let Err(e) = result {
+            tracing::warn!("controller: {e}; retrying on the next pass");
+            pass.failed += 1;
+        }
+    }
+}
+
+fn code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(response) => Some(response.code),
+        _ => None,
+    }
+}
