@@ -57,6 +57,7 @@ pub fn run(job_path: &Path, dry_run: bool, out: Option<PathBuf>) -> Result<()> {
     );
     if dry_run {
         println!("bundle {} ({})", bundle.dir().display(), &bundle.id()[..12]);
+        print!("{}", job.describe_layout()?);
         return Ok(());
     }
     if job.mesh.dcn != 1 {

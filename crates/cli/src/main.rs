@@ -3,6 +3,7 @@
 
 mod export;
 mod launch;
+mod plan;
 mod progress;
 mod toolchain;
 
@@ -37,6 +38,14 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Plan a job: the meshes, micro-batches and remat policies that fit, and the fastest.
+    Plan(plan::PlanArgs),
+    /// The compile child of `podctl plan --exact`: one compile, one JSON line on stdout.
+    #[command(name = plan::COMPILE_CHILD, hide = true)]
+    CompileStats {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -45,6 +54,8 @@ fn main() -> ExitCode {
     init_logging(&cli.log, cli.log_json);
     let result = match cli.command {
         Command::Launch { job, dry_run, out } => launch::run(&job, dry_run, out),
+        Command::Plan(args) => plan::run(&args),
+        Command::CompileStats { args } => return planner::exact::child_main(args.into_iter()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

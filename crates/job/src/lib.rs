@@ -412,11 +412,25 @@ impl JobSpec {
             ("vocabulary", model.vocab_size),
         ] {
             if size % tp as u64 != 0 {
+                let devices = fsdp * tp;
+                let fits: Vec<String> = (1..=devices)
+                    .rev()
+                    .filter(|f| devices % f == 0)
+                    .map(|f| (f, (devices / f) as u64))
+                    .filter(|&(_, t)| {
+                        [model.num_heads, model.num_kv_heads, model.intermediate_size, model.vocab_size]
+                            .iter()
+                            .all(|size| size % t == 0)
+                    })
+                    .map(|(f, t)| format!("({f},{t})"))
+                    .collect();
                 return invalid(
                     "mesh.ici.tp",
                     format!(
-                        "{tp} does not divide the {what} of {} ({size}); use a tp that divides {size}",
-                        self.model
+                        "{tp} does not divide the {what} of {} ({size}); use a tp that divides {size}: \
+                         meshes of {devices} devices that divide the model are {}",
+                        self.model,
+                        fits.join(", ")
                     ),
                 );
             }
