@@ -227,6 +227,13 @@ impl<P: ControlPlane> Controller<P> {
     }
 }
 
+/// A client with the pod's service account (in a cluster), or else the local kubeconfig.
+pub async fn in_cluster() -> Result<kube::Client, Error> {
+    kube::Client::try_default()
+        .await
+        .map_err(|e| Error::Kubeconfig(format!("no in-cluster credentials nor kubeconfig: {e}")))
+}
+
 fn code(e: &kube::Error) -> Option<u16> {
     match e {
         kube::Error::Api(response) => Some(response.code),

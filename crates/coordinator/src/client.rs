@@ -5,7 +5,7 @@
 //! but `Submit` is idempotent; `Submit` is retried only when it provably did nothing), and puts
 //! a deadline on every attempt and an overall bound on the retries.
 
-use crate::network::endpoint;
+use crate::network::endpoint_via;
 use crate::tls::ClientTls;
 use proto::v1::{
     self, CheckpointAck, CheckpointList, CheckpointReport, ClusterInfo, Directive, JobStatus, KvGetRequest,
@@ -13,6 +13,7 @@ use proto::v1::{
     SubmitJobRequest, SubmitJobResponse, WorkerEvent, cluster_client::ClusterClient, jobs_client::JobsClient,
     kv_client::KvClient, workers_client::WorkersClient,
 };
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -40,6 +41,10 @@ pub struct ClientConfig {
     pub call_timeout: Duration,
     /// How long to keep retrying (elections, redirects, restarts) before giving up.
     pub retry_for: Duration,
+    /// Where to connect for an address, when not at the address itself: a local port-forward
+    /// to that coordinator (`podctl --kube-context`). Redirects name the coordinators' own
+    /// addresses, so they follow the same routes; TLS checks the coordinator's own name.
+    pub routes: BTreeMap<String, String>,
 }
 
 impl ClientConfig {
@@ -51,6 +56,7 @@ impl ClientConfig {
             tls,
             call_timeout: Duration::from_secs(10),
             retry_for: Duration::from_secs(20),
+            routes: BTreeMap::new(),
         }
     }
 }
@@ -146,7 +152,8 @@ impl Client {
     }
 
     fn dial(config: &ClientConfig, addr: &str) -> Result<Channel, ClientError> {
-        endpoint(addr, config.tls.as_ref(), config.call_timeout)
+        let connect = config.routes.get(addr).map_or(addr, String::as_str);
+        endpoint_via(addr, connect, config.tls.as_ref(), config.call_timeout)
             .map(|e| e.connect_lazy())
             .map_err(ClientError::Config)
     }

@@ -22,9 +22,12 @@
 //!   retries, deadlines).
 //! - [`tls`]: a development CA and certificates, and loading them.
 //! - [`recorder`]: a job's run record (`metrics.jsonl`, `events.jsonl`, plots), when asked.
+//! - [`kubernetes`]: the coordinator's side of the Kubernetes controller (`crates/controller`):
+//!   the jobs' desired pods, lost pods as preemptions, the workers' tokens.
 //!
 //! **Architecture Invariant:** only this crate names openraft; protobuf types cross its public
-//! API only in [`client`] and the services.
+//! API only in [`client`] and the services. Kubernetes is reached only through the controller
+//! crate's `ControlPlane` trait, which [`kubernetes::Plane`] implements.
 #![deny(missing_docs)]
 
 pub mod client;
@@ -32,6 +35,7 @@ mod config;
 pub mod decide;
 mod error;
 pub mod grpc;
+pub mod kubernetes;
 pub mod leader;
 pub mod logs;
 pub mod network;

@@ -46,9 +46,20 @@ pub fn endpoint(
     tls: Option<&crate::tls::ClientTls>,
     connect_timeout: Duration,
 ) -> Result<Endpoint, String> {
+    endpoint_via(addr, addr, tls, connect_timeout)
+}
+
+/// An endpoint that connects to `connect` (`host:port`) and checks the server's certificate
+/// against the host of `addr`: a port-forward to a coordinator keeps its name.
+pub fn endpoint_via(
+    addr: &str,
+    connect: &str,
+    tls: Option<&crate::tls::ClientTls>,
+    connect_timeout: Duration,
+) -> Result<Endpoint, String> {
     let scheme = if tls.is_some() { "https" } else { "http" };
-    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
-        .map_err(|e| format!("'{addr}' is not a host:port address: {e}"))?
+    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{connect}"))
+        .map_err(|e| format!("'{connect}' is not a host:port address: {e}"))?
         .connect_timeout(connect_timeout)
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(5))

@@ -229,6 +229,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
 /// by the time [`Embedded::start`] returns.
 pub struct Embedded {
     addr: SocketAddr,
+    ctx: Arc<Ctx>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), Error>>,
 }
@@ -263,12 +264,17 @@ impl Embedded {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Ok(Self { addr, stop: Some(stop), task })
+        Ok(Self { addr, ctx, stop: Some(stop), task })
     }
 
     /// The address clients and workers dial.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The node's shared context (a controller runs over it).
+    pub fn ctx(&self) -> Arc<Ctx> {
+        self.ctx.clone()
     }
 
     /// Stops the node and waits for it.

@@ -165,6 +165,11 @@ impl MockApi {
         });
     }
 
+    /// Deletes an object as a user's `kubectl delete` would (see [`delete`]).
+    pub fn delete(&self, plural: &str, ns: &str, name: &str) {
+        self.shared.with(|s| delete(s, plural, ns, name)).expect("the object exists");
+    }
+
     /// Removes an object for good (the kubelet finished a pod's deletion).
     pub fn remove(&self, plural: &str, ns: &str, name: &str) {
         self.shared.with(|s| {
@@ -204,6 +209,24 @@ fn create(s: &mut Store, plural: &str, ns: &str, mut object: Value) -> Value {
         object = serde_json::to_value(secret).expect("serializable");
     }
     s.record(plural, ns, "ADDED", object)
+}
+
+/// Deletes as the API server does: a pod gets a `deletionTimestamp` (its grace period runs
+/// until [`MockApi::remove`]), anything else goes at once.
+fn delete(s: &mut Store, plural: &str, ns: &str, name: &str) -> Option<Value> {
+    let key = (plural.to_string(), ns.to_string(), name.to_string());
+    let mut object = s.objects.get(&key).cloned()?;
+    if plural != "pods" {
+        s.objects.remove(&key);
+        s.record(plural, ns, "DELETED", object.clone());
+        return Some(object);
+    }
+    if object["metadata"]["deletionTimestamp"].is_null() {
+        object["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:01:00Z");
+        object = s.record(plural, ns, "MODIFIED", object);
+        s.objects.insert(key, object.clone());
+    }
+    Some(object)
 }
 
 fn status(code: StatusCode, reason: &str, message: String) -> Response<Body> {
@@ -325,22 +348,9 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
             })
         }
         (Method::DELETE, Some(name)) => shared.with(|s| {
-            let key = (plural.clone(), ns.clone(), name.clone());
-            let response = match s.objects.get(&key).cloned() {
+            let response = match delete(s, &plural, &ns, &name) {
                 None => status(StatusCode::NOT_FOUND, "NotFound", format!("{plural} \"{name}\" not found")),
-                Some(mut pod) if plural == "pods" => {
-                    if pod["metadata"]["deletionTimestamp"].is_null() {
-                        pod["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:01:00Z");
-                        pod = s.record(&plural, &ns, "MODIFIED", pod);
-                        s.objects.insert(key, pod.clone());
-                    }
-                    respond(StatusCode::OK, &pod)
-                }
-                Some(object) => {
-                    s.objects.remove(&key);
-                    s.record(&plural, &ns, "DELETED", object.clone());
-                    respond(StatusCode::OK, &object)
-                }
+                Some(object) => respond(StatusCode::OK, &object),
             };
             s.requests.push(format!("DELETE {plural}/{name} {}", response.status().as_u16()));
             response

@@ -6,6 +6,10 @@
 //!     --data-dir /var/lib/podctl/1 --tls-dir certs/   (admin token in PODCTL_ADMIN_TOKEN)
 //! podctl-coordinator dev-ca --dir certs/ --host coordinator-0.example
 //! ```
+//!
+//! With `--kubernetes` the node also runs the controller (`crates/controller`): on the Raft
+//! leader only, it creates, watches and replaces the worker pods of every job (the chart in
+//! `charts/podctl` passes every `--kube-*` flag; docs/KUBERNETES.md).
 
 // The workspace names this crate `coordinator` everywhere else.
 extern crate podctl_coordinator as coordinator;
@@ -17,6 +21,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Parser)]
@@ -45,8 +50,11 @@ enum Command {
 #[derive(Args)]
 struct NodeArgs {
     /// This node's id (1, 2, 3, ...).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "id_from_hostname")]
     id: Option<u64>,
+    /// Take the id from the StatefulSet ordinal that ends the host name: `podctl-0` is node 1.
+    #[arg(long)]
+    id_from_hostname: bool,
     /// Where to listen.
     #[arg(long, default_value = "127.0.0.1:7001")]
     listen: SocketAddr,
@@ -81,6 +89,90 @@ struct NodeArgs {
     /// Write each job's run record into its output directory.
     #[arg(long)]
     record_runs: bool,
+    #[command(flatten)]
+    kube: KubeArgs,
+}
+
+/// The controller's settings (`--kubernetes`).
+#[derive(Args)]
+struct KubeArgs {
+    /// Run the Kubernetes controller: the Raft leader creates, watches and replaces the worker
+    /// pods of every job, with the pod's service account.
+    #[arg(long)]
+    kubernetes: bool,
+    /// The namespace of worker pods (the coordinator's own).
+    #[arg(long, env = "POD_NAMESPACE")]
+    kube_namespace: Option<String>,
+    /// The Helm release: labels the pods, so two installs never touch each other's.
+    #[arg(long, default_value = "podctl")]
+    kube_instance: String,
+    /// The worker image (it runs `podctl worker`).
+    #[arg(long)]
+    kube_worker_image: Option<String>,
+    /// The address workers dial: the coordinator's client Service, `host:port`.
+    #[arg(long)]
+    kube_coordinator_address: Option<String>,
+    /// The headless Service that names the hosts of a slice.
+    #[arg(long, default_value = "podctl-workers")]
+    kube_worker_subdomain: String,
+    /// The service account of worker pods (Workload Identity).
+    #[arg(long)]
+    kube_worker_service_account: Option<String>,
+    /// The Secret with ca.pem, client.pem and client.key that worker pods mount.
+    #[arg(long)]
+    kube_worker_tls_secret: Option<String>,
+    /// The TPU type of the node pools (`cloud.google.com/gke-tpu-accelerator`).
+    #[arg(long, default_value = "tpu-v6e-slice")]
+    kube_tpu_accelerator: String,
+    /// The slice topology (`cloud.google.com/gke-tpu-topology`).
+    #[arg(long, default_value = "2x4")]
+    kube_tpu_topology: String,
+    /// Chips per host (default: from the accelerator and topology).
+    #[arg(long)]
+    kube_tpu_chips_per_host: Option<u32>,
+    /// Run workers on Spot VMs.
+    #[arg(long)]
+    kube_spot: bool,
+    /// Seconds a worker pod gets between SIGTERM and SIGKILL.
+    #[arg(long, default_value_t = 30)]
+    kube_grace_period_seconds: i64,
+}
+
+impl KubeArgs {
+    fn config(&self) -> anyhow::Result<Option<controller::ControllerConfig>> {
+        if !self.kubernetes {
+            return Ok(None);
+        }
+        let need = |value: &Option<String>, flag: &str| {
+            value.clone().with_context(|| format!("--kubernetes needs {flag}"))
+        };
+        let slice = controller::TpuSlice::new(
+            &self.kube_tpu_accelerator,
+            &self.kube_tpu_topology,
+            self.kube_tpu_chips_per_host,
+        )?;
+        Ok(Some(controller::ControllerConfig {
+            template: controller::WorkerTemplate {
+                namespace: need(&self.kube_namespace, "--kube-namespace (or POD_NAMESPACE)")?,
+                instance: self.kube_instance.clone(),
+                image: need(&self.kube_worker_image, "--kube-worker-image")?,
+                coordinator: need(&self.kube_coordinator_address, "--kube-coordinator-address")?,
+                slice,
+                spot: self.kube_spot,
+                grace_period_seconds: self.kube_grace_period_seconds,
+                service_account: self.kube_worker_service_account.clone(),
+                subdomain: self.kube_worker_subdomain.clone(),
+                tls_secret: self.kube_worker_tls_secret.clone(),
+            },
+            resync: Duration::from_secs(1),
+        }))
+    }
+}
+
+/// The node id of a StatefulSet pod: its ordinal + 1.
+fn id_from_hostname(hostname: &str) -> anyhow::Result<u64> {
+    let ordinal = hostname.rsplit_once('-').and_then(|(_, n)| n.parse::<u64>().ok());
+    ordinal.map(|n| n + 1).with_context(|| format!("host name '{hostname}' does not end in -<ordinal>"))
 }
 
 fn parse_peers(peers: &[String]) -> anyhow::Result<BTreeMap<u64, String>> {
@@ -94,7 +186,18 @@ fn parse_peers(peers: &[String]) -> anyhow::Result<BTreeMap<u64, String>> {
 }
 
 fn config(args: NodeArgs) -> anyhow::Result<Config> {
-    let Some(id) = args.id else { bail!("--id is required to run a node") };
+    let id = if args.id_from_hostname {
+        let hostname = match std::env::var("HOSTNAME") {
+            Ok(name) => name,
+            Err(_) => {
+                std::fs::read_to_string("/proc/sys/kernel/hostname").context("reading the host name")?
+            }
+        };
+        Some(id_from_hostname(hostname.trim())?)
+    } else {
+        args.id
+    };
+    let Some(id) = id else { bail!("--id (or --id-from-hostname) is required to run a node") };
     let Some(data_dir) = args.data_dir else { bail!("--data-dir is required to run a node") };
     let Some(token) = args.admin_token else {
         bail!("give the admin token with --admin-token or PODCTL_ADMIN_TOKEN")
@@ -131,11 +234,32 @@ async fn main_inner() -> anyhow::Result<()> {
         );
         return Ok(());
     }
+    let kube = cli.node.kube.config()?;
     let config = config(cli.node)?;
     let node = coordinator::Node::bind(config).await?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let wait = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    };
+    let controller = match kube {
+        Some(kube) => {
+            let client = controller::reconcile::in_cluster().await?;
+            let plane = Arc::new(coordinator::kubernetes::Plane(node.ctx()));
+            let controller = controller::Controller::new(client, kube, plane);
+            Some(tokio::spawn(controller.run(wait(stopped.clone()))))
+        }
+        None => None,
+    };
     // Process tests and scripts read this line to learn the port.
     println!("listening on {}", node.local_addr());
-    node.serve(shutdown_signal()).await?;
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    node.serve(wait(stopped)).await?;
+    if let Some(controller) = controller {
+        let _ = controller.await;
+    }
     Ok(())
 }
 
@@ -166,5 +290,32 @@ mod tests {
         let peers = parse_peers(&["1=127.0.0.1:1".into(), "2=h:2".into()]).unwrap();
         assert_eq!(peers[&2], "h:2");
         assert!(parse_peers(&["x".into()]).unwrap_err().to_string().contains("'x'"));
+    }
+
+    #[test]
+    fn stateful_set_pods_number_their_nodes_from_one() {
+        assert_eq!(id_from_hostname("podctl-0").unwrap(), 1);
+        assert_eq!(id_from_hostname("my-release-podctl-2").unwrap(), 3);
+        assert!(id_from_hostname("laptop").unwrap_err().to_string().contains("'laptop'"));
+    }
+
+    #[test]
+    fn the_chart_s_flags_make_a_controller_config() {
+        let cli = Cli::try_parse_from([
+            "podctl-coordinator",
+            "--id-from-hostname",
+            "--kubernetes",
+            "--kube-namespace=train",
+            "--kube-worker-image=w:1",
+            "--kube-coordinator-address=podctl.train.svc:7001",
+            "--kube-tpu-topology=4x4",
+            "--kube-spot",
+        ])
+        .unwrap();
+        let config = cli.node.kube.config().unwrap().unwrap();
+        assert_eq!(config.template.slice.hosts(), 4);
+        assert!(config.template.spot);
+        let e = Cli::try_parse_from(["podctl-coordinator", "--kubernetes", "--kube-namespace=t"]).unwrap();
+        assert!(e.node.kube.config().unwrap_err().to_string().contains("--kube-worker-image"));
     }
 }

@@ -124,6 +124,9 @@ pub fn caller<T>(ctx: &Ctx, request: &Request<T>) -> Result<Caller, Status> {
     if same_digest(&digest, &ctx.admin_sha) {
         return Ok(Caller::Admin);
     }
+    if let Some(job_id) = crate::kubernetes::check_worker_token(&ctx.config.admin_token, token) {
+        return Ok(Caller::Job(job_id));
+    }
     let hex_digest = hex::encode(digest);
     ctx.shared
         .read(|s| {

@@ -3,6 +3,8 @@
 //! - `local`: an in-process single node (local mode) with simulated workers: a job to the end,
 //!   worker loss and replacement, checkpoints through the checkpoint crate, KV, logs, run record.
 //! - `security`: tokens, client certificates, generation fencing, job isolation.
+//! - `kubernetes`: the controller inside a node against a Kubernetes API server on loopback:
+//!   a job's pods, a deleted pod as a preemption and its replacement, `--kube-context` routes.
 //! - `cluster`: three `podctl-coordinator` processes on loopback: SIGKILL the leader mid-run,
 //!   restart it (it catches up by snapshot), stop and restart all three.
 //!
@@ -14,6 +16,7 @@ extern crate podctl_coordinator as coordinator;
 
 mod cluster;
 mod common;
+mod kubernetes;
 mod local;
 mod security;
 mod sim;

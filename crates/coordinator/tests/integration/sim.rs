@@ -166,7 +166,8 @@ pub async fn run(client: Client, job_id: String, name: String, opts: SimOptions)
         devices: 1,
         platform: "cpu".into(),
         slice: None,
-        instance_id: format!("{name}-{}", std::process::id()),
+        // Unique in a job, as a pod name is (the controller recognizes its pods' workers so).
+        instance_id: name.clone(),
     };
     let worker_id = client.register(register).await.expect("registers").worker_id;
     let mut report = SimReport::default();

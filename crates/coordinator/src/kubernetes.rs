@@ -1,0 +1,143 @@
+//! The coordinator's side of the Kubernetes controller (`crates/controller`): what the jobs want,
+//! and what the controller saw lost.
+//!
+//! [`Plane`] implements [`controller::ControlPlane`] over the node's replicated state and the
+//! leader's memory. A pod the controller reports lost marks its workers `Preempted` in the
+//! leader's memory, exactly as a worker's own SIGTERM notice does, so the recovery path
+//! (`decide::decide_generation`) is the same one. The loop runs on every node but acts only on
+//! the leader whose memory is ready ([`crate::node::Ctx::require_leader`]).
+
+use crate::decide::Out;
+use crate::node::Ctx;
+use crate::state::{Command, Job};
+use controller::{ControlPlane, DesiredJob, Registration};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The prefix of worker tokens (see [`worker_token`]).
+pub const WORKER_TOKEN_PREFIX: &str = "pw.";
+
+/// The token the controller gives a job's worker pods: `pw.<job id>.<HMAC-SHA256(admin token,
+/// job id)>`. Every node can check it without replicating anything, a new leader derives the
+/// same one (the job's Secret never changes), and it reaches that job only.
+pub fn worker_token(admin_token: &str, job_id: &str) -> String {
+    let tag = keyed(admin_token, job_id).finalize().into_bytes();
+    format!("{WORKER_TOKEN_PREFIX}{job_id}.{}", hex::encode(tag))
+}
+
+fn keyed(admin_token: &str, job_id: &str) -> Hmac<Sha256> {
+    let mut mac =
+        Hmac::<Sha256>::new_from_slice(admin_token.as_bytes()).expect("HMAC takes keys of any length");
+    mac.update(b"podctl worker token\0");
+    mac.update(job_id.as_bytes());
+    mac
+}
+
+/// The job a worker token is for, when it is one and it is genuine.
+pub fn check_worker_token(admin_token: &str, token: &str) -> Option<String> {
+    let (job_id, tag) = token.strip_prefix(WORKER_TOKEN_PREFIX)?.rsplit_once('.')?;
+    let tag = hex::decode(tag).ok()?;
+    // Constant time.
+    keyed(admin_token, job_id).verify_slice(&tag).ok()?;
+    Some(job_id.to_string())
+}
+
+/// The coordinator as the controller sees it.
+pub struct Plane(pub Arc<Ctx>);
+
+/// What the controller needs of one job.
+fn desired(job: &Job, admin_token: &str) -> Option<DesiredJob> {
+    let spec = match job::JobSpec::from_yaml(&job.spec_yaml, Path::new(&job.id)) {
+        Ok(spec) => spec,
+        Err(e) => {
+            // Validated at submission; a spec that no longer parses is this binary's problem.
+            tracing::warn!(job_id = job.id, "controller: cannot read the job's spec: {e}");
+            return None;
+        }
+    };
+    Some(DesiredJob {
+        id: job.id.clone(),
+        running: !job.state.is_terminal(),
+        slices: u32::try_from(spec.mesh.dcn).unwrap_or(u32::MAX),
+        devices_per_slice: u32::try_from(spec.mesh.ici.fsdp * spec.mesh.ici.tp).unwrap_or(u32::MAX),
+        worker_token: worker_token(admin_token, &job.id),
+        registrations: job
+            .workers
+            .iter()
+            .map(|(id, w)| Registration {
+                worker_id: id.clone(),
+                instance_id: w.instance_id.clone(),
+                removed: w.removed,
+            })
+            .collect(),
+    })
+}
+
+impl ControlPlane for Plane {
+    fn leading(&self) -> bool {
+        self.0.require_leader().is_ok()
+    }
+
+    fn desired(&self) -> Vec<DesiredJob> {
+        let admin = &self.0.config.admin_token;
+        let live: Vec<Job> =
+            self.0.shared.read(|s| s.jobs.values().filter(|j| !j.state.is_terminal()).cloned().collect());
+        live.iter().filter_map(|j| desired(j, admin)).collect()
+    }
+
+    fn lost(&self, job_id: &str, worker_ids: &[String], reason: &str) {
+        let ctx = &self.0;
+        let Some(job) = ctx.shared.read(|s| s.jobs.get(job_id).cloned()) else { return };
+        ctx.leader.with(|m| {
+            let live = m.job_mut(&job, Instant::now());
+            for id in worker_ids {
+                // A worker's own notice (SIGTERM) or failure report says more; keep it.
+                if let Some(w) = live.workers.get_mut(id)
+                    && w.out.is_none()
+                {
+                    tracing::info!(job_id, worker_id = id, "preempted: {reason}");
+                    w.out = Some(Out::Preempted(reason.to_string()));
+                }
+            }
+        });
+        ctx.leader.wake.notify_one();
+    }
+
+    fn fail(&self, job_id: &str, reason: &str) -> impl Future<Output = ()> + Send {
+        let ctx = self.0.clone();
+        let command = Command::FailJob {
+            job_id: job_id.into(),
+            reason: reason.into(),
+            unix: crate::leader::unix_now(),
+        };
+        async move {
+            if let Err(status) = ctx.propose(command).await {
+                tracing::warn!("controller: cannot fail the job: {}", status.message());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_tokens_reach_their_job_only() {
+        let admin = "admin-token-for-tests-0123456789";
+        let token = worker_token(admin, "llm-1");
+        assert!(token.starts_with("pw.llm-1."), "{token}");
+        assert_eq!(check_worker_token(admin, &token).as_deref(), Some("llm-1"));
+        assert_eq!(check_worker_token("another-admin-token-0123456789", &token), None);
+        let forged = token.replace("pw.llm-1.", "pw.llm-2.");
+        assert_eq!(check_worker_token(admin, &forged), None);
+        assert_eq!(check_worker_token(admin, "pw.llm-1.zz"), None);
+        assert_eq!(check_worker_token(admin, "0123abcd"), None);
+        // Deterministic: a new leader derives the same token for the job's Secret.
+        assert_eq!(worker_token(admin, "llm-1"), token);
+    }
+}

@@ -1,0 +1,128 @@
+//! The controller inside a coordinator node, against a Kubernetes API server on loopback
+//! (`kube-mock`), with simulated workers standing in for the pods' processes.
+
+use crate::common::*;
+use crate::sim::{self, SimOptions};
+use controller::{Controller, ControllerConfig, TpuSlice, WorkerTemplate};
+use coordinator::kubernetes::Plane;
+use k8s_openapi::api::core::v1::Secret;
+use kube_mock::MockApi;
+use proto::v1::JobState;
+use std::sync::Arc;
+use std::time::Duration;
+
+const NS: &str = "train";
+
+fn live_pods(api: &MockApi) -> Vec<String> {
+    api.list("pods", NS)
+        .into_iter()
+        .filter(|(_, p)| p["metadata"]["deletionTimestamp"].is_null())
+        .map(|(name, _)| name)
+        .collect()
+}
+
+fn opts() -> SimOptions {
+    SimOptions {
+        step_time: Duration::from_millis(30),
+        heartbeat: Duration::from_millis(200),
+        total_steps: 100_000,
+        checkpoint_every: 0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_pod_is_a_preemption_and_its_slice_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, addr) = embedded(dir.path(), None, false).await;
+    let api = MockApi::start().await;
+    // One-chip slices, so the test spec's mesh (ici 1x1) fits.
+    let config = ControllerConfig {
+        template: WorkerTemplate {
+            namespace: NS.into(),
+            instance: "podctl".into(),
+            image: "ghcr.io/podctl/podctl-worker:0.1.0".into(),
+            coordinator: addr.clone(),
+            slice: TpuSlice::new("tpu-v6e-slice", "1x1", None).unwrap(),
+            spot: true,
+            grace_period_seconds: 30,
+            service_account: None,
+            subdomain: "podctl-workers".into(),
+            tls_secret: None,
+        },
+        resync: Duration::from_millis(200),
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let controller = Controller::new(api.client(NS), config, Arc::new(Plane(node.ctx())));
+    let controller = tokio::spawn(controller.run(async {
+        let _ = stopped.await;
+    }));
+
+    let admin = client(vec![addr], ADMIN, None);
+    let job = admin.submit(submit_request(spec("kube", 2, 100_000, None, dir.path()))).await.unwrap().job_id;
+    let first = vec![format!("{job}-s0-a0-h0"), format!("{job}-s1-a0-h0")];
+    eventually("the job's pods", Duration::from_secs(10), || async {
+        (live_pods(&api) == first).then_some(())
+    })
+    .await;
+
+    // The pods' workers authenticate with the token the controller put in the job's Secret.
+    let secret: Secret =
+        serde_json::from_value(api.list("secrets", NS)[&format!("{job}-token")].clone()).unwrap();
+    let token = String::from_utf8(secret.data.unwrap()["token"].0.clone()).unwrap();
+    let wc = admin.with_token(&token).unwrap();
+    let spawn = |pod: &str| tokio::spawn(sim::run(wc.clone(), job.clone(), pod.to_string(), opts()));
+    let _a = spawn(&first[0]);
+    let b = spawn(&first[1]);
+    eventually("step 5", Duration::from_secs(30), || async {
+        (admin.get_job(&job).await.ok()?.step >= 5).then_some(())
+    })
+    .await;
+
+    // GKE deletes the pod of slice 1 (its Spot VM is going away).
+    api.delete("pods", NS, &first[1]);
+    let status = eventually("generation 2", Duration::from_secs(10), || async {
+        let s = admin.get_job(&job).await.ok()?;
+        (s.generation >= 2).then_some(s)
+    })
+    .await;
+    let recovery = status.events.iter().find(|e| e.kind == "recovery").expect("a recovery event");
+    assert!(
+        recovery.detail.contains("preempted")
+            && recovery.detail.contains(&format!("pod {} is being deleted", first[1])),
+        "{recovery:?}"
+    );
+    // The slice's worker was told to stop; its replacement pod is there.
+    let told = b.await.unwrap();
+    assert!(told.stop_reason.contains("removed"), "{}", told.stop_reason);
+    let replacement = format!("{job}-s1-a1-h0");
+    eventually("the replacement pod", Duration::from_secs(10), || async {
+        live_pods(&api).contains(&replacement).then_some(())
+    })
+    .await;
+
+    // Its worker joins: a generation with both slices again, and training goes on.
+    let _c = spawn(&replacement);
+    let before = admin.get_job(&job).await.unwrap().step;
+    eventually("both slices training again", Duration::from_secs(30), || async {
+        let s = admin.get_job(&job).await.ok()?;
+        let members = s.slices.iter().filter(|s| !s.virtual_ranks.is_empty()).count();
+        (s.state() == JobState::Running && members == 2 && s.step > before + 3).then_some(())
+    })
+    .await;
+
+    // Stopped: the pods and the token Secret go.
+    admin.stop_job(&job).await.unwrap();
+    eventually("the pods deleted", Duration::from_secs(10), || async {
+        live_pods(&api).is_empty().then_some(())
+    })
+    .await;
+    eventually("the secret deleted", Duration::from_secs(10), || async {
+        api.list("secrets", NS).is_empty().then_some(())
+    })
+    .await;
+    let creates: Vec<String> = api.requests().into_iter().filter(|r| r.starts_with("POST pods/")).collect();
+    assert_eq!(creates.len(), 3, "every pod created once: {creates:?}");
+    stop.send(()).unwrap();
+    controller.await.unwrap();
+    node.stop().await.unwrap();
+}
