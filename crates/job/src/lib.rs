@@ -354,6 +354,19 @@ impl JobSpec {
         if self.train.loss_chunk == 0 {
             return invalid("train.loss_chunk", "is 0; use a positive number of time steps".into());
         }
+        if self.seq_len % self.train.loss_chunk != 0 {
+            let divisor = (1..=self.train.loss_chunk.min(self.seq_len)).rev().find(|c| self.seq_len % c == 0);
+            return invalid(
+                "train.loss_chunk",
+                format!(
+                    "{} does not divide seq_len = {}; set it to a divisor of {}, e.g. {}",
+                    self.train.loss_chunk,
+                    self.seq_len,
+                    self.seq_len,
+                    divisor.unwrap_or(1)
+                ),
+            );
+        }
         if let Some(checkpoint) = &self.checkpoint {
             if checkpoint.every == 0 {
                 return invalid(

@@ -83,6 +83,10 @@ fn every_field_gets_a_named_error() {
         ("optimizer: { lr: -1.0 }", "`optimizer.lr`"),
         ("optimizer: { warmup_steps: 300 }", "`optimizer.warmup_steps`"),
         ("train: { remat: some }", "`train.remat`"),
+        (
+            "seq_len: 96",
+            "`train.loss_chunk`: 64 does not divide seq_len = 96; set it to a divisor of 96, e.g. 48",
+        ),
         ("data: { kind: arithmetic, digits: [0, 3] }", "data.digits"),
         ("model: gpt-17", "`model`: 'gpt-17' is not a model preset"),
         ("mesh: { ici: { fsdp: 1, tp: 8 } }", "`mesh.ici.tp`: 8 does not divide the query heads"),
