@@ -134,7 +134,8 @@ pub struct TrainOptions {
     /// Rematerialization of the layer body: `none`, `dots` or `full`; `auto` (the default) lets
     /// `mesh: auto` choose, and is `none` with any other mesh.
     pub remat: String,
-    /// Time steps per chunk of the chunked loss (for GRPO, of the log-probs).
+    /// Time steps per chunk of the chunked loss (for GRPO, of the log-probs); at least
+    /// `seq_len` means a single chunk.
     pub loss_chunk: u64,
     /// Parameters, optimizer state and gradients.
     pub param_dtype: mesh::DType,
@@ -354,7 +355,8 @@ impl JobSpec {
         if self.train.loss_chunk == 0 {
             return invalid("train.loss_chunk", "is 0; use a positive number of time steps".into());
         }
-        if self.seq_len % self.train.loss_chunk != 0 {
+        // A chunk as long as the sequence or longer is one chunk: only a shorter one must divide it.
+        if self.seq_len % self.train.loss_chunk.min(self.seq_len) != 0 {
             let divisor = (1..=self.train.loss_chunk.min(self.seq_len)).rev().find(|c| self.seq_len % c == 0);
             return invalid(
                 "train.loss_chunk",
