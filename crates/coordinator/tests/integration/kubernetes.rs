@@ -126,3 +126,86 @@ async fn a_deleted_pod_is_a_preemption_and_its_slice_is_replaced() {
     controller.await.unwrap();
     node.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_laptop_reaches_the_coordinator_through_port_forwards_with_tls() {
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus, Service, ServicePort, ServiceSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use std::collections::BTreeMap;
+
+    let dir = tempfile::tempdir().unwrap();
+    let peer_name = "podctl-0.podctl-peers.train.svc";
+    let files = coordinator::tls::create_dev_ca(&dir.path().join("certs"), &[peer_name.into()]).unwrap();
+    let (node, addr) = embedded(dir.path(), Some(files.clone()), false).await;
+
+    // What the chart installs, as far as `remote::connect` reads it.
+    let api = MockApi::start().await;
+    let labels = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let meta = |name: &str, l: BTreeMap<String, String>, a: BTreeMap<String, String>| ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(NS.into()),
+        labels: Some(l),
+        annotations: Some(a),
+        ..Default::default()
+    };
+    let selector: BTreeMap<String, String> =
+        labels(&[("app.kubernetes.io/name", "podctl"), ("app.kubernetes.io/component", "coordinator")]);
+    api.put(
+        "services",
+        Service {
+            metadata: meta(
+                "podctl",
+                labels(&[("app.kubernetes.io/name", "podctl"), ("app.kubernetes.io/component", "client")]),
+                labels(&[
+                    ("podctl.dev/peers-service", "podctl-peers"),
+                    ("podctl.dev/tls-secret", "podctl-tls"),
+                    ("podctl.dev/admin-token-secret", "podctl-admin-token"),
+                ]),
+            ),
+            spec: Some(ServiceSpec {
+                selector: Some(selector.clone()),
+                ports: Some(vec![ServicePort {
+                    name: Some("grpc".into()),
+                    port: 7001,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            status: None,
+        },
+    );
+    let ready = PodCondition { type_: "Ready".into(), status: "True".into(), ..Default::default() };
+    api.put(
+        "pods",
+        Pod {
+            metadata: meta("podctl-0", selector, BTreeMap::new()),
+            spec: None,
+            status: Some(PodStatus { conditions: Some(vec![ready]), ..Default::default() }),
+        },
+    );
+    let secret = |name: &str, key: &str, value: Vec<u8>| Secret {
+        metadata: meta(name, BTreeMap::new(), BTreeMap::new()),
+        data: Some(BTreeMap::from([(key.to_string(), ByteString(value))])),
+        ..Default::default()
+    };
+    api.put("secrets", secret("podctl-tls", "ca.pem", std::fs::read(&files.ca).unwrap()));
+    api.put("secrets", secret("podctl-admin-token", "token", ADMIN.as_bytes().to_vec()));
+    api.forward(NS, "podctl-0", addr.parse().unwrap());
+
+    let remote = controller::remote::connect(api.client(NS), NS).await.unwrap();
+    assert_eq!(remote.addresses, [format!("{peer_name}:7001")]);
+    let tls = coordinator::tls::ClientTls { ca_pem: remote.ca_pem.clone().unwrap(), identity: None };
+    let mut config = coordinator::client::ClientConfig::new(
+        remote.addresses.clone(),
+        remote.token.clone().unwrap(),
+        Some(tls),
+    );
+    config.routes = remote.routes.clone();
+    config.retry_for = Duration::from_secs(10);
+    let laptop = coordinator::client::Client::new(config).unwrap();
+    // TLS checks the coordinator's own name through the forward; the token is the admin's.
+    let submitted = laptop.submit(submit_request(spec("remote", 1, 5, None, dir.path()))).await.unwrap();
+    assert_eq!(laptop.get_job(&submitted.job_id).await.unwrap().job_id, submitted.job_id);
+    node.stop().await.unwrap();
+}
