@@ -12,6 +12,7 @@ use record::RunRecord;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use worker::ckpt::Resume;
 use worker::{Slice, Trainer};
 
 /// `summary.json`.
@@ -22,6 +23,7 @@ struct Summary<'a> {
     parameters: u64,
     mesh: String,
     bundle: &'a str,
+    start_step: u64,
     steps: u64,
     first_loss: f64,
     final_loss: f64,
@@ -30,7 +32,7 @@ struct Summary<'a> {
     tokens_per_second: f64,
 }
 
-pub fn run(job_path: &Path, dry_run: bool, out: Option<PathBuf>) -> Result<()> {
+pub fn run(job_path: &Path, dry_run: bool, out: Option<PathBuf>, resume: Option<String>) -> Result<()> {
     let mut job = JobSpec::load(job_path)?;
     if out.is_some() {
         job.output = out;
@@ -78,9 +80,17 @@ pub fn run(job_path: &Path, dry_run: bool, out: Option<PathBuf>) -> Result<()> {
     let run_dir = job.output_dir();
     let record = RunRecord::create(&run_dir)?;
     let mut progress = Progress::new(record, job.steps);
-    let outcome = worker::train(&mut trainer, &job, &loader, &mut progress);
+    let resume = resume.map_or(Resume::Newest, Resume::From);
+    let outcome = worker::train(&mut trainer, &job, &loader, &mut progress, &resume);
     let record = progress.finish()?;
     let summary = outcome?;
+    if summary.steps == 0 {
+        println!(
+            "nothing to train: the checkpoint restored is at step {}, the job's last",
+            summary.start_step
+        );
+        return Ok(());
+    }
 
     record.summary(&Summary {
         job: &job.name,
@@ -88,6 +98,7 @@ pub fn run(job_path: &Path, dry_run: bool, out: Option<PathBuf>) -> Result<()> {
         parameters,
         mesh: job.ici_mesh().to_string(),
         bundle: bundle.id(),
+        start_step: summary.start_step,
         steps: summary.steps,
         first_loss: summary.first_loss,
         final_loss: summary.final_loss,

@@ -1,6 +1,7 @@
 //! `podctl`: the command line. It parses arguments and hands them to the libraries; anything
 //! more than glue belongs in a library crate.
 
+mod ckpt;
 mod export;
 mod launch;
 mod plan;
@@ -37,6 +38,10 @@ enum Command {
         /// The run directory (overrides the spec's `output`).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Start from this checkpoint directory, or from the newest that restores under this
+        /// root (default: the newest under the job's own checkpoint root, if any).
+        #[arg(long)]
+        resume: Option<String>,
     },
     /// Plan a job: the meshes, micro-batches and remat policies that fit, and the fastest.
     Plan(plan::PlanArgs),
@@ -46,6 +51,11 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Inspect and manage checkpoints: list, show, verify, rm.
+    Ckpt {
+        #[command(subcommand)]
+        command: ckpt::CkptCommand,
+    },
 }
 
 fn main() -> ExitCode {
@@ -53,7 +63,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log, cli.log_json);
     let result = match cli.command {
-        Command::Launch { job, dry_run, out } => launch::run(&job, dry_run, out),
+        Command::Launch { job, dry_run, out, resume } => launch::run(&job, dry_run, out, resume),
+        Command::Ckpt { command } => ckpt::run(command),
         Command::Plan(args) => plan::run(&args),
         Command::CompileStats { args } => return planner::exact::child_main(args.into_iter()),
     };

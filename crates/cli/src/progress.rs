@@ -7,6 +7,7 @@ use serde::Serialize;
 use std::collections::VecDeque;
 use std::io::IsTerminal;
 use std::time::Duration;
+use worker::ckpt::CheckpointEvent;
 use worker::{Observer, StepMetrics};
 
 /// One line of `metrics.jsonl`.
@@ -66,6 +67,21 @@ impl Progress {
     }
 }
 
+impl Progress {
+    fn keep_first_error(&mut self, result: Result<(), RecordError>) {
+        if let Err(e) = result
+            && self.record_error.is_none()
+        {
+            self.record_error = Some(e);
+        }
+    }
+
+    /// A line above the bar (printed also when there is no terminal to draw the bar on).
+    fn say(&self, line: String) {
+        self.bar.suspend(|| eprintln!("{line}"));
+    }
+}
+
 impl Observer for Progress {
     fn on_step(&mut self, m: &StepMetrics) {
         self.recent.push_back((m.tokens, m.seconds));
@@ -85,11 +101,8 @@ impl Observer for Progress {
             tokens_per_second,
             truncated_rows: m.truncated_rows,
         };
-        if let Err(e) = self.record.step(&line)
-            && self.record_error.is_none()
-        {
-            self.record_error = Some(e);
-        }
+        let written = self.record.step(&line);
+        self.keep_first_error(written);
         self.bar.set_position(m.step);
         self.bar.set_message(format!("loss {:.4} · {}", m.loss, human_rate(tokens_per_second)));
         if !std::io::stderr().is_terminal() && (m.step % self.plain_every == 0 || m.step == self.total) {
@@ -103,6 +116,41 @@ impl Observer for Progress {
                 human_rate(tokens_per_second)
             );
         }
+    }
+
+    fn on_checkpoint(&mut self, event: &CheckpointEvent) {
+        let (kind, step, detail) = match event {
+            CheckpointEvent::Restored { restored, passed_over } => {
+                for p in passed_over {
+                    self.say(format!("passed over checkpoint {}: {}", p.uri, p.reason));
+                }
+                self.say(format!("resuming after step {} from {}", restored.step, restored.uri));
+                let passed: Vec<_> = passed_over.iter().map(|p| [&p.uri, &p.reason]).collect();
+                ("restore", restored.step, serde_json::json!({"uri": restored.uri, "passed_over": passed}))
+            }
+            CheckpointEvent::Started { step, bytes, copy_seconds } => {
+                ("save", *step, serde_json::json!({"bytes": bytes, "copy_seconds": copy_seconds}))
+            }
+            CheckpointEvent::Skipped { step, running_step, bytes_written, bytes_total } => {
+                self.say(format!(
+                    "checkpoint at step {step} skipped: the save of step {running_step} is still uploading \
+                     ({bytes_written} of {bytes_total} bytes)"
+                ));
+                ("save_skipped", *step, serde_json::json!({"running_step": running_step}))
+            }
+            CheckpointEvent::Committed { step, uri, bytes, upload_seconds, deleted_objects } => {
+                self.say(format!("checkpoint of step {step} committed: {uri}"));
+                let detail = serde_json::json!({
+                    "uri": uri,
+                    "bytes": bytes,
+                    "upload_seconds": upload_seconds,
+                    "deleted_objects": deleted_objects,
+                });
+                ("checkpoint", *step, detail)
+            }
+        };
+        let written = self.record.event(kind, step, detail);
+        self.keep_first_error(written);
     }
 }
 

@@ -6,14 +6,23 @@
 //!   their sharding.
 //! - [`trainer`]: the train state on device and the step: accumulate gradients over
 //!   micro-batches, then apply.
-//! - [`run`]: the loop over steps for a job, reporting each step to an observer.
+//! - [`run`]: the loop over steps for a job on one slice, reporting each step to an observer.
+//! - [`dp`]: one global step over the data-parallel ranks this worker hosts.
+//! - [`agent`]: the worker process under a coordinator: session, assignments, step reports,
+//!   quiesce and recovery.
+//! - [`peer`]: state transfer from a live peer to a replacement.
+//! - [`ckpt`]: checkpoints of the train state: a slice's share saved in the background, restore
+//!   onto any mesh, and the single-process loop's save schedule and resume.
 //!
 //! **Architecture Invariant:** the worker never interprets StableHLO; everything it knows about a
 //! program comes from the bundle manifest. Buffers stay on device between steps; the host sees
 //! only batches going in and metrics coming out (and, for syncs and saves, gradients and state).
 #![deny(missing_docs)]
 
+pub mod agent;
+pub mod ckpt;
 pub mod dp;
+pub mod peer;
 pub mod run;
 pub mod slice;
 pub mod trainer;
@@ -40,6 +49,9 @@ pub enum WorkerError {
     /// The data could not be produced.
     #[error(transparent)]
     Data(#[from] data::DataError),
+    /// A checkpoint could not be saved, committed or restored.
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] checkpoint::CheckpointError),
     /// The all-reduce between slices failed (a peer vanished, the generation changed, ...).
     #[error("all-reduce: {0}")]
     Collective(#[from] collective::Error),

@@ -1,6 +1,7 @@
 //! The loop over optimizer steps for one slice.
 
 use crate::WorkerError;
+use crate::ckpt::{CheckpointEvent, LocalCheckpoints, Resume};
 use crate::dp::{Reduce, run_step};
 use crate::trainer::Trainer;
 use data::Loader;
@@ -32,11 +33,16 @@ pub struct StepMetrics {
 pub trait Observer {
     /// Called after every optimizer step.
     fn on_step(&mut self, metrics: &StepMetrics);
+
+    /// Called when the run restores, saves or commits a checkpoint.
+    fn on_checkpoint(&mut self, _event: &CheckpointEvent) {}
 }
 
 /// The run at a glance.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunSummary {
+    /// Steps done before this run: the restored checkpoint's step, or 0.
+    pub start_step: u64,
     /// Steps run.
     pub steps: u64,
     /// Loss of the first step.
@@ -54,17 +60,27 @@ pub fn init_seed(job_seed: u64) -> u32 {
     (job_seed ^ (job_seed >> 32)) as u32
 }
 
-/// Initializes the state and trains the job's steps on one slice holding the whole global batch.
+/// Trains the job's steps on one slice holding the whole global batch, starting from a checkpoint
+/// as `resume` says or else from the job seed, and saving checkpoints as the job's `checkpoint`
+/// section asks (every `every` steps and after the last).
 pub fn train(
     trainer: &mut Trainer,
     job: &JobSpec,
     loader: &Loader,
     observer: &mut dyn Observer,
+    resume: &Resume,
 ) -> Result<RunSummary, WorkerError> {
-    trainer.init(init_seed(job.seed))?;
+    let mut checkpoints = LocalCheckpoints::for_job(job)?;
+    let start = match checkpoints.resume(trainer, job, resume, observer)? {
+        Some(step) => step,
+        None => {
+            trainer.init(init_seed(job.seed))?;
+            0
+        }
+    };
     let started = Instant::now();
     let (mut first_loss, mut final_loss, mut tokens) = (f64::NAN, f64::NAN, 0u64);
-    for step in 0..job.steps {
+    for step in start..job.steps {
         let step_started = Instant::now();
         let learning_rate = job.optimizer.learning_rate(step, job.steps);
         let outcome = run_step(
@@ -78,7 +94,7 @@ pub fn train(
         )?;
         let applied = outcome.applied;
         let loss = applied.loss_sum / applied.token_count;
-        if step == 0 {
+        if step == start {
             first_loss = loss;
         }
         final_loss = loss;
@@ -93,10 +109,13 @@ pub fn train(
             seconds: step_started.elapsed().as_secs_f64(),
             truncated_rows: outcome.truncated_rows,
         });
+        checkpoints.after_step(trainer, step + 1, observer)?;
     }
     let seconds = started.elapsed().as_secs_f64();
+    checkpoints.finish(trainer, job.steps, observer)?;
     Ok(RunSummary {
-        steps: job.steps,
+        start_step: start,
+        steps: job.steps - start,
         first_loss,
         final_loss,
         seconds,

@@ -141,6 +141,62 @@ impl Slice {
         Ok(host)
     }
 
+    /// Reads device `device`'s shard of a global array, row-major: what a checkpoint writes,
+    /// without assembling the whole array on the host.
+    pub fn download_shard(
+        &self,
+        spec: &TensorSpec,
+        array: &DeviceArray,
+        device: usize,
+    ) -> Result<Vec<u8>, WorkerError> {
+        let region = spec.sharding.shard_region(&spec.shape, &self.mesh, device);
+        let want = region.num_elements() * spec.dtype.size() as u64;
+        let buffer = array.shards.get(device).ok_or_else(|| {
+            WorkerError::Mismatch(format!("device {device} is not on this slice of {}", self.devices.len()))
+        })?;
+        let piece =
+            buffer.to_host().context(|| format!("downloading '{}' from device {device}", spec.name))?;
+        if piece.len() as u64 != want {
+            return Err(WorkerError::Mismatch(format!(
+                "device {device} holds {} bytes of '{}', expected {want}",
+                piece.len(),
+                spec.name
+            )));
+        }
+        Ok(piece)
+    }
+
+    /// Places a global array from its shards: `shards[d]` is device `d`'s region under the spec's
+    /// sharding, row-major (a restore reads exactly these regions, never the whole array).
+    pub fn upload_shards(&self, spec: &TensorSpec, shards: &[&[u8]]) -> Result<DeviceArray, WorkerError> {
+        if shards.len() != self.devices.len() {
+            return Err(WorkerError::Mismatch(format!(
+                "'{}' needs one shard per device of {}, got {}",
+                spec.name,
+                self.mesh,
+                shards.len()
+            )));
+        }
+        let ty = element_type(spec.dtype);
+        let mut buffers = Vec::with_capacity(shards.len());
+        for (d, (device, piece)) in self.devices.iter().zip(shards).enumerate() {
+            let region = spec.sharding.shard_region(&spec.shape, &self.mesh, d);
+            let want = region.num_elements() * spec.dtype.size() as u64;
+            if piece.len() as u64 != want {
+                return Err(WorkerError::Mismatch(format!(
+                    "shard of '{}' for device {d} has {} bytes, its region {:?} needs {want}",
+                    spec.name,
+                    piece.len(),
+                    region.ranges()
+                )));
+            }
+            let dims: Vec<i64> = region.shape().iter().map(|&s| s as i64).collect();
+            let buffer = self.client.buffer_from_host(piece, ty, &dims, device);
+            buffers.push(buffer.context(|| format!("uploading '{}' to device {d}", spec.name))?);
+        }
+        Ok(DeviceArray { shards: buffers })
+    }
+
     /// Reads a replicated scalar `float32[]` result.
     pub fn read_f32(&self, array: &DeviceArray) -> Result<f32, WorkerError> {
         let mut bytes = [0u8; 4];

@@ -25,6 +25,7 @@ pub struct AppliedStep {
 pub struct Trainer {
     slice: Slice,
     manifest: Manifest,
+    bundle_id: String,
     init: Program,
     zero_grads: Program,
     grad_step: Program,
@@ -55,6 +56,7 @@ impl Trainer {
         });
         Ok(Self {
             manifest: bundle.manifest().clone(),
+            bundle_id: bundle.id().to_string(),
             init: init?,
             zero_grads: zero_grads?,
             grad_step: grad_step?,
@@ -72,6 +74,11 @@ impl Trainer {
     /// The bundle's manifest.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
+    }
+
+    /// The bundle's identity (hex), as checkpoints record it.
+    pub fn bundle_id(&self) -> &str {
+        &self.bundle_id
     }
 
     /// Exact per-device memory of the grad step, the largest program.
@@ -155,6 +162,11 @@ impl Trainer {
         Ok(AppliedStep { loss_sum, token_count, grad_norm })
     }
 
+    /// The train state's arrays as [`Trainer::download_state`] gives them: name and byte length.
+    pub fn state_layout(&self) -> Vec<(String, usize)> {
+        self.init.spec().outputs.iter().map(|spec| (spec.name.clone(), spec.num_bytes() as usize)).collect()
+    }
+
     /// Copies the parameters and optimizer state to the host, named as in the bundle
     /// (`params/...`, `opt/mu/...`, `opt/nu/...`), each a whole row-major array.
     pub fn download_state(&self) -> Result<Vec<(String, Vec<u8>)>, WorkerError> {
@@ -190,8 +202,42 @@ impl Trainer {
             }
             uploaded.push(self.slice.upload(spec, bytes)?);
         }
+        self.set_state(uploaded)
+    }
+
+    /// The state's tensors (`params/...`, `opt/mu/...`, `opt/nu/...`) in the order of
+    /// [`Trainer::download_state`], with their shapes, dtypes and shardings.
+    pub fn state_specs(&self) -> &[TensorSpec] {
+        &self.init.spec().outputs
+    }
+
+    /// Copies device `device`'s shard of state tensor `index` to the host.
+    pub fn download_state_shard(&self, index: usize, device: usize) -> Result<Vec<u8>, WorkerError> {
+        let state = self.state.as_ref().ok_or_else(not_initialized)?;
         let n = self.manifest.params.len();
-        let mut it = uploaded.into_iter();
+        let spec = self.state_specs().get(index).ok_or_else(|| {
+            WorkerError::Mismatch(format!("state tensor {index} of {} does not exist", 3 * n))
+        })?;
+        let array = match index / n {
+            0 => &state.params[index],
+            1 => &state.mu[index - n],
+            _ => &state.nu[index - 2 * n],
+        };
+        self.slice.download_shard(spec, array, device)
+    }
+
+    /// Replaces the parameters and optimizer state with arrays already on the slice, in the
+    /// order of [`Trainer::state_specs`], and zeroes the gradients.
+    pub fn set_state(&mut self, arrays: Vec<DeviceArray>) -> Result<(), WorkerError> {
+        let n = self.manifest.params.len();
+        if arrays.len() != 3 * n {
+            return Err(WorkerError::Mismatch(format!(
+                "a state of {} arrays does not fit the bundle's {}",
+                arrays.len(),
+                3 * n
+            )));
+        }
+        let mut it = arrays.into_iter();
         let params = it.by_ref().take(n).collect();
         let mu = it.by_ref().take(n).collect();
         let nu = it.collect();

@@ -3,6 +3,7 @@
 
 extern crate podctl_worker as worker;
 
+mod ckpt;
 mod determinism;
 mod multislice;
 mod parity;

@@ -1,0 +1,153 @@
+//! `podctl ckpt`: list, show, verify and remove the checkpoints under a root (`file://`, a plain
+//! path, `s3://`, `gs://`). Commits are read from the `COMMITTED` markers, which the job writes
+//! after recording each commit, whether it ran locally or under the coordinator.
+
+use anyhow::{Context, Result, bail};
+use checkpoint::{
+    Checkpoint, CommitRecord, Limits, Storage, StoreCommitLog, StoreOptions, committed_newest_first,
+};
+use clap::Subcommand;
+use std::path::PathBuf;
+use worker::ckpt::split_uri;
+
+#[derive(Subcommand)]
+pub enum CkptCommand {
+    /// Every checkpoint directory under a root, committed or not, oldest first.
+    #[command(alias = "ls")]
+    List {
+        /// The checkpoint root, e.g. runs/tiny-arith/checkpoints or s3://bucket/prefix.
+        uri: String,
+    },
+    /// A committed checkpoint's manifest: step, topology, data position, arrays.
+    Show {
+        /// A checkpoint directory, <root>/<step:012>-<save_id>.
+        uri: String,
+    },
+    /// Reads every chunk of every committed checkpoint under a root (or of one checkpoint
+    /// directory) and checks its CRC; fails if any does not verify.
+    Verify {
+        /// A checkpoint root or one checkpoint directory.
+        uri: String,
+    },
+    /// Removes one checkpoint: forgets its commit, deletes its marker, then its data.
+    Rm {
+        /// A checkpoint directory, <root>/<step:012>-<save_id>.
+        uri: String,
+    },
+}
+
+pub fn run(command: CkptCommand) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(async move {
+        match command {
+            CkptCommand::List { uri } => list(&uri).await,
+            CkptCommand::Show { uri } => show(&uri).await,
+            CkptCommand::Verify { uri } => verify(&uri).await,
+            CkptCommand::Rm { uri } => rm(&uri).await,
+        }
+    })
+}
+
+/// Opens the root of `uri`; a local root must exist (opening one would create it).
+fn open(uri: &str) -> Result<(Storage, StoreCommitLog, Option<(u64, String)>)> {
+    let (root, dir) = split_uri(uri);
+    let local = match root.strip_prefix("file://") {
+        Some(path) => Some(PathBuf::from(path)),
+        None => (!root.contains("://")).then(|| PathBuf::from(root)),
+    };
+    if let Some(path) = local
+        && !path.is_dir()
+    {
+        bail!("no checkpoint root at {}: the directory does not exist", path.display());
+    }
+    let storage = Storage::open(root, &StoreOptions::default())?;
+    let log = StoreCommitLog::new(storage.clone());
+    Ok((storage, log, dir))
+}
+
+/// The commit of the checkpoint directory `uri` names.
+async fn commit_of(uri: &str, log: &StoreCommitLog, dir: Option<(u64, String)>) -> Result<CommitRecord> {
+    let Some((step, save_id)) = dir else {
+        bail!(
+            "{uri} is not a checkpoint directory; name one as <root>/<step:012>-<save_id> (see `podctl ckpt list`)"
+        )
+    };
+    committed_newest_first(log)
+        .await?
+        .into_iter()
+        .find(|c| c.step == step && c.save_id == save_id)
+        .with_context(|| {
+            format!("{uri} is not committed (no COMMITTED marker); `podctl ckpt list` shows its state")
+        })
+}
+
+async fn list(uri: &str) -> Result<()> {
+    let (storage, log, dir) = open(uri)?;
+    if dir.is_some() {
+        bail!("{uri} is a checkpoint directory; list its root, or use `podctl ckpt show {uri}`");
+    }
+    let listed = checkpoint::list(&storage, &log).await?;
+    if listed.is_empty() {
+        println!("no checkpoints under {}", storage.url());
+        return Ok(());
+    }
+    println!("{:>12}  {:<24} {:<11} {:>7} {:>12}", "STEP", "SAVE", "STATE", "OBJECTS", "BYTES");
+    for l in listed {
+        let state = if l.committed { "committed" } else { "uncommitted" };
+        println!("{:>12}  {:<24} {state:<11} {:>7} {:>12}", l.step, l.save_id, l.objects, l.bytes);
+    }
+    Ok(())
+}
+
+async fn show(uri: &str) -> Result<()> {
+    let (storage, log, dir) = open(uri)?;
+    let commit = commit_of(uri, &log, dir).await?;
+    let checkpoint = Checkpoint::open(&storage, &commit, &Limits::default()).await?;
+    print!("{}", checkpoint.manifest().summary());
+    Ok(())
+}
+
+async fn verify(uri: &str) -> Result<()> {
+    let (storage, log, dir) = open(uri)?;
+    let commits = match dir {
+        Some(_) => vec![commit_of(uri, &log, dir).await?],
+        None => committed_newest_first(&log).await?,
+    };
+    if commits.is_empty() {
+        bail!("no committed checkpoints under {uri}");
+    }
+    let mut failed = 0;
+    for commit in &commits {
+        let at = format!("{}/{}", storage.url().trim_end_matches('/'), commit.dir());
+        let checked = async {
+            let checkpoint = Checkpoint::open(&storage, commit, &Limits::default()).await?;
+            checkpoint.verify().await
+        };
+        match checked.await {
+            Ok(report) => println!(
+                "ok       {at}: {} objects, {} chunks, {} bytes",
+                report.objects, report.chunks, report.bytes
+            ),
+            Err(e) => {
+                failed += 1;
+                println!("CORRUPT  {at}: {e}");
+            }
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} of {} committed checkpoint(s) failed verification", commits.len());
+    }
+    Ok(())
+}
+
+async fn rm(uri: &str) -> Result<()> {
+    let (storage, log, dir) = open(uri)?;
+    let Some((step, save_id)) = dir else {
+        bail!(
+            "{uri} is not a checkpoint directory; name one as <root>/<step:012>-<save_id> (see `podctl ckpt list`)"
+        )
+    };
+    let deleted = checkpoint::remove(&storage, &log, step, &save_id).await?;
+    println!("removed {uri} ({deleted} objects)");
+    Ok(())
+}

@@ -1,0 +1,787 @@
+//! The worker agent: one process per host, driven by the coordinator.
+//!
+//! Two sides meet in [`Shared`]. The trainer side (the calling thread) owns the PJRT slice and the
+//! train state and runs assignments step by step. The session side (a small tokio runtime) keeps
+//! the session with the leader: heartbeats carrying where the trainer is (generation, steps
+//! done, phase) go up, directives come down; it reports steps in order and resends what was not
+//! acknowledged, and forwards log lines. A quiesce or stop from the leader, or SIGTERM, raises a
+//! flag the trainer checks between steps and aborts the all-reduce in flight, so the trainer
+//! stops at a step boundary: the state it holds is always that of a whole number of steps.
+
+use crate::WorkerError;
+use crate::dp::{Reduce, run_step};
+use crate::peer::{self, StateServer};
+use crate::run::init_seed;
+use crate::slice::Slice;
+use crate::trainer::Trainer;
+use collective::{AbortHandle, Endpoint, GroupSpec};
+use coordinator::client::{Client, ClientConfig, ClientError};
+use data::{BatchSpec, Loader};
+use job::JobSpec;
+use proto::v1::{
+    self, Assignment, Directive, Heartbeat, LogLine, StepReport, WorkerEvent, directive, resume, worker_event,
+};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc as std_mpsc};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, watch};
+
+/// Steps the trainer may run ahead of the last acknowledged report.
+const REPORTS_IN_FLIGHT: usize = 2;
+/// Log lines queued for the coordinator before new ones are dropped.
+const LOG_QUEUE: usize = 1024;
+/// How long a replacement waits for its peer to offer the state.
+const PEER_STATE_WAIT: Duration = Duration::from_secs(120);
+/// Forming the ring waits this long for every member: members compile and catch up first.
+const FORM_TIMEOUT: Duration = Duration::from_secs(300);
+/// The rendezvous key under which a worker announces its state server.
+fn state_key(worker_id: &str) -> String {
+    format!("state-addr/{worker_id}")
+}
+
+/// How a worker process runs.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// How to reach the coordinator cluster, with the job's token.
+    pub coordinator: ClientConfig,
+    /// The job to work for.
+    pub job_id: String,
+    /// The PJRT plugin.
+    pub plugin: PathBuf,
+    /// This host's name, for people.
+    pub host: String,
+    /// Where the data plane (all-reduce, state transfer) listens; peers must reach it.
+    pub bind: IpAddr,
+    /// The slice this worker was started for, when it knows (pods do).
+    pub slice: Option<u32>,
+}
+
+/// Why the agent returned.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AgentExit {
+    /// The coordinator said stop (the job ended, or this worker was removed from it).
+    Stopped(String),
+    /// SIGTERM: the coordinator was told, the survivors carry on.
+    Preempted,
+}
+
+/// Why the agent failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The coordinator could not be reached or refused this worker.
+    #[error("coordinator: {0}")]
+    Coordinator(#[from] ClientError),
+    /// A listener or the runtime could not start.
+    #[error("{context}: {source}")]
+    Io {
+        /// What the agent was starting.
+        context: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The collective data plane could not start.
+    #[error("data plane: {0}")]
+    Collective(#[from] collective::Error),
+}
+
+/// Where the trainer is; every heartbeat carries it.
+#[derive(Debug, Clone, Default)]
+struct Status {
+    generation: u64,
+    steps_done: u64,
+    phase: &'static str,
+}
+
+/// What the session side tells the trainer.
+enum Control {
+    Assign(Box<Assignment>),
+    Quiesce(u64),
+    Stop(AgentExit),
+}
+
+struct Shared {
+    status: watch::Sender<Status>,
+    /// The newest generation the leader asked to move to.
+    quiesce: AtomicU64,
+    stop: AtomicBool,
+    /// Aborts the collective of the generation in flight.
+    abort: Mutex<Option<AbortHandle>>,
+}
+
+impl Shared {
+    fn interrupt(&self) {
+        if let Some(abort) = self.abort.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            abort.abort();
+        }
+    }
+
+    fn interrupted(&self, generation: u64) -> bool {
+        self.stop.load(Ordering::SeqCst) || self.quiesce.load(Ordering::SeqCst) > generation
+    }
+
+    fn publish(&self, update: impl FnOnce(&mut Status)) {
+        self.status.send_modify(update);
+    }
+}
+
+/// Runs the worker until the coordinator stops it or SIGTERM arrives.
+pub fn run(config: AgentConfig) -> Result<AgentExit, AgentError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("agent")
+        .build()
+        .map_err(|source| AgentError::Io { context: "starting the agent runtime", source })?;
+    let client = Client::new(config.coordinator.clone())?;
+    let endpoint = Endpoint::bind(SocketAddr::new(config.bind, 0))?;
+    let state_server = StateServer::bind(SocketAddr::new(config.bind, 0))
+        .map_err(|source| AgentError::Io { context: "binding the state server", source })?;
+
+    let instance_id = format!(
+        "{}-{}-{}",
+        config.host,
+        std::process::id(),
+        SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos()
+    );
+    let registered = runtime.block_on(client.register(v1::RegisterRequest {
+        job_id: config.job_id.clone(),
+        host: config.host.clone(),
+        data_addr: endpoint.local_addr().to_string(),
+        devices: 0,
+        platform: String::new(),
+        slice: config.slice,
+        instance_id,
+    }))?;
+    let worker_id = registered.worker_id;
+    runtime.block_on(client.kv_put(
+        &config.job_id,
+        &state_key(&worker_id),
+        state_server.local_addr().to_string().into_bytes(),
+        None,
+    ))?;
+    tracing::info!(worker = %worker_id, data = %endpoint.local_addr(), "registered with the coordinator");
+
+    let (status, _) = watch::channel(Status { phase: "ready", ..Status::default() });
+    let shared = Arc::new(Shared {
+        status,
+        quiesce: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+        abort: Mutex::new(None),
+    });
+    let (control_tx, control_rx) = std_mpsc::channel();
+    let (events_tx, events_rx) = mpsc::channel(64);
+    let (reports_tx, reports_rx) = mpsc::channel(REPORTS_IN_FLIGHT - 1);
+    let (logs_tx, logs_rx) = mpsc::channel(LOG_QUEUE);
+    let heartbeat = Duration::from_millis(registered.heartbeat_ms.max(50));
+
+    let session =
+        SessionSide { client: client.clone(), worker_id: worker_id.clone(), shared: shared.clone() };
+    runtime.spawn(session.clone().run(heartbeat, control_tx, events_rx));
+    runtime.spawn(session.clone().report_steps(reports_rx));
+    runtime.spawn(session.forward_logs(logs_rx));
+
+    let mut trainer = TrainerSide {
+        config,
+        worker_id,
+        client,
+        runtime: runtime.handle().clone(),
+        shared,
+        endpoint,
+        state_server,
+        events: events_tx,
+        reports: reports_tx,
+        logs: logs_tx,
+        loaded: None,
+        steps_done: 0,
+        generation: 0,
+    };
+    let exit = trainer.run(control_rx);
+    // Let the last reports and log lines go out before the runtime is dropped.
+    std::thread::sleep(Duration::from_millis(300));
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    Ok(exit)
+}
+
+fn heartbeat(worker_id: &str, status: &Status, seq: u64) -> WorkerEvent {
+    WorkerEvent {
+        event: Some(worker_event::Event::Heartbeat(Heartbeat {
+            worker_id: worker_id.into(),
+            generation: status.generation,
+            steps_done: status.steps_done,
+            phase: status.phase.into(),
+            rss_bytes: rss_bytes(),
+            seq,
+        })),
+    }
+}
+
+/// This process's resident memory, from procfs (0 where there is none).
+fn rss_bytes() -> u64 {
+    let Ok(statm) = std::fs::read_to_string("/proc/self/statm") else { return 0 };
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+    pages * 4096
+}
+
+#[derive(Clone)]
+struct SessionSide {
+    client: Client,
+    worker_id: String,
+    shared: Arc<Shared>,
+}
+
+impl SessionSide {
+    /// Keeps a session with whichever node leads, reconnecting when it ends.
+    async fn run(
+        self,
+        heartbeat_every: Duration,
+        control: std_mpsc::Sender<Control>,
+        mut events: mpsc::Receiver<WorkerEvent>,
+    ) {
+        let mut status = self.shared.status.subscribe();
+        let mut sigterm = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!("cannot watch for SIGTERM: {e}");
+                None
+            }
+        };
+        let mut seq = 0u64;
+        let mut assigned = 0u64;
+        // An event the last session could not take is sent on the next one.
+        let mut unsent: Option<WorkerEvent> = None;
+        loop {
+            seq += 1;
+            let first = heartbeat(&self.worker_id, &status.borrow(), seq);
+            let mut session = match self.client.session(first).await {
+                Ok(session) => session,
+                Err(e) => {
+                    tracing::warn!("session with the coordinator: {e}; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
+            if let Some(event) = unsent.take()
+                && let Err(e) = session.events.send(event).await
+            {
+                unsent = Some(e.0);
+                continue;
+            }
+            let mut beat = tokio::time::interval(heartbeat_every);
+            loop {
+                let mut send_heartbeat = false;
+                tokio::select! {
+                    message = session.directives.message() => {
+                        let Ok(Some(Directive { directive: Some(d) })) = message else { break };
+                        if let Some(exit) = self.obey(d, &control, &mut assigned) {
+                            let _ = control.send(Control::Stop(exit));
+                            return;
+                        }
+                    }
+                    _ = beat.tick() => send_heartbeat = true,
+                    changed = status.changed() => {
+                        if changed.is_err() { return; }
+                        send_heartbeat = true;
+                    }
+                    Some(event) = events.recv() => {
+                        if let Err(e) = session.events.send(event).await {
+                            unsent = Some(e.0);
+                            break;
+                        }
+                    }
+                    _ = async { sigterm.as_mut().expect("guarded").recv().await }, if sigterm.is_some() => {
+                        self.preempted(&session.events, &control).await;
+                        return;
+                    }
+                }
+                if send_heartbeat {
+                    seq += 1;
+                    let event = heartbeat(&self.worker_id, &status.borrow_and_update(), seq);
+                    if session.events.send(event).await.is_err() {
+                        break;
+                    }
+                }
+            }
+            tracing::info!("the session with the coordinator ended; reconnecting");
+        }
+    }
+
+    /// Acts on a directive; `Some` when the worker must stop.
+    fn obey(
+        &self,
+        d: directive::Directive,
+        control: &std_mpsc::Sender<Control>,
+        assigned: &mut u64,
+    ) -> Option<AgentExit> {
+        let acting = self.shared.status.borrow().generation;
+        match d {
+            directive::Directive::Quiesce(q) if q.generation > acting => {
+                tracing::info!(generation = q.generation, "quiesce: {}", q.reason);
+                self.shared.quiesce.fetch_max(q.generation, Ordering::SeqCst);
+                self.shared.interrupt();
+                let _ = control.send(Control::Quiesce(q.generation));
+            }
+            // The leader repeats the assignment in force on every new session: forward it once.
+            directive::Directive::Assignment(a) if a.generation > *assigned => {
+                *assigned = a.generation;
+                if a.generation > acting {
+                    self.shared.quiesce.fetch_max(a.generation, Ordering::SeqCst);
+                    self.shared.interrupt();
+                }
+                let _ = control.send(Control::Assign(Box::new(a)));
+            }
+            directive::Directive::Stop(stop) => {
+                tracing::info!("stop: {}", stop.reason);
+                self.shared.stop.store(true, Ordering::SeqCst);
+                self.shared.interrupt();
+                return Some(AgentExit::Stopped(stop.reason));
+            }
+            _ => {}
+        }
+        None
+    }
+
+    /// SIGTERM: tell the leader at once, so it re-forms the job without waiting for the lease.
+    async fn preempted(&self, events: &mpsc::Sender<WorkerEvent>, control: &std_mpsc::Sender<Control>) {
+        let status = self.shared.status.borrow().clone();
+        tracing::warn!(step = status.steps_done, "SIGTERM: leaving the job");
+        let notice = WorkerEvent {
+            event: Some(worker_event::Event::Preempted(v1::Preempted {
+                worker_id: self.worker_id.clone(),
+                generation: status.generation,
+                reason: "SIGTERM".into(),
+                deadline_ms: 30_000,
+            })),
+        };
+        let _ = events.send(notice).await;
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.interrupt();
+        let _ = control.send(Control::Stop(AgentExit::Preempted));
+    }
+
+    /// Reports steps in order; a report is repeated until the step is committed or the job has
+    /// moved to another generation (which commits or drops it).
+    async fn report_steps(self, mut reports: mpsc::Receiver<StepReport>) {
+        while let Some(report) = reports.recv().await {
+            loop {
+                if self.shared.stop.load(Ordering::SeqCst)
+                    || self.shared.status.borrow().generation > report.generation
+                {
+                    break;
+                }
+                match self.client.report_step(report.clone()).await {
+                    Ok(ack) if ack.committed_step >= report.step || ack.generation != report.generation => {
+                        break;
+                    }
+                    Ok(_) => continue,
+                    Err(e) if e.code() == tonic::Code::Unavailable => {
+                        tracing::warn!(step = report.step, "step report: {e}; repeating it");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(step = report.step, "step report refused: {e}");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends log lines in batches, at most every half second.
+    async fn forward_logs(self, mut lines: mpsc::Receiver<LogLine>) {
+        let mut batch = Vec::new();
+        while let Some(line) = lines.recv().await {
+            batch.push(line);
+            let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+            while batch.len() < 256 {
+                match tokio::time::timeout_at(deadline, lines.recv()).await {
+                    Ok(Some(line)) => batch.push(line),
+                    _ => break,
+                }
+            }
+            if let Err(e) = self.client.push_logs(std::mem::take(&mut batch)).await {
+                tracing::debug!("log lines to the coordinator: {e}");
+            }
+        }
+    }
+}
+
+/// A compiled bundle and the state on device.
+struct Loaded {
+    bundle_id: String,
+    trainer: Trainer,
+}
+
+/// How an assignment ended.
+enum Ended {
+    /// Every step of the job is done.
+    Finished,
+    /// A quiesce or stop interrupted it at a step boundary.
+    Interrupted,
+    /// It failed; the leader was told.
+    Failed,
+}
+
+struct TrainerSide {
+    config: AgentConfig,
+    worker_id: String,
+    client: Client,
+    runtime: tokio::runtime::Handle,
+    shared: Arc<Shared>,
+    endpoint: Endpoint,
+    state_server: StateServer,
+    events: mpsc::Sender<WorkerEvent>,
+    reports: mpsc::Sender<StepReport>,
+    logs: mpsc::Sender<LogLine>,
+    loaded: Option<Loaded>,
+    steps_done: u64,
+    generation: u64,
+}
+
+impl TrainerSide {
+    fn run(&mut self, control: std_mpsc::Receiver<Control>) -> AgentExit {
+        while let Ok(command) = control.recv() {
+            match command {
+                Control::Stop(exit) => return exit,
+                Control::Quiesce(generation) if generation > self.generation => {
+                    self.generation = generation;
+                    self.publish("ready");
+                }
+                Control::Quiesce(_) => {}
+                Control::Assign(a) if a.generation >= self.generation => {
+                    // A newer directive already waiting makes this one moot.
+                    if self.shared.interrupted(a.generation) {
+                        continue;
+                    }
+                    self.generation = a.generation;
+                    match self.assignment(&a) {
+                        Ok(Ended::Finished) => self.publish("done"),
+                        Ok(Ended::Interrupted | Ended::Failed) => self.publish("ready"),
+                        Err(e) => {
+                            self.log("error", format!("generation {}: {e}", a.generation));
+                            self.fail(e.to_string(), String::new());
+                            self.publish("ready");
+                        }
+                    }
+                }
+                Control::Assign(_) => {}
+            }
+        }
+        AgentExit::Stopped("the session with the coordinator ended".into())
+    }
+
+    fn publish(&self, phase: &'static str) {
+        let (generation, steps_done) = (self.generation, self.steps_done);
+        self.shared.publish(|s| *s = Status { generation, steps_done, phase });
+    }
+
+    fn log(&self, level: &str, message: String) {
+        match level {
+            "error" => tracing::error!("{message}"),
+            "warn" => tracing::warn!("{message}"),
+            _ => tracing::info!("{message}"),
+        }
+        let line = LogLine {
+            job_id: self.config.job_id.clone(),
+            worker_id: self.worker_id.clone(),
+            slice: self.config.slice.unwrap_or_default(),
+            unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64,
+            level: level.into(),
+            message,
+            step: self.steps_done,
+            generation: self.generation,
+        };
+        // A full queue drops the line: logs never hold up training.
+        let _ = self.logs.try_send(line);
+    }
+
+    fn fail(&self, reason: String, suspect_worker_id: String) {
+        let event = WorkerEvent {
+            event: Some(worker_event::Event::Failed(v1::Failed {
+                worker_id: self.worker_id.clone(),
+                generation: self.generation,
+                reason,
+                suspect_worker_id,
+            })),
+        };
+        let _ = self.events.blocking_send(event);
+    }
+
+    /// Runs one generation's assignment until the job's last step or an interruption.
+    fn assignment(&mut self, a: &Assignment) -> Result<Ended, AssignmentError> {
+        let spec = JobSpec::from_yaml(&a.spec_yaml, std::path::Path::new("<assigned spec>"))
+            .map_err(|e| AssignmentError(format!("the assigned job spec: {e}")))?;
+        self.log(
+            "info",
+            format!(
+                "generation {}: ranks {:?} of {}, {} member(s), from step {} ({})",
+                a.generation,
+                a.virtual_ranks,
+                a.dp_size,
+                a.peers.len(),
+                a.start_step,
+                resume_name(a)
+            ),
+        );
+        self.load(a)?;
+        self.resume(a, &spec)?;
+        if self.shared.interrupted(a.generation) {
+            return Ok(Ended::Interrupted);
+        }
+
+        let abort = AbortHandle::new();
+        *self.shared.abort.lock().unwrap_or_else(|e| e.into_inner()) = Some(abort.clone());
+        if self.shared.interrupted(a.generation) {
+            return Ok(Ended::Interrupted);
+        }
+        let group = if a.dp_size > 1 {
+            let spec = group_spec(a, &self.worker_id)?;
+            let config =
+                collective::Config { connect_timeout: FORM_TIMEOUT, ..collective::Config::default() };
+            match self.endpoint.form(&spec, &config, &abort) {
+                Ok(group) => Some(group),
+                Err(_) if self.shared.interrupted(a.generation) => return Ok(Ended::Interrupted),
+                Err(e) => return Err(AssignmentError(format!("forming the all-reduce ring: {e}"))),
+            }
+        } else {
+            None
+        };
+        self.publish("training");
+
+        let mut loaded = self.loaded.take().expect("loaded above");
+        let ended = self.train(&mut loaded.trainer, a, &spec, group.as_ref());
+        self.loaded = Some(loaded);
+        ended
+    }
+
+    /// Runs the job's steps from `steps_done` until the last one or an interruption.
+    fn train(
+        &mut self,
+        trainer: &mut Trainer,
+        a: &Assignment,
+        spec: &JobSpec,
+        group: Option<&collective::Group>,
+    ) -> Result<Ended, AssignmentError> {
+        let batch =
+            BatchSpec::new(spec.batch.global as usize, spec.batch.micro as usize, spec.seq_len as usize)
+                .map_err(|e| AssignmentError(e.to_string()))?;
+        let loader =
+            Loader::from_config(&spec.data, batch, spec.seed).map_err(|e| AssignmentError(e.to_string()))?;
+        let ranks: Vec<usize> = a.virtual_ranks.iter().map(|&r| r as usize).collect();
+        let accum = spec.micro_batches_per_step() / u64::from(a.dp_size.max(1));
+        while self.steps_done < spec.steps {
+            if self.shared.interrupted(a.generation) {
+                return Ok(Ended::Interrupted);
+            }
+            let step = self.steps_done;
+            let started = Instant::now();
+            let learning_rate = spec.optimizer.learning_rate(step, spec.steps);
+            let reduce = group.map_or(Reduce::Alone, Reduce::Ring);
+            let outcome = match run_step(trainer, &loader, step, &ranks, accum, learning_rate, reduce) {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    // The state is still that of `step` steps: apply runs only after the reduce.
+                    trainer.discard_step().map_err(|e| AssignmentError(e.to_string()))?;
+                    if self.shared.interrupted(a.generation) {
+                        return Ok(Ended::Interrupted);
+                    }
+                    return Ok(self.step_failed(a, step, e));
+                }
+            };
+            let seconds = started.elapsed().as_secs_f64();
+            self.steps_done = step + 1;
+            self.publish("training");
+            let applied = outcome.applied;
+            let report = StepReport {
+                job_id: self.config.job_id.clone(),
+                worker_id: self.worker_id.clone(),
+                generation: a.generation,
+                step: step + 1,
+                loss_sum: applied.loss_sum,
+                token_count: applied.token_count,
+                grad_norm: f64::from(applied.grad_norm),
+                step_seconds: seconds,
+                tokens: outcome.tokens,
+                metrics: [("learning_rate".to_string(), learning_rate)].into(),
+            };
+            if self.reports.blocking_send(report).is_err() {
+                return Ok(Ended::Interrupted);
+            }
+            let loss = applied.loss_sum / applied.token_count.max(1.0);
+            self.log("info", format!("step {} loss {loss:.4} ({seconds:.2}s)", step + 1));
+        }
+        self.log("info", format!("finished the job's {} steps", spec.steps));
+        Ok(Ended::Finished)
+    }
+
+    /// A step failed without a directive: tell the leader whom to suspect.
+    fn step_failed(&mut self, a: &Assignment, step: u64, e: WorkerError) -> Ended {
+        let suspect = match &e {
+            WorkerError::Collective(
+                collective::Error::PeerLost { member, .. } | collective::Error::Protocol { member, .. },
+            ) => a.peers.get(*member).map(|p| p.worker_id.clone()),
+            // A peer that aborted or relayed a failure was told by someone else, who reports it.
+            WorkerError::Collective(_) => None,
+            _ => Some(String::new()),
+        };
+        self.log("warn", format!("step {} failed: {e}", step + 1));
+        if let Some(suspect) = suspect {
+            self.fail(format!("step {}: {e}", step + 1), suspect);
+        }
+        Ended::Failed
+    }
+
+    /// Compiles the assignment's bundle unless it is the one already loaded.
+    fn load(&mut self, a: &Assignment) -> Result<(), AssignmentError> {
+        if self.loaded.as_ref().is_some_and(|l| l.bundle_id == a.bundle_id) {
+            return Ok(());
+        }
+        self.publish("loading");
+        let path = a.bundle_uri.strip_prefix("file://").unwrap_or(&a.bundle_uri);
+        let bundle = bundle::Bundle::load(std::path::Path::new(path))
+            .map_err(|e| AssignmentError(format!("the job's bundle: {e}")))?;
+        if bundle.id() != a.bundle_id {
+            return Err(AssignmentError(format!(
+                "the bundle at {} is {}, but the job was submitted with {}; resubmit the job",
+                a.bundle_uri,
+                bundle.id(),
+                a.bundle_id
+            )));
+        }
+        self.publish("compiling");
+        let started = Instant::now();
+        let plugin = pjrt::Plugin::load(&self.config.plugin)
+            .map_err(|e| AssignmentError(format!("PJRT plugin {}: {e}", self.config.plugin.display())))?;
+        let slice = Slice::open(plugin, &bundle.manifest().platform, bundle.mesh())
+            .map_err(|e| AssignmentError(e.to_string()))?;
+        let trainer = Trainer::new(slice, &bundle).map_err(|e| AssignmentError(e.to_string()))?;
+        self.log(
+            "info",
+            format!(
+                "compiled {} for {} in {:.1}s",
+                &a.bundle_id[..12.min(a.bundle_id.len())],
+                bundle.mesh(),
+                started.elapsed().as_secs_f64()
+            ),
+        );
+        self.loaded = Some(Loaded { bundle_id: a.bundle_id.clone(), trainer });
+        self.steps_done = 0;
+        Ok(())
+    }
+
+    /// Brings the state to the assignment's start step.
+    fn resume(&mut self, a: &Assignment, spec: &JobSpec) -> Result<(), AssignmentError> {
+        let source = a.resume.as_ref().and_then(|r| r.source.as_ref());
+        let loaded = self.loaded.as_mut().expect("loaded before resume");
+        match source {
+            None | Some(resume::Source::Fresh(_)) => {
+                loaded.trainer.init(init_seed(spec.seed)).map_err(|e| AssignmentError(e.to_string()))?;
+                self.steps_done = 0;
+            }
+            Some(resume::Source::Keep(_)) => {
+                if self.steps_done != a.start_step {
+                    return Err(AssignmentError(format!(
+                        "told to keep the state at step {}, but this worker holds step {}",
+                        a.start_step, self.steps_done
+                    )));
+                }
+                // A member that is new to the job will ask a survivor for this state.
+                let state = loaded.trainer.download_state().map_err(|e| AssignmentError(e.to_string()))?;
+                self.state_server.publish(&a.job_id, self.steps_done, state);
+            }
+            Some(resume::Source::Peer(p)) => {
+                self.shared.publish(|s| s.phase = "syncing");
+                let started = Instant::now();
+                let key = state_key(&p.worker_id);
+                let addr = self
+                    .runtime
+                    .block_on(self.client.kv_get(&a.job_id, &key, Duration::from_secs(30)))
+                    .map_err(|e| {
+                        AssignmentError(format!("finding peer {}'s state server: {e}", p.worker_id))
+                    })?;
+                let addr: SocketAddr = String::from_utf8_lossy(&addr)
+                    .parse()
+                    .map_err(|e| AssignmentError(format!("peer {}'s state address: {e}", p.worker_id)))?;
+                let layout = loaded.trainer.state_layout();
+                let state = peer::fetch(addr, &a.job_id, p.step, &layout, PEER_STATE_WAIT)
+                    .map_err(|e| AssignmentError(e.to_string()))?;
+                let bytes: usize = state.iter().map(|(_, b)| b.len()).sum();
+                loaded.trainer.upload_state(&state).map_err(|e| AssignmentError(e.to_string()))?;
+                self.steps_done = p.step;
+                self.log(
+                    "info",
+                    format!(
+                        "caught up from peer {} at step {}: {:.1} MiB in {:.2}s",
+                        p.worker_id,
+                        p.step,
+                        bytes as f64 / (1 << 20) as f64,
+                        started.elapsed().as_secs_f64()
+                    ),
+                );
+            }
+            Some(resume::Source::Checkpoint(c)) => {
+                return Err(AssignmentError(format!(
+                    "restoring checkpoint {} (step {}) is not wired into the worker agent yet",
+                    c.uri, c.step
+                )));
+            }
+        }
+        if self.steps_done != a.start_step {
+            return Err(AssignmentError(format!(
+                "the state is at step {} but the generation starts at step {}",
+                self.steps_done, a.start_step
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A failure inside an assignment, as the leader and the logs see it.
+#[derive(Debug)]
+struct AssignmentError(String);
+
+impl std::fmt::Display for AssignmentError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn resume_name(a: &Assignment) -> &'static str {
+    match a.resume.as_ref().and_then(|r| r.source.as_ref()) {
+        None | Some(resume::Source::Fresh(_)) => "fresh",
+        Some(resume::Source::Keep(_)) => "keep",
+        Some(resume::Source::Peer(_)) => "from a peer",
+        Some(resume::Source::Checkpoint(_)) => "from a checkpoint",
+    }
+}
+
+/// The ring of the generation: members in the assignment's order, ranks where it put them.
+fn group_spec(a: &Assignment, worker_id: &str) -> Result<GroupSpec, AssignmentError> {
+    let members = a
+        .peers
+        .iter()
+        .map(|p| {
+            p.data_addr.parse::<SocketAddr>().map_err(|e| {
+                AssignmentError(format!("peer {} data address {:?}: {e}", p.worker_id, p.data_addr))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut placement = vec![usize::MAX; a.dp_size as usize];
+    for (member, p) in a.peers.iter().enumerate() {
+        for &rank in &p.virtual_ranks {
+            let slot = placement.get_mut(rank as usize).ok_or_else(|| {
+                AssignmentError(format!("rank {rank} is beyond the data-parallel size {}", a.dp_size))
+            })?;
+            *slot = member;
+        }
+    }
+    if let Some(rank) = placement.iter().position(|&m| m == usize::MAX) {
+        return Err(AssignmentError(format!("the assignment places no member on rank {rank}")));
+    }
+    let me =
+        a.peers.iter().position(|p| p.worker_id == worker_id).ok_or_else(|| {
+            AssignmentError(format!("the assignment does not list this worker ({worker_id})"))
+        })?;
+    Ok(GroupSpec { job: a.job_id.clone(), generation: a.generation, members, placement, me })
+}

@@ -1,0 +1,688 @@
+//! Checkpoints of the train state: one slice's share saved in the background, restore onto any
+//! mesh, and the single-process loop's schedule (save every N steps and after the last, commit,
+//! retention, resume).
+//!
+//! The state is the bundle's `init` outputs, parameters and AdamW moments, with the manifest's
+//! names, shapes, dtypes and shardings. A save's topology is `dcn` slices, one host each, times
+//! the slice's ICI mesh. The bundle's shardings never name `dcn`, so every slice holds a whole
+//! replica and the checkpoint crate's write plan spreads the distinct shards over the hosts:
+//! each host copies off its devices only the shards it writes, once.
+//!
+//! Everything else a resume needs is a function of the step: AdamW's step count is the step, the
+//! learning rate is the schedule at the step, and a batch is a pure function of (seed, step,
+//! micro-batch). So the manifest's data position is `(seed, step)` and its RNG state is empty,
+//! and a run resumed at step `s` continues bitwise as if it had never stopped.
+//!
+//! - [`StateSaver`] starts a save at a step boundary (device -> host copy, then the upload in the
+//!   background); its [`PendingSave`] yields the [`HostSave`] (host report and save spec) that
+//!   the coordinator's `ReportCheckpoint` carries.
+//! - [`restore`] and [`restore_newest`] read exactly the regions each device of the trainer's
+//!   mesh holds, every chunk's CRC checked, and place them on the devices.
+//! - [`LocalCheckpoints`] is the single-process loop's side: saves committed through the store's
+//!   own markers ([`StoreCommitLog`]), retention, and resume.
+
+use crate::WorkerError;
+use crate::run::Observer;
+use crate::trainer::Trainer;
+use bytes::Bytes;
+use checkpoint::layout::parse_dir_name;
+use checkpoint::{
+    ArraySpec, AsyncSaver, Checkpoint, CheckpointError, CommitLog, DataPosition, HostReport, Limits,
+    Retention, SaveOptions, SaveSpec, SaverStatus, ShardBuffer, Storage, StoreCommitLog, StoreOptions,
+    Topology, committed_newest_first, finalize, gc,
+};
+use futures::FutureExt;
+use job::JobSpec;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Where this host's share of a save sits in the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SaveLayout {
+    /// The job's slices (`mesh.dcn`), one host each.
+    pub dcn: usize,
+    /// This host's slice: its host id in the checkpoint's topology.
+    pub slice: usize,
+    /// The job seed: with the step, where the data order resumes.
+    pub seed: u64,
+}
+
+/// The save spec of `trainer`'s state after `step` steps: a function of the bundle, the layout
+/// and the step only, so every host of a save builds the same one, as the finalizer requires.
+fn save_spec(
+    trainer: &Trainer,
+    layout: &SaveLayout,
+    step: u64,
+    save_id: &str,
+) -> Result<SaveSpec, WorkerError> {
+    if layout.slice >= layout.dcn {
+        return Err(WorkerError::Mismatch(format!(
+            "slice {} does not exist in a job of {} slice(s) (mesh.dcn)",
+            layout.slice, layout.dcn
+        )));
+    }
+    let topology = Topology::new(layout.dcn, trainer.slice().mesh().clone(), 1)?;
+    let arrays = trainer
+        .state_specs()
+        .iter()
+        .map(|t| ArraySpec::new(t.name.clone(), t.shape.clone(), t.dtype, t.sharding.clone()))
+        .collect();
+    Ok(SaveSpec {
+        step,
+        save_id: save_id.to_string(),
+        topology,
+        arrays,
+        bundle: trainer.bundle_id().to_string(),
+        data_position: DataPosition { seed: layout.seed, step },
+        rng_state: Vec::new(),
+        metadata: Default::default(),
+    })
+}
+
+/// Copies off the devices exactly the shards the write plan gives `host`: one copy of each,
+/// nothing of what another host writes. `spec` lists the state in the trainer's order.
+fn host_buffers(trainer: &Trainer, spec: &SaveSpec, host: usize) -> Result<Vec<ShardBuffer>, WorkerError> {
+    let plan = spec.plan()?;
+    let local = spec.topology.devices_of_host(host);
+    let mut buffers = Vec::new();
+    for shard in plan.host_shards(host) {
+        let name = &spec.arrays[shard.array].name;
+        let device = shard.devices.iter().copied().find(|d| local.contains(d)).ok_or_else(|| {
+            WorkerError::Mismatch(format!(
+                "the write plan gives host {host} a shard of '{name}' held only by devices {:?}",
+                shard.devices
+            ))
+        })?;
+        let data = trainer.download_state_shard(shard.array, device - local.start)?;
+        buffers.push(ShardBuffer { array: name.clone(), device, data: Bytes::from(data) });
+    }
+    Ok(buffers)
+}
+
+/// Saves one host's share of the state in the background, one save at a time.
+pub struct StateSaver {
+    saver: AsyncSaver,
+    layout: SaveLayout,
+    runtime: tokio::runtime::Handle,
+}
+
+impl StateSaver {
+    /// A saver writing to `storage` whose uploads run on `runtime`.
+    pub fn new(
+        storage: Storage,
+        options: SaveOptions,
+        layout: SaveLayout,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Self, WorkerError> {
+        Ok(Self { saver: AsyncSaver::new(storage, options)?, layout, runtime })
+    }
+
+    /// What the saver is doing.
+    pub fn status(&self) -> SaverStatus {
+        self.saver.status()
+    }
+
+    /// Starts saving the state after `step` steps as save attempt `save_id`: copies this host's
+    /// shards off the devices (the training stall; the state may change once this returns), then
+    /// uploads them in the background. While a previous save is still uploading, the new one is
+    /// refused with [`CheckpointError::SaveInProgress`] before anything is copied: saves are
+    /// reported, never stacked, and never hold two copies of the state.
+    pub fn start(&self, trainer: &Trainer, step: u64, save_id: &str) -> Result<PendingSave, WorkerError> {
+        if let SaverStatus::Running { step: running_step, bytes_written, bytes_total } = self.saver.status() {
+            return Err(CheckpointError::SaveInProgress {
+                running_step,
+                requested_step: step,
+                bytes_written,
+                bytes_total,
+            }
+            .into());
+        }
+        let spec = save_spec(trainer, &self.layout, step, save_id)?;
+        let copy_started = Instant::now();
+        let buffers = host_buffers(trainer, &spec, self.layout.slice)?;
+        let copy = copy_started.elapsed();
+        let bytes = buffers.iter().map(|b| b.data.len() as u64).sum();
+        let handle = {
+            let _inside = self.runtime.enter();
+            self.saver.start(&spec, self.layout.slice, buffers)?
+        };
+        Ok(PendingSave {
+            spec,
+            bytes,
+            copy,
+            started: Instant::now(),
+            upload: Box::pin(handle.finish()),
+            runtime: self.runtime.clone(),
+        })
+    }
+}
+
+type Upload = Pin<Box<dyn Future<Output = checkpoint::Result<HostReport>> + Send>>;
+
+/// A save whose upload runs in the background.
+pub struct PendingSave {
+    spec: SaveSpec,
+    bytes: u64,
+    copy: Duration,
+    started: Instant,
+    upload: Upload,
+    runtime: tokio::runtime::Handle,
+}
+
+/// Where a [`PendingSave`] is.
+pub enum SavePoll {
+    /// Still uploading.
+    Running(PendingSave),
+    /// Ended: this host's report, or why the upload failed.
+    Done(Result<HostSave, WorkerError>),
+}
+
+/// One host's finished share of a save: what `ReportCheckpoint` carries
+/// (`host_report_json`, `save_spec_json`) and what [`checkpoint::finalize`] takes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostSave {
+    /// The save, the same on every host.
+    pub spec: SaveSpec,
+    /// What this host wrote.
+    pub report: HostReport,
+    /// The device -> host copy: how long training stood still.
+    pub copy_seconds: f64,
+    /// The background upload, from its start to the report.
+    pub upload_seconds: f64,
+}
+
+impl PendingSave {
+    /// The save's spec.
+    pub fn spec(&self) -> &SaveSpec {
+        &self.spec
+    }
+
+    /// Bytes this host uploads.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The device -> host copy: how long training stood still.
+    pub fn copy_seconds(&self) -> f64 {
+        self.copy.as_secs_f64()
+    }
+
+    /// Checks without waiting whether the upload has ended.
+    pub fn poll(mut self) -> SavePoll {
+        match (&mut self.upload).now_or_never() {
+            None => SavePoll::Running(self),
+            Some(result) => SavePoll::Done(self.done(result)),
+        }
+    }
+
+    /// Waits for the upload to end, blocking the thread (not for use inside an async task).
+    pub fn wait(mut self) -> Result<HostSave, WorkerError> {
+        let result = self.runtime.clone().block_on(&mut self.upload);
+        self.done(result)
+    }
+
+    /// Waits for the upload to end.
+    pub async fn finish(mut self) -> Result<HostSave, WorkerError> {
+        let result = (&mut self.upload).await;
+        self.done(result)
+    }
+
+    fn done(self, result: checkpoint::Result<HostReport>) -> Result<HostSave, WorkerError> {
+        Ok(HostSave {
+            report: result?,
+            spec: self.spec,
+            copy_seconds: self.copy.as_secs_f64(),
+            upload_seconds: self.started.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+/// A restored state: where training continues.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restored {
+    /// Steps done: training continues with step `step + 1`.
+    pub step: u64,
+    /// Where the data order resumes: `(seed, step)`.
+    pub data_position: DataPosition,
+    /// The checkpoint's directory, `<root>/<step:012>-<save_id>`.
+    pub uri: String,
+}
+
+/// A committed checkpoint that [`restore_newest`] passed over, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PassedOver {
+    /// The checkpoint's directory.
+    pub uri: String,
+    /// The error that refused it, e.g. a chunk whose CRC does not match, naming the object and
+    /// its byte range.
+    pub reason: String,
+}
+
+/// Splits a checkpoint URI into its root and, when its last segment is a checkpoint directory
+/// (`<step:012>-<save_id>`), that directory's step and save id.
+pub fn split_uri(uri: &str) -> (&str, Option<(u64, String)>) {
+    let trimmed = uri.trim_end_matches('/');
+    match trimmed.rsplit_once('/') {
+        Some((root, last)) if !root.is_empty() && !root.ends_with(':') && !root.ends_with(":/") => {
+            match parse_dir_name(last) {
+                Some(dir) => (root, Some(dir)),
+                None => (trimmed, None),
+            }
+        }
+        _ => (trimmed, None),
+    }
+}
+
+fn dir_uri(storage: &Storage, dir: &str) -> String {
+    format!("{}/{dir}", storage.url().trim_end_matches('/'))
+}
+
+/// Restores the committed checkpoint at `uri`, a checkpoint directory
+/// (`<root>/<step:012>-<save_id>`, as the coordinator's `FromCheckpoint` names it) whose step must
+/// be `step`, onto `trainer`'s mesh: see [`restore_newest`] for what is read and checked.
+pub async fn restore(
+    trainer: &mut Trainer,
+    uri: &str,
+    step: u64,
+    store: &StoreOptions,
+) -> Result<Restored, WorkerError> {
+    let (root, dir) = split_uri(uri);
+    let Some((dir_step, save_id)) = dir else {
+        return Err(WorkerError::Mismatch(format!(
+            "'{uri}' names no checkpoint directory; pass <root>/<step:012>-<save_id>"
+        )));
+    };
+    if dir_step != step {
+        return Err(WorkerError::Mismatch(format!(
+            "checkpoint {uri} holds step {dir_step}, not the step {step} asked for"
+        )));
+    }
+    let storage = Storage::open(root, store)?;
+    let log = StoreCommitLog::new(storage.clone());
+    let commit =
+        log.list().await?.into_iter().find(|c| c.step == step && c.save_id == save_id).ok_or_else(|| {
+            CheckpointError::NotFound {
+                what: format!("a commit of checkpoint {uri}"),
+                hint: format!("it was never committed; `podctl ckpt list {root}` shows what is"),
+            }
+        })?;
+    let checkpoint = Checkpoint::open(&storage, &commit, &Limits::default()).await?;
+    place(trainer, &checkpoint).await?;
+    let manifest = checkpoint.manifest();
+    Ok(Restored {
+        step: manifest.step,
+        data_position: manifest.data_position,
+        uri: dir_uri(&storage, &commit.dir()),
+    })
+}
+
+/// Restores the newest committed checkpoint under `storage` that restores: its manifest checks
+/// out against the commit and every chunk read has the CRC the manifest recorded. Each device of
+/// the trainer's mesh gets exactly its region of every array, read once per distinct region with
+/// ranged reads. Checkpoints that fail those checks are passed over (listed, with the error, e.g.
+/// the corrupt object and byte range); `None` when nothing restores. A checkpoint of another
+/// model is an error, not passed over. The trainer's state changes only once every array is on
+/// the devices.
+pub async fn restore_newest(
+    trainer: &mut Trainer,
+    storage: &Storage,
+    log: &impl CommitLog,
+) -> Result<(Option<Restored>, Vec<PassedOver>), WorkerError> {
+    let mut passed_over = Vec::new();
+    for commit in committed_newest_first(log).await? {
+        let uri = dir_uri(storage, &commit.dir());
+        let attempt = async {
+            let checkpoint = Checkpoint::open(storage, &commit, &Limits::default()).await?;
+            place(trainer, &checkpoint).await?;
+            Ok::<_, WorkerError>(checkpoint)
+        };
+        match attempt.await {
+            Ok(checkpoint) => {
+                let manifest = checkpoint.manifest();
+                let restored = Restored { step: manifest.step, data_position: manifest.data_position, uri };
+                return Ok((Some(restored), passed_over));
+            }
+            Err(WorkerError::Checkpoint(error)) => {
+                tracing::warn!(checkpoint = %uri, %error, "passing over a checkpoint that does not restore");
+                passed_over.push(PassedOver { uri, reason: error.to_string() });
+            }
+            Err(other) => return Err(other),
+        }
+    }
+    Ok((None, passed_over))
+}
+
+/// Reads every state array's target regions and places them; replaces the trainer's state only
+/// when all are on the devices.
+async fn place(trainer: &mut Trainer, checkpoint: &Checkpoint) -> Result<(), WorkerError> {
+    let manifest = checkpoint.manifest();
+    let dir = checkpoint.commit().dir();
+    let specs = trainer.state_specs();
+    if manifest.arrays.len() != specs.len() {
+        return Err(WorkerError::Mismatch(format!(
+            "checkpoint {dir} holds {} arrays, this bundle's state has {}; restore a checkpoint of the same model",
+            manifest.arrays.len(),
+            specs.len()
+        )));
+    }
+    for spec in specs {
+        match manifest.array(&spec.name) {
+            Some(saved) if saved.shape == spec.shape && saved.dtype == spec.dtype => {}
+            Some(saved) => {
+                return Err(WorkerError::Mismatch(format!(
+                    "checkpoint {dir} holds '{}' as {}{:?}, this bundle's state has {}{:?}; restore a checkpoint of the same model and param_dtype",
+                    spec.name, saved.dtype, saved.shape, spec.dtype, spec.shape
+                )));
+            }
+            None => {
+                return Err(WorkerError::Mismatch(format!(
+                    "checkpoint {dir} has no array '{}'; restore a checkpoint of the same model",
+                    spec.name
+                )));
+            }
+        }
+    }
+    let mesh = trainer.slice().mesh().clone();
+    let devices: Vec<usize> = (0..mesh.num_devices()).collect();
+    let mut arrays = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let shards = checkpoint.restore_shards(&spec.name, &mesh, &spec.sharding, &devices).await?;
+        let mut pieces: Vec<&[u8]> = vec![&[]; devices.len()];
+        for shard in &shards {
+            for &d in &shard.devices {
+                pieces[d] = &shard.data;
+            }
+        }
+        arrays.push(trainer.slice().upload_shards(spec, &pieces)?);
+    }
+    trainer.set_state(arrays)
+}
+
+/// Where the single-process loop's state comes from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Resume {
+    /// The newest committed checkpoint under the job's checkpoint root that restores; a fresh
+    /// start when there is none (or the job saves no checkpoints).
+    #[default]
+    Newest,
+    /// A checkpoint directory (`<root>/<step:012>-<save_id>`), or a root whose newest committed
+    /// checkpoint that restores is taken. Nothing restorable there is an error.
+    From(String),
+}
+
+/// What the single-process loop's checkpoints did, for its observer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CheckpointEvent {
+    /// The run starts from a checkpoint, after passing over newer ones that do not restore.
+    Restored {
+        /// What was restored.
+        restored: Restored,
+        /// Newer committed checkpoints refused, and why.
+        passed_over: Vec<PassedOver>,
+    },
+    /// A save began: the state after `step` steps was copied off the devices in `copy_seconds`
+    /// (the training stall) and uploads in the background.
+    Started {
+        /// Steps done.
+        step: u64,
+        /// Bytes to upload.
+        bytes: u64,
+        /// The device -> host copy.
+        copy_seconds: f64,
+    },
+    /// A save was due after `step` steps while the one of `running_step` was still uploading:
+    /// not taken (saves are never stacked).
+    Skipped {
+        /// The step whose save was due.
+        step: u64,
+        /// The step whose save is uploading.
+        running_step: u64,
+        /// Its bytes uploaded so far.
+        bytes_written: u64,
+        /// Its bytes in total.
+        bytes_total: u64,
+    },
+    /// A save is committed and retention applied.
+    Committed {
+        /// Steps done.
+        step: u64,
+        /// The checkpoint's directory.
+        uri: String,
+        /// Bytes stored.
+        bytes: u64,
+        /// The background upload.
+        upload_seconds: f64,
+        /// Objects retention and orphan collection deleted.
+        deleted_objects: usize,
+    },
+}
+
+/// The single-process loop's checkpoints: resume, a save every `checkpoint.every` steps and after
+/// the last, each committed through the store's `COMMITTED` markers, then retention.
+///
+/// The checkpoint root belongs to the job: uncommitted directories in it are orphans of a
+/// stopped run of this job and are collected at once, not after the crate's default grace.
+pub struct LocalCheckpoints {
+    runtime: tokio::runtime::Runtime,
+    saves: Option<LocalSaves>,
+}
+
+struct LocalSaves {
+    storage: Storage,
+    log: StoreCommitLog,
+    saver: StateSaver,
+    every: u64,
+    retention: Retention,
+    /// Unique to this process, so a rerun never writes into a directory of an earlier attempt.
+    attempt: String,
+    pending: Option<PendingSave>,
+    /// The newest step committed under the root.
+    committed: Option<u64>,
+}
+
+impl LocalCheckpoints {
+    /// Opens the job's checkpoint root when the job saves checkpoints.
+    pub fn for_job(job: &JobSpec) -> Result<Self, WorkerError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("podctl-ckpt")
+            .enable_all()
+            .build()
+            .map_err(|e| WorkerError::Mismatch(format!("cannot start the checkpoint runtime: {e}")))?;
+        let saves = match (&job.checkpoint, job.checkpoint_uri()) {
+            (Some(spec), Some(uri)) => {
+                let storage = Storage::open(&uri, &StoreOptions::default())?;
+                let layout = SaveLayout { dcn: 1, slice: 0, seed: job.seed };
+                let saver = StateSaver::new(
+                    storage.clone(),
+                    SaveOptions::default(),
+                    layout,
+                    runtime.handle().clone(),
+                )?;
+                let started = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+                Some(LocalSaves {
+                    log: StoreCommitLog::new(storage.clone()),
+                    storage,
+                    saver,
+                    every: spec.every,
+                    retention: Retention {
+                        keep_last: spec.keep as usize,
+                        keep_every: spec.keep_every,
+                        min_orphan_age: Duration::ZERO,
+                    },
+                    attempt: format!("l{:x}", started.as_millis()),
+                    pending: None,
+                    committed: None,
+                })
+            }
+            _ => None,
+        };
+        Ok(Self { runtime, saves })
+    }
+
+    /// Restores the state the run starts from, per `resume`; returns the steps done, or `None`
+    /// when the run starts fresh (the caller initializes the state).
+    pub fn resume(
+        &mut self,
+        trainer: &mut Trainer,
+        job: &JobSpec,
+        resume: &Resume,
+        observer: &mut dyn Observer,
+    ) -> Result<Option<u64>, WorkerError> {
+        let (restored, passed_over) = match resume {
+            Resume::Newest => match &self.saves {
+                Some(saves) => self.runtime.block_on(restore_newest(trainer, &saves.storage, &saves.log))?,
+                None => (None, Vec::new()),
+            },
+            Resume::From(uri) => {
+                let store = StoreOptions::default();
+                let found = match split_uri(uri) {
+                    (_, Some((step, _))) => {
+                        (Some(self.runtime.block_on(restore(trainer, uri, step, &store))?), vec![])
+                    }
+                    (root, None) => {
+                        let storage = Storage::open(root, &store)?;
+                        let log = StoreCommitLog::new(storage.clone());
+                        self.runtime.block_on(restore_newest(trainer, &storage, &log))?
+                    }
+                };
+                if found.0.is_none() {
+                    let reasons: Vec<String> =
+                        found.1.iter().map(|p| format!("{}: {}", p.uri, p.reason)).collect();
+                    return Err(WorkerError::Mismatch(format!(
+                        "nothing to resume from under {uri}: no committed checkpoint restores{}",
+                        if reasons.is_empty() { String::new() } else { format!(" ({})", reasons.join("; ")) }
+                    )));
+                }
+                found
+            }
+        };
+        let Some(restored) = restored else { return Ok(None) };
+        let position = restored.data_position;
+        if position.seed != job.seed {
+            return Err(WorkerError::Mismatch(format!(
+                "checkpoint {} continues the data order of seed {}, but the job's seed is {}; set `seed: {}` or start without it",
+                restored.uri, position.seed, job.seed, position.seed
+            )));
+        }
+        if restored.step > job.steps {
+            return Err(WorkerError::Mismatch(format!(
+                "checkpoint {} is at step {}, past the job's {} steps; raise `steps` or start without it",
+                restored.uri, restored.step, job.steps
+            )));
+        }
+        // Restored from this job's own root: that step needs no second save at the end.
+        if let (Resume::Newest, Some(saves)) = (resume, &mut self.saves) {
+            saves.committed = Some(restored.step);
+        }
+        let step = restored.step;
+        observer.on_checkpoint(&CheckpointEvent::Restored { restored, passed_over });
+        Ok(Some(step))
+    }
+
+    /// After `step` steps: commits a save that finished, and starts one when due.
+    pub fn after_step(
+        &mut self,
+        trainer: &Trainer,
+        step: u64,
+        observer: &mut dyn Observer,
+    ) -> Result<(), WorkerError> {
+        let Some(saves) = &mut self.saves else { return Ok(()) };
+        if let Some(pending) = saves.pending.take() {
+            match pending.poll() {
+                SavePoll::Running(pending) => saves.pending = Some(pending),
+                SavePoll::Done(saved) => saves.commit(&self.runtime, saved?, observer)?,
+            }
+        }
+        if step % saves.every == 0 {
+            saves.start(trainer, step, observer)?;
+        }
+        Ok(())
+    }
+
+    /// At the end of the run, after `step` steps: waits for the save in flight and saves the
+    /// state unless that step is committed already.
+    pub fn finish(
+        &mut self,
+        trainer: &Trainer,
+        step: u64,
+        observer: &mut dyn Observer,
+    ) -> Result<(), WorkerError> {
+        let Some(saves) = &mut self.saves else { return Ok(()) };
+        if let Some(pending) = saves.pending.take() {
+            saves.commit(&self.runtime, pending.wait()?, observer)?;
+        }
+        if saves.committed != Some(step) {
+            let pending = saves.saver.start(trainer, step, &saves.attempt)?;
+            observer.on_checkpoint(&started(step, &pending));
+            saves.commit(&self.runtime, pending.wait()?, observer)?;
+        }
+        Ok(())
+    }
+}
+
+impl LocalSaves {
+    /// Starts a save, or reports that the previous one is still uploading.
+    fn start(
+        &mut self,
+        trainer: &Trainer,
+        step: u64,
+        observer: &mut dyn Observer,
+    ) -> Result<(), WorkerError> {
+        match self.saver.start(trainer, step, &self.attempt) {
+            Ok(pending) => {
+                observer.on_checkpoint(&started(step, &pending));
+                self.pending = Some(pending);
+                Ok(())
+            }
+            Err(WorkerError::Checkpoint(CheckpointError::SaveInProgress {
+                running_step,
+                bytes_written,
+                bytes_total,
+                ..
+            })) => {
+                observer.on_checkpoint(&CheckpointEvent::Skipped {
+                    step,
+                    running_step,
+                    bytes_written,
+                    bytes_total,
+                });
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes the manifest, records the commit (the marker), then applies retention; a failed
+    /// collection leaves the commit standing and is only logged.
+    fn commit(
+        &mut self,
+        runtime: &tokio::runtime::Runtime,
+        saved: HostSave,
+        observer: &mut dyn Observer,
+    ) -> Result<(), WorkerError> {
+        let reports = std::slice::from_ref(&saved.report);
+        let commit = runtime.block_on(finalize(&self.storage, &saved.spec, reports, &self.log))?;
+        self.committed = Some(commit.step);
+        let deleted_objects = match runtime.block_on(gc(&self.storage, &self.log, &self.retention, &[])) {
+            Ok(report) => report.objects_deleted,
+            Err(error) => {
+                tracing::warn!(%error, "checkpoint retention failed (the commit stands)");
+                0
+            }
+        };
+        observer.on_checkpoint(&CheckpointEvent::Committed {
+            step: commit.step,
+            uri: dir_uri(&self.storage, &commit.dir()),
+            bytes: saved.report.object.size,
+            upload_seconds: saved.upload_seconds,
+            deleted_objects,
+        });
+        Ok(())
+    }
+}
+
+fn started(step: u64, pending: &PendingSave) -> CheckpointEvent {
+    CheckpointEvent::Started { step, bytes: pending.bytes(), copy_seconds: pending.copy_seconds() }
+}
