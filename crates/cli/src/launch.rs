@@ -62,8 +62,11 @@ pub fn run(job_path: &Path, dry_run: bool, out: Option<PathBuf>, resume: Option<
         print!("{}", job.describe_layout()?);
         return Ok(());
     }
-    if job.mesh.dcn != 1 {
-        bail!("mesh.dcn = {}: this build trains one slice per job; set mesh.dcn to 1", job.mesh.dcn);
+    if job.mesh.dcn > 1 {
+        if resume.is_some() {
+            bail!("--resume: a job of several slices resumes from its own checkpoint root; drop the flag");
+        }
+        return crate::local::run(&job, &bundle, &plugin_path);
     }
 
     let spinner =

@@ -4,9 +4,11 @@
 mod ckpt;
 mod export;
 mod launch;
+mod local;
 mod plan;
 mod progress;
 mod toolchain;
+mod worker;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -51,6 +53,8 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Run a worker process for a job under a coordinator (one per host).
+    Worker(worker::WorkerArgs),
     /// Inspect and manage checkpoints: list, show, verify, rm.
     Ckpt {
         #[command(subcommand)]
@@ -65,6 +69,10 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Launch { job, dry_run, out, resume } => launch::run(&job, dry_run, out, resume),
         Command::Ckpt { command } => ckpt::run(command),
+        Command::Worker(args) => match worker::run(args) {
+            Ok(code) => return ExitCode::from(code),
+            Err(e) => Err(e),
+        },
         Command::Plan(args) => plan::run(&args),
         Command::CompileStats { args } => return planner::exact::child_main(args.into_iter()),
     };

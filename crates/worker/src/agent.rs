@@ -9,17 +9,20 @@
 //! stops at a step boundary: the state it holds is always that of a whole number of steps.
 
 use crate::WorkerError;
+use crate::ckpt::{self, PendingSave, SaveLayout, SavePoll, StateSaver};
 use crate::dp::{Reduce, run_step};
 use crate::peer::{self, StateServer};
 use crate::run::init_seed;
 use crate::slice::Slice;
 use crate::trainer::Trainer;
+use checkpoint::{CheckpointError, SaveOptions, Storage, StoreOptions};
 use collective::{AbortHandle, Endpoint, GroupSpec};
 use coordinator::client::{Client, ClientConfig, ClientError};
 use data::{BatchSpec, Loader};
 use job::JobSpec;
 use proto::v1::{
-    self, Assignment, Directive, Heartbeat, LogLine, StepReport, WorkerEvent, directive, resume, worker_event,
+    self, Assignment, CheckpointReport, Directive, Heartbeat, LogLine, StepReport, WorkerEvent, directive,
+    resume, worker_event,
 };
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -134,7 +137,11 @@ pub fn run(config: AgentConfig) -> Result<AgentExit, AgentError> {
         .thread_name("agent")
         .build()
         .map_err(|source| AgentError::Io { context: "starting the agent runtime", source })?;
-    let client = Client::new(config.coordinator.clone())?;
+    // The client's channels spawn their connection tasks on the runtime they are made in.
+    let client = {
+        let _inside = runtime.enter();
+        Client::new(config.coordinator.clone())?
+    };
     let endpoint = Endpoint::bind(SocketAddr::new(config.bind, 0))?;
     let state_server = StateServer::bind(SocketAddr::new(config.bind, 0))
         .map_err(|source| AgentError::Io { context: "binding the state server", source })?;
@@ -482,18 +489,23 @@ impl TrainerSide {
             "warn" => tracing::warn!("{message}"),
             _ => tracing::info!("{message}"),
         }
-        let line = LogLine {
+        let line = LogLine { level: level.into(), message, ..self.line_template() };
+        // A full queue drops the line: logs never hold up training.
+        let _ = self.logs.try_send(line);
+    }
+
+    /// A log line of this worker, now, at its step and generation.
+    fn line_template(&self) -> LogLine {
+        LogLine {
             job_id: self.config.job_id.clone(),
             worker_id: self.worker_id.clone(),
             slice: self.config.slice.unwrap_or_default(),
             unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64,
-            level: level.into(),
-            message,
+            level: "info".into(),
+            message: String::new(),
             step: self.steps_done,
             generation: self.generation,
-        };
-        // A full queue drops the line: logs never hold up training.
-        let _ = self.logs.try_send(line);
+        }
     }
 
     fn fail(&self, reason: String, suspect_worker_id: String) {
@@ -570,7 +582,11 @@ impl TrainerSide {
             Loader::from_config(&spec.data, batch, spec.seed).map_err(|e| AssignmentError(e.to_string()))?;
         let ranks: Vec<usize> = a.virtual_ranks.iter().map(|&r| r as usize).collect();
         let accum = spec.micro_batches_per_step() / u64::from(a.dp_size.max(1));
+        let mut saves = self.saves(a, spec)?;
         while self.steps_done < spec.steps {
+            if let Some(saves) = &mut saves {
+                saves.poll(self);
+            }
             if self.shared.interrupted(a.generation) {
                 return Ok(Ended::Interrupted);
             }
@@ -610,9 +626,37 @@ impl TrainerSide {
             }
             let loss = applied.loss_sum / applied.token_count.max(1.0);
             self.log("info", format!("step {} loss {loss:.4} ({seconds:.2}s)", step + 1));
+            if let Some(saves) = &mut saves
+                && self.steps_done % saves.every == 0
+                && self.steps_done < spec.steps
+            {
+                saves.start(self, trainer, self.steps_done)?;
+            }
         }
         self.log("info", format!("finished the job's {} steps", spec.steps));
+        if let Some(saves) = &mut saves {
+            // The final checkpoint completes the job: wait for the one in flight, then save.
+            saves.finish(self, trainer, spec.steps)?;
+        }
         Ok(Ended::Finished)
+    }
+
+    /// This generation's saver, when the job saves checkpoints: the members of the generation
+    /// are the save's hosts, each writing its share of the replica they all hold.
+    fn saves(&self, a: &Assignment, spec: &JobSpec) -> Result<Option<Saves>, AssignmentError> {
+        let Some(every) = spec.checkpoint.as_ref().map(|c| c.every.max(1)) else { return Ok(None) };
+        if a.checkpoint_uri.is_empty() {
+            return Ok(None);
+        }
+        let slice = a.peers.iter().position(|p| p.worker_id == self.worker_id).ok_or_else(|| {
+            AssignmentError(format!("this worker ({}) is not among the generation's peers", self.worker_id))
+        })?;
+        let layout = SaveLayout { dcn: a.peers.len(), slice, seed: spec.seed };
+        let storage = Storage::open(&a.checkpoint_uri, &StoreOptions::default())
+            .map_err(|e| AssignmentError(format!("checkpoint root {}: {e}", a.checkpoint_uri)))?;
+        let saver = StateSaver::new(storage, SaveOptions::default(), layout, self.runtime.clone())
+            .map_err(|e| AssignmentError(e.to_string()))?;
+        Ok(Some(Saves { saver, every, generation: a.generation, pending: None }))
     }
 
     /// A step failed without a directive: tell the leader whom to suspect.
@@ -721,10 +765,22 @@ impl TrainerSide {
                 );
             }
             Some(resume::Source::Checkpoint(c)) => {
-                return Err(AssignmentError(format!(
-                    "restoring checkpoint {} (step {}) is not wired into the worker agent yet",
-                    c.uri, c.step
-                )));
+                self.shared.publish(|s| s.phase = "restoring");
+                let started = Instant::now();
+                let restored = self
+                    .runtime
+                    .block_on(ckpt::restore(&mut loaded.trainer, &c.uri, c.step, &StoreOptions::default()))
+                    .map_err(|e| AssignmentError(format!("restoring checkpoint {}: {e}", c.uri)))?;
+                self.steps_done = restored.step;
+                self.log(
+                    "info",
+                    format!(
+                        "restored checkpoint {} (step {}) in {:.2}s",
+                        restored.uri,
+                        restored.step,
+                        started.elapsed().as_secs_f64()
+                    ),
+                );
             }
         }
         if self.steps_done != a.start_step {
@@ -734,6 +790,123 @@ impl TrainerSide {
             )));
         }
         Ok(())
+    }
+}
+
+/// One generation's checkpoint saves: at most one uploading, its report sent when it ends.
+struct Saves {
+    saver: StateSaver,
+    every: u64,
+    generation: u64,
+    pending: Option<PendingSave>,
+}
+
+impl Saves {
+    /// Save attempts are named by the generation: every member of it names a save alike, and a
+    /// later generation saving the same step writes a directory of its own.
+    fn save_id(&self) -> String {
+        format!("g{}", self.generation)
+    }
+
+    /// Starts a save after `step` steps, unless the previous one is still uploading (then the
+    /// due save is skipped and said so: saves are never stacked).
+    fn start(&mut self, side: &TrainerSide, trainer: &Trainer, step: u64) -> Result<(), AssignmentError> {
+        match self.saver.start(trainer, step, &self.save_id()) {
+            Ok(pending) => {
+                side.log(
+                    "info",
+                    format!(
+                        "checkpoint of step {step}: {:.1} MiB copied off the devices in {:.3}s, uploading",
+                        pending.bytes() as f64 / (1 << 20) as f64,
+                        pending.copy_seconds()
+                    ),
+                );
+                self.pending = Some(pending);
+                Ok(())
+            }
+            Err(WorkerError::Checkpoint(CheckpointError::SaveInProgress {
+                running_step,
+                bytes_written,
+                bytes_total,
+                ..
+            })) => {
+                side.log(
+                    "warn",
+                    format!(
+                        "checkpoint of step {step} skipped: the save of step {running_step} is still \
+                         uploading ({bytes_written} of {bytes_total} bytes)"
+                    ),
+                );
+                Ok(())
+            }
+            Err(e) => Err(AssignmentError(format!("checkpoint of step {step}: {e}"))),
+        }
+    }
+
+    /// Reports a save that has finished uploading; a failed upload is logged, and the next due
+    /// save tries again.
+    fn poll(&mut self, side: &TrainerSide) {
+        let Some(pending) = self.pending.take() else { return };
+        match pending.poll() {
+            SavePoll::Running(pending) => self.pending = Some(pending),
+            SavePoll::Done(Ok(saved)) => self.report(side, saved, false),
+            SavePoll::Done(Err(e)) => side.log("warn", format!("a checkpoint upload failed: {e}")),
+        }
+    }
+
+    /// Waits for the save in flight, then saves the final state and reports it, waiting for the
+    /// answer: the job completes once this checkpoint commits.
+    fn finish(&mut self, side: &TrainerSide, trainer: &Trainer, step: u64) -> Result<(), AssignmentError> {
+        if let Some(pending) = self.pending.take() {
+            let running = pending.spec().step;
+            match pending.wait() {
+                Ok(saved) => self.report(side, saved, running == step),
+                Err(e) => side.log("warn", format!("the checkpoint upload of step {running} failed: {e}")),
+            }
+            if running == step {
+                return Ok(());
+            }
+        }
+        self.start(side, trainer, step)?;
+        let pending = self.pending.take().expect("no save was in flight");
+        let saved = pending.wait().map_err(|e| AssignmentError(format!("final checkpoint: {e}")))?;
+        self.report(side, saved, true);
+        Ok(())
+    }
+
+    /// Sends this host's report; the coordinator commits once every member's is in.
+    fn report(&self, side: &TrainerSide, saved: ckpt::HostSave, wait: bool) {
+        let (Ok(host_report_json), Ok(save_spec_json)) =
+            (serde_json::to_vec(&saved.report), serde_json::to_vec(&saved.spec))
+        else {
+            side.log("error", "a checkpoint report could not be encoded".into());
+            return;
+        };
+        let report = CheckpointReport {
+            job_id: side.config.job_id.clone(),
+            worker_id: side.worker_id.clone(),
+            generation: self.generation,
+            step: saved.spec.step,
+            save_id: saved.spec.save_id.clone(),
+            host_report_json,
+            save_spec_json,
+        };
+        let (client, logs, step) = (side.client.clone(), side.logs.clone(), saved.spec.step);
+        let line = side.line_template();
+        let send = async move {
+            let message = match client.report_checkpoint(report).await {
+                Ok(ack) if ack.committed => format!("checkpoint of step {step} committed: {}", ack.uri),
+                Ok(_) => format!("checkpoint of step {step} uploaded; waiting for the other members"),
+                Err(e) => format!("checkpoint of step {step}: the report was refused: {e}"),
+            };
+            tracing::info!("{message}");
+            let _ = logs.try_send(LogLine { message, ..line });
+        };
+        if wait {
+            side.runtime.block_on(send);
+        } else {
+            side.runtime.spawn(send);
+        }
     }
 }
 

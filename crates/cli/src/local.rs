@@ -1,0 +1,246 @@
+//! Local mode with several slices: an embedded single-node coordinator and one worker process
+//! per slice on this machine, supervised like a cluster's hosts.
+//!
+//! The coordinator drives the job exactly as on a cluster (assignments, generations, step and
+//! checkpoint commits) and writes the run record; this module only starts the pieces, shows
+//! progress and replaces worker processes that die, which is what the Kubernetes controller does
+//! for pods.
+
+use crate::progress::human_rate;
+use anyhow::{Context, Result, bail};
+use bundle::Bundle;
+use coordinator::client::{Client, ClientConfig};
+use coordinator::{Config, Embedded};
+use indicatif::{ProgressBar, ProgressStyle};
+use job::JobSpec;
+use proto::v1::{JobState, JobStatus, SubmitJobRequest};
+use std::io::{IsTerminal, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How often the launcher looks at the job and its workers.
+const POLL: Duration = Duration::from_millis(500);
+/// Replacements of dead worker processes before the launcher gives up on the job.
+const MAX_RESPAWNS_PER_SLICE: u32 = 5;
+/// How long workers get to leave once the job has ended.
+const WORKER_EXIT_WAIT: Duration = Duration::from_secs(20);
+
+pub fn run(job: &JobSpec, bundle: &Bundle, plugin: &Path) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the coordinator's runtime")?;
+    runtime.block_on(launch(job, bundle, plugin))
+}
+
+/// A random hex token, for the coordinator's admin (it never leaves this process).
+fn random_token() -> Result<String> {
+    let mut bytes = [0u8; 24];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .context("reading /dev/urandom")?;
+    Ok(hex::encode(bytes))
+}
+
+struct Slot {
+    slice: u32,
+    child: Child,
+    respawns: u32,
+}
+
+struct Workers {
+    exe: PathBuf,
+    coordinator: String,
+    job_id: String,
+    token: String,
+    plugin: PathBuf,
+    logs: PathBuf,
+    slots: Vec<Slot>,
+}
+
+impl Workers {
+    fn spawn(&self, slice: u32, attempt: u32) -> Result<Child> {
+        let log_path = self.logs.join(format!("slice-{slice}.log"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("opening {}", log_path.display()))?;
+        use std::io::Write;
+        writeln!(&log, "--- worker process {attempt} of slice {slice}")?;
+        Command::new(&self.exe)
+            .args(["--log", "info", "worker", "--insecure-plaintext", "--coordinator", &self.coordinator])
+            .args(["--job", &self.job_id, "--slice", &slice.to_string(), "--host", &format!("local-{slice}")])
+            .arg("--plugin")
+            .arg(&self.plugin)
+            .env("PODCTL_TOKEN", &self.token)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting the worker of slice {slice}"))
+    }
+
+    /// Replaces worker processes that exited while the job still needs them; the coordinator
+    /// sees the replacement register and hands it the lost slice's ranks (catch-up from a peer,
+    /// or from the last checkpoint when none survived).
+    fn supervise(&mut self, bar: &ProgressBar) -> Result<()> {
+        for i in 0..self.slots.len() {
+            let Some(status) = self.slots[i].child.try_wait()? else { continue };
+            let slot = &self.slots[i];
+            if slot.respawns >= MAX_RESPAWNS_PER_SLICE {
+                bail!(
+                    "the worker of slice {} died {} times (last: {status}); see {}",
+                    slot.slice,
+                    slot.respawns + 1,
+                    self.logs.join(format!("slice-{}.log", slot.slice)).display()
+                );
+            }
+            bar.suspend(|| {
+                eprintln!("worker of slice {} exited ({status}); starting a replacement", slot.slice)
+            });
+            let (slice, attempt) = (slot.slice, slot.respawns + 2);
+            let child = self.spawn(slice, attempt)?;
+            let slot = &mut self.slots[i];
+            slot.child = child;
+            slot.respawns += 1;
+        }
+        Ok(())
+    }
+
+    /// Waits for the workers to leave (the coordinator told them to stop), then kills stragglers.
+    fn reap(&mut self) {
+        let deadline = Instant::now() + WORKER_EXIT_WAIT;
+        for slot in &mut self.slots {
+            while Instant::now() < deadline && matches!(slot.child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if matches!(slot.child.try_wait(), Ok(None)) {
+                let _ = slot.child.kill();
+                let _ = slot.child.wait();
+            }
+        }
+    }
+}
+
+async fn launch(job: &JobSpec, bundle: &Bundle, plugin: &Path) -> Result<()> {
+    let run_dir = std::path::absolute(job.output_dir())?;
+    let logs = run_dir.join("workers");
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    let mut job = job.clone();
+    job.output = Some(run_dir.clone());
+
+    let admin = random_token()?;
+    let mut config = Config::new(1, "127.0.0.1:0".parse()?, run_dir.join("coordinator"), admin.clone());
+    config.insecure_plaintext = true;
+    config.record_runs = true;
+    let node = Embedded::start(config).await.context("starting the embedded coordinator")?;
+    let address = node.addr().to_string();
+    let client = Client::new(ClientConfig::new(vec![address.clone()], admin, None))?;
+    let submitted = client
+        .submit(SubmitJobRequest {
+            spec_yaml: job.to_yaml(),
+            bundle_uri: format!("file://{}", std::path::absolute(bundle.dir())?.display()),
+            bundle_id: bundle.id().to_string(),
+            checkpoint_uri: job.checkpoint_uri().unwrap_or_default(),
+        })
+        .await?;
+    println!("coordinator {address}, job {}, run directory {}", submitted.job_id, run_dir.display());
+
+    let mut workers = Workers {
+        exe: std::env::current_exe()?,
+        coordinator: address,
+        job_id: submitted.job_id.clone(),
+        token: submitted.job_token,
+        plugin: plugin.to_path_buf(),
+        logs,
+        slots: Vec::new(),
+    };
+    for slice in 0..job.mesh.dcn as u32 {
+        let child = workers.spawn(slice, 1)?;
+        workers.slots.push(Slot { slice, child, respawns: 0 });
+    }
+
+    let outcome = follow(&client, &submitted.job_id, &mut workers, job.steps).await;
+    if outcome.is_err() {
+        let _ = client.stop_job(&submitted.job_id).await;
+    }
+    tokio::task::block_in_place(|| workers.reap());
+    // The run record closes when the coordinator applies the job's end; give it a moment.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    node.stop().await.context("stopping the embedded coordinator")?;
+    let status = outcome?;
+    match status.state() {
+        JobState::Completed => {
+            println!(
+                "done: {} steps, final loss {:.4}; metrics, events and plots in {}",
+                status.step,
+                status.loss,
+                run_dir.display()
+            );
+            Ok(())
+        }
+        state => bail!(
+            "the job ended {state:?}: {}; worker logs in {}",
+            status.message,
+            run_dir.join("workers").display()
+        ),
+    }
+}
+
+/// Shows the job's progress until it ends; Ctrl-C stops it.
+async fn follow(client: &Client, job_id: &str, workers: &mut Workers, total: u64) -> Result<JobStatus> {
+    let bar = ProgressBar::new(total);
+    if std::io::stderr().is_terminal() {
+        bar.set_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} steps {msg} [{elapsed_precise}]")
+                .expect("a valid template"),
+        );
+    } else {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let mut ctrl_c = std::pin::pin!(tokio::signal::ctrl_c());
+    let mut events_after = 0f64;
+    let mut last_printed = 0u64;
+    loop {
+        tokio::select! {
+            _ = &mut ctrl_c => {
+                bar.suspend(|| eprintln!("stopping the job (Ctrl-C)"));
+                client.stop_job(job_id).await?;
+            }
+            _ = tokio::time::sleep(POLL) => {}
+        }
+        let status = client.get_job(job_id).await?;
+        // Events arrive most recent last (the last 50): print the ones not seen yet.
+        let seen = events_after;
+        for event in status.events.iter().filter(|e| e.unix_seconds > seen) {
+            bar.suspend(|| eprintln!("step {}: {} {}", event.step, event.kind, event.detail));
+            events_after = event.unix_seconds;
+        }
+        bar.set_position(status.step);
+        bar.set_message(format!(
+            "loss {:.4} · {} · generation {} · {:?}",
+            status.loss,
+            human_rate(status.tokens_per_second),
+            status.generation,
+            status.state()
+        ));
+        if bar.is_hidden() && status.step >= last_printed + (total / 20).max(1) {
+            eprintln!(
+                "step {}/{} loss {:.4} {}",
+                status.step,
+                total,
+                status.loss,
+                human_rate(status.tokens_per_second)
+            );
+            last_printed = status.step;
+        }
+        if matches!(status.state(), JobState::Completed | JobState::Failed | JobState::Stopped) {
+            bar.finish_and_clear();
+            return Ok(status);
+        }
+        tokio::task::block_in_place(|| workers.supervise(&bar))?;
+    }
+}
