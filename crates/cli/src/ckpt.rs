@@ -29,6 +29,12 @@ pub enum CkptCommand {
         /// A checkpoint root or one checkpoint directory.
         uri: String,
     },
+    /// A SHA-256 of every array's contents (row-major, whatever the saved layout) and of the
+    /// whole state: two checkpoints with equal digests hold bitwise the same state.
+    Digest {
+        /// A checkpoint directory, <root>/<step:012>-<save_id>.
+        uri: String,
+    },
     /// Removes one checkpoint: forgets its commit, deletes its marker, then its data.
     Rm {
         /// A checkpoint directory, <root>/<step:012>-<save_id>.
@@ -43,6 +49,7 @@ pub fn run(command: CkptCommand) -> Result<()> {
             CkptCommand::List { uri } => list(&uri).await,
             CkptCommand::Show { uri } => show(&uri).await,
             CkptCommand::Verify { uri } => verify(&uri).await,
+            CkptCommand::Digest { uri } => digest(&uri).await,
             CkptCommand::Rm { uri } => rm(&uri).await,
         }
     })
@@ -104,6 +111,23 @@ async fn show(uri: &str) -> Result<()> {
     let commit = commit_of(uri, &log, dir).await?;
     let checkpoint = Checkpoint::open(&storage, &commit, &Limits::default()).await?;
     print!("{}", checkpoint.manifest().summary());
+    Ok(())
+}
+
+async fn digest(uri: &str) -> Result<()> {
+    use sha2::{Digest, Sha256};
+    let (storage, log, dir) = open(uri)?;
+    let commit = commit_of(uri, &log, dir).await?;
+    let checkpoint = Checkpoint::open(&storage, &commit, &Limits::default()).await?;
+    let mut state = Sha256::new();
+    for array in &checkpoint.manifest().arrays {
+        let bytes = checkpoint.read_region(&array.name, &mesh::Region::full(&array.shape)).await?;
+        let sum = Sha256::digest(&bytes);
+        state.update(array.name.as_bytes());
+        state.update(sum);
+        println!("{}  {}", hex::encode(sum), array.name);
+    }
+    println!("{}  state at step {}", hex::encode(state.finalize()), commit.step);
     Ok(())
 }
 

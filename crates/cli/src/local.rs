@@ -70,7 +70,7 @@ impl Workers {
             .with_context(|| format!("opening {}", log_path.display()))?;
         use std::io::Write;
         writeln!(&log, "--- worker process {attempt} of slice {slice}")?;
-        Command::new(&self.exe)
+        let child = Command::new(&self.exe)
             .args(["--log", "info", "worker", "--insecure-plaintext", "--coordinator", &self.coordinator])
             .args(["--job", &self.job_id, "--slice", &slice.to_string(), "--host", &format!("local-{slice}")])
             .arg("--plugin")
@@ -80,7 +80,12 @@ impl Workers {
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
-            .with_context(|| format!("starting the worker of slice {slice}"))
+            .with_context(|| format!("starting the worker of slice {slice}"))?;
+        // Operators (and the chaos tests) find a slice's process here.
+        let pid_path = self.logs.join(format!("slice-{slice}.pid"));
+        std::fs::write(&pid_path, child.id().to_string())
+            .with_context(|| format!("writing {}", pid_path.display()))?;
+        Ok(child)
     }
 
     /// Replaces worker processes that exited while the job still needs them; the coordinator

@@ -1,0 +1,167 @@
+//! Local launches of several slices: an embedded coordinator and one worker process per slice,
+//! through the real `podctl` binary and the CPU PJRT plugin. Data parallelism across slices
+//! keeps the math of one slice, reruns are bitwise identical, and preempted or killed workers
+//! change nothing in the parameters.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+/// A job of `dcn` slices of 4 CPU devices, the same global batch whatever `dcn` is, saving a
+/// checkpoint every `every` steps and after the last.
+fn job(dir: &Path, name: &str, dcn: u64, ici: &str, steps: u64, every: u64) -> PathBuf {
+    let run = dir.join(name);
+    let spec = format!(
+        "name: {name}\nmodel: tiny\nmesh: {{ dcn: {dcn}, ici: {{ {ici} }} }}\n\
+         batch: {{ global: 16, micro: 4 }}\nseq_len: 128\nsteps: {steps}\nseed: 3\n\
+         optimizer: {{ lr: 3.0e-3, warmup_steps: 5 }}\ndata: {{ kind: arithmetic }}\n\
+         checkpoint: {{ every: {every}, keep: 3 }}\noutput: {}\n",
+        run.display()
+    );
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&path, spec).unwrap();
+    path
+}
+
+fn podctl() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_podctl"));
+    command.env("PODCTL_HOME", root()).env("PODCTL_CACHE", root().join("target/test-cache"));
+    command
+}
+
+fn start(spec: &Path) -> Child {
+    podctl().arg("launch").arg(spec).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+}
+
+fn finish(child: Child, what: &str) {
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{what} failed:\n{stdout}\n{stderr}");
+}
+
+fn launch(spec: &Path) {
+    finish(start(spec), &spec.display().to_string());
+}
+
+fn run_dir(spec: &Path) -> PathBuf {
+    spec.with_extension("")
+}
+
+fn jsonl(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// Per-step loss from the run's `metrics.jsonl`.
+fn losses(spec: &Path) -> Vec<f64> {
+    jsonl(&run_dir(spec).join("metrics.jsonl")).iter().map(|l| l["loss"].as_f64().unwrap()).collect()
+}
+
+/// `podctl ckpt digest` of the final checkpoint: one hash of the whole state.
+fn final_digest(spec: &Path, steps: u64) -> String {
+    let root = run_dir(spec).join("checkpoints");
+    let dir = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(&format!("{steps:012}-")))
+        .unwrap_or_else(|| panic!("no checkpoint of step {steps} under {}", root.display()));
+    let out = podctl().args(["ckpt", "digest"]).arg(&dir).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    text.lines().last().unwrap().split_whitespace().next().unwrap().to_string()
+}
+
+#[test]
+fn slices_keep_the_math_of_one_slice_and_reruns_are_bitwise() {
+    const STEPS: u64 = 50;
+    let dir = tempfile::tempdir().unwrap();
+    let ici = "fsdp: 2, tp: 2";
+    let one = job(dir.path(), "one", 1, ici, STEPS, STEPS);
+    let two = job(dir.path(), "two", 2, ici, STEPS, STEPS);
+    let four = job(dir.path(), "four", 4, ici, STEPS, STEPS);
+    let again = job(dir.path(), "two-again", 2, ici, STEPS, STEPS);
+    for spec in [&one, &two, &four, &again] {
+        let started = Instant::now();
+        launch(spec);
+        println!("{}: {:.1}s", spec.display(), started.elapsed().as_secs_f64());
+    }
+    let reference = losses(&one);
+    assert_eq!(reference.len(), STEPS as usize);
+    for spec in [&two, &four] {
+        let other = losses(spec);
+        assert_eq!(other.len(), STEPS as usize, "{}", spec.display());
+        let worst = reference.iter().zip(&other).map(|(a, b)| (a - b).abs() / a.abs()).fold(0.0f64, f64::max);
+        println!(
+            "{}: largest relative loss difference to one slice over {STEPS} steps: {worst:.2e}",
+            spec.display()
+        );
+        assert!(worst <= 1e-4, "{}: {worst:e}", spec.display());
+    }
+    assert!(reference[STEPS as usize - 1] < reference[0] * 0.7, "the model trains: {reference:?}");
+    assert_eq!(losses(&two), losses(&again));
+    assert_eq!(final_digest(&two, STEPS), final_digest(&again, STEPS), "two runs of one job differ");
+}
+
+fn pid_of(spec: &Path, slice: u32) -> Option<i32> {
+    let path = run_dir(spec).join(format!("workers/slice-{slice}.pid"));
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn committed_steps(spec: &Path) -> usize {
+    jsonl(&run_dir(spec).join("metrics.jsonl")).len()
+}
+
+fn wait_for(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !ready() {
+        assert!(started.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn signal(pid: i32, signal: &str) {
+    let status = Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status().unwrap();
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+#[test]
+fn preempted_and_killed_workers_change_nothing_in_the_parameters() {
+    const STEPS: u64 = 40;
+    let dir = tempfile::tempdir().unwrap();
+    let ici = "fsdp: 2, tp: 1";
+    let calm = job(dir.path(), "calm", 2, ici, STEPS, 10);
+    let chaos = job(dir.path(), "chaos", 2, ici, STEPS, 10);
+    launch(&calm);
+
+    let child = start(&chaos);
+    let limit = Duration::from_secs(300);
+    wait_for("step 8", limit, || committed_steps(&chaos) >= 8);
+    // A spot preemption: SIGTERM, the notice goes to the coordinator at once.
+    let first = pid_of(&chaos, 1).unwrap();
+    signal(first, "TERM");
+    let at = committed_steps(&chaos);
+    wait_for("the replacement of slice 1", limit, || pid_of(&chaos, 1).is_some_and(|p| p != first));
+    wait_for("5 more steps", limit, || committed_steps(&chaos) >= at + 5);
+    // A silent loss: SIGKILL, found by the lease.
+    let second = pid_of(&chaos, 0).unwrap();
+    signal(second, "KILL");
+    let at = committed_steps(&chaos);
+    wait_for("the replacement of slice 0", limit, || pid_of(&chaos, 0).is_some_and(|p| p != second));
+    wait_for("5 more steps", limit, || committed_steps(&chaos) >= (at + 5).min(STEPS as usize));
+    finish(child, "the chaos run");
+
+    assert_eq!(losses(&calm), losses(&chaos), "per-step losses differ");
+    assert_eq!(final_digest(&calm, STEPS), final_digest(&chaos, STEPS), "the final states differ");
+    let events = jsonl(&run_dir(&chaos).join("events.jsonl"));
+    let generations: Vec<_> = events.iter().filter(|e| e["kind"] == "generation").collect();
+    for g in &generations {
+        println!("generation event at step {}: {}", g["step"], g["detail"]);
+    }
+    assert!(generations.len() >= 3, "a generation for the start and for each failure: {generations:?}");
+}
