@@ -125,7 +125,11 @@ fn slices_match_one_slice_and_placement_does_not_change_the_bits() {
     // Four logical ranks: on one member, and spread over two. Same bits.
     let packed = run(&bundle, 4, &[0, 0, 0, 0]);
     let spread = run(&bundle, 4, &[0, 1, 1, 0]);
-    assert_eq!(packed.losses, spread.losses);
+    // The reported loss sums each member's ranks first, so its last bits follow the placement;
+    // the parameters may not.
+    for (a, b) in packed.losses.iter().zip(&spread.losses) {
+        assert!((a - b).abs() <= 1e-12 * a.abs(), "{a} vs {b}");
+    }
     for ((name, a), (_, b)) in packed.state.iter().zip(&spread.state) {
         assert!(a == b, "{name} differs between placements");
     }
