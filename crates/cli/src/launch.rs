@@ -1,5 +1,6 @@
 //! `podctl launch`: run a job on this machine.
 
+use crate::connect::ConnectArgs;
 use crate::export::{ensure_bundle, export_args};
 use crate::progress::{Progress, human_rate};
 use crate::toolchain::Toolchain;
@@ -32,15 +33,22 @@ struct Summary<'a> {
     tokens_per_second: f64,
 }
 
-pub fn run(job_path: &Path, dry_run: bool, out: Option<PathBuf>, resume: Option<String>) -> Result<()> {
+pub fn run(
+    job_path: &Path,
+    dry_run: bool,
+    out: Option<PathBuf>,
+    resume: Option<String>,
+    connect: &ConnectArgs,
+) -> Result<()> {
     let mut job = JobSpec::load(job_path)?;
     if out.is_some() {
         job.output = out;
     }
     let tools = Toolchain::discover()?;
-    // The plugin is checked before the (slower) export so that a wrong path fails at once.
-    let plugin_path = tools.plugin(job.runtime.plugin.as_deref())?;
-    let plugin = pjrt::Plugin::load(&plugin_path)?;
+    // The plugin is checked before the (slower) export so that a wrong path fails at once; a
+    // cluster's workers bring their own.
+    let plugin_path = tools.plugin(job.runtime.plugin.as_deref());
+    let plugin_path = if connect.is_remote() { plugin_path.unwrap_or_default() } else { plugin_path? };
     let bundle = resolve_bundle(&tools, &job)?;
     let manifest = bundle.manifest();
     let parameters: u64 = manifest.params.iter().map(|p| p.shape.iter().product::<u64>()).sum();
@@ -62,12 +70,17 @@ pub fn run(job_path: &Path, dry_run: bool, out: Option<PathBuf>, resume: Option<
         print!("{}", job.describe_layout()?);
         return Ok(());
     }
-    if job.mesh.dcn > 1 {
+    if job.mesh.dcn > 1 || connect.is_remote() {
         if resume.is_some() {
-            bail!("--resume: a job of several slices resumes from its own checkpoint root; drop the flag");
+            bail!("--resume: a job under a coordinator resumes from its own checkpoint root; drop the flag");
         }
-        return crate::local::run(&job, &bundle, &plugin_path);
+        let cluster = match connect.is_remote() {
+            true => crate::local::Cluster::Remote(connect.client_config()?),
+            false => crate::local::Cluster::Local { plugin: plugin_path },
+        };
+        return crate::local::run(&job, &bundle, cluster);
     }
+    let plugin = pjrt::Plugin::load(&plugin_path)?;
 
     let spinner =
         spinner(format!("compiling for {} {} devices", job.ici_mesh().num_devices(), manifest.platform));

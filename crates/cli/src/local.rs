@@ -26,13 +26,78 @@ const MAX_RESPAWNS_PER_SLICE: u32 = 5;
 /// How long workers get to leave once the job has ended.
 const WORKER_EXIT_WAIT: Duration = Duration::from_secs(20);
 
-pub fn run(job: &JobSpec, bundle: &Bundle, plugin: &Path) -> Result<()> {
+/// Where the job runs.
+pub enum Cluster {
+    /// Here: an embedded coordinator and worker processes on `plugin`.
+    Local { plugin: PathBuf },
+    /// A coordinator cluster reached with this client configuration (admin token); its workers
+    /// are started by its controller or by hand (`podctl worker`).
+    Remote(ClientConfig),
+}
+
+pub fn run(job: &JobSpec, bundle: &Bundle, cluster: Cluster) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the coordinator's runtime")?;
-    runtime.block_on(launch(job, bundle, plugin))
+    runtime.block_on(async {
+        match cluster {
+            Cluster::Local { plugin } => launch(job, bundle, &plugin).await,
+            Cluster::Remote(config) => submit_remote(job, bundle, config).await,
+        }
+    })
+}
+
+/// Submits the job to a cluster and follows it; the job token goes to `<run>/job-token` (mode
+/// 0600) for the workers.
+async fn submit_remote(job: &JobSpec, bundle: &Bundle, config: ClientConfig) -> Result<()> {
+    let run_dir = std::path::absolute(job.output_dir())?;
+    std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+    let client = Client::new(config)?;
+    let submitted = client.submit(submit_request(job, bundle)?).await?;
+    let token_path = run_dir.join("job-token");
+    write_private(&token_path, &submitted.job_token)?;
+    println!("job {} submitted; its workers' token is in {}", submitted.job_id, token_path.display());
+    let status = follow(&client, &submitted.job_id, None, job.steps).await?;
+    ended(&status, &run_dir)
+}
+
+fn write_private(path: &Path, text: &str) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    std::io::Write::write_all(&mut file, text.as_bytes())?;
+    Ok(())
+}
+
+fn submit_request(job: &JobSpec, bundle: &Bundle) -> Result<SubmitJobRequest> {
+    Ok(SubmitJobRequest {
+        spec_yaml: job.to_yaml(),
+        bundle_uri: format!("file://{}", std::path::absolute(bundle.dir())?.display()),
+        bundle_id: bundle.id().to_string(),
+        checkpoint_uri: job.checkpoint_uri().unwrap_or_default(),
+    })
+}
+
+fn ended(status: &JobStatus, run_dir: &Path) -> Result<()> {
+    match status.state() {
+        JobState::Completed => {
+            println!(
+                "done: {} steps, final loss {:.4}; metrics, events and plots in {}",
+                status.step,
+                status.loss,
+                run_dir.display()
+            );
+            Ok(())
+        }
+        state => bail!("the job ended {state:?}: {}", status.message),
+    }
 }
 
 /// A random hex token, for the coordinator's admin (it never leaves this process).
@@ -144,14 +209,7 @@ async fn launch(job: &JobSpec, bundle: &Bundle, plugin: &Path) -> Result<()> {
     let node = Embedded::start(config).await.context("starting the embedded coordinator")?;
     let address = node.addr().to_string();
     let client = Client::new(ClientConfig::new(vec![address.clone()], admin, None))?;
-    let submitted = client
-        .submit(SubmitJobRequest {
-            spec_yaml: job.to_yaml(),
-            bundle_uri: format!("file://{}", std::path::absolute(bundle.dir())?.display()),
-            bundle_id: bundle.id().to_string(),
-            checkpoint_uri: job.checkpoint_uri().unwrap_or_default(),
-        })
-        .await?;
+    let submitted = client.submit(submit_request(&job, bundle)?).await?;
     println!("coordinator {address}, job {}, run directory {}", submitted.job_id, run_dir.display());
 
     let mut workers = Workers {
@@ -168,7 +226,7 @@ async fn launch(job: &JobSpec, bundle: &Bundle, plugin: &Path) -> Result<()> {
         workers.slots.push(Slot { slice, child, respawns: 0 });
     }
 
-    let outcome = follow(&client, &submitted.job_id, &mut workers, job.steps).await;
+    let outcome = follow(&client, &submitted.job_id, Some(&mut workers), job.steps).await;
     if outcome.is_err() {
         let _ = client.stop_job(&submitted.job_id).await;
     }
@@ -177,26 +235,16 @@ async fn launch(job: &JobSpec, bundle: &Bundle, plugin: &Path) -> Result<()> {
     tokio::time::sleep(Duration::from_millis(300)).await;
     node.stop().await.context("stopping the embedded coordinator")?;
     let status = outcome?;
-    match status.state() {
-        JobState::Completed => {
-            println!(
-                "done: {} steps, final loss {:.4}; metrics, events and plots in {}",
-                status.step,
-                status.loss,
-                run_dir.display()
-            );
-            Ok(())
-        }
-        state => bail!(
-            "the job ended {state:?}: {}; worker logs in {}",
-            status.message,
-            run_dir.join("workers").display()
-        ),
-    }
+    ended(&status, &run_dir).with_context(|| format!("worker logs in {}", run_dir.join("workers").display()))
 }
 
 /// Shows the job's progress until it ends; Ctrl-C stops it.
-async fn follow(client: &Client, job_id: &str, workers: &mut Workers, total: u64) -> Result<JobStatus> {
+async fn follow(
+    client: &Client,
+    job_id: &str,
+    mut workers: Option<&mut Workers>,
+    total: u64,
+) -> Result<JobStatus> {
     let bar = ProgressBar::new(total);
     if std::io::stderr().is_terminal() {
         bar.set_style(
@@ -246,6 +294,8 @@ async fn follow(client: &Client, job_id: &str, workers: &mut Workers, total: u64
             bar.finish_and_clear();
             return Ok(status);
         }
-        tokio::task::block_in_place(|| workers.supervise(&bar))?;
+        if let Some(workers) = workers.as_deref_mut() {
+            tokio::task::block_in_place(|| workers.supervise(&bar))?;
+        }
     }
 }
