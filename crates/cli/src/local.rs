@@ -100,6 +100,11 @@ fn ended(status: &JobStatus, run_dir: &Path) -> Result<()> {
     }
 }
 
+/// A free port on loopback, for a listener whose address must be known before it binds.
+fn free_loopback_port() -> Result<std::net::SocketAddr> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
 /// A random hex token, for the coordinator's admin (it never leaves this process).
 fn random_token() -> Result<String> {
     let mut bytes = [0u8; 24];
@@ -140,6 +145,8 @@ impl Workers {
             .args(["--job", &self.job_id, "--slice", &slice.to_string(), "--host", &format!("local-{slice}")])
             .arg("--plugin")
             .arg(&self.plugin)
+            .args(["--metrics-listen", "127.0.0.1:0", "--metrics-addr-file"])
+            .arg(self.logs.join(format!("slice-{slice}.metrics-addr")))
             .env("PODCTL_TOKEN", &self.token)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -206,11 +213,25 @@ async fn launch(job: &JobSpec, bundle: &Bundle, plugin: &Path) -> Result<()> {
     let mut config = Config::new(1, "127.0.0.1:0".parse()?, run_dir.join("coordinator"), admin.clone());
     config.insecure_plaintext = true;
     config.record_runs = true;
+    config.metrics_listen = Some(free_loopback_port()?);
+    let metrics = config.metrics_listen;
     let node = Embedded::start(config).await.context("starting the embedded coordinator")?;
     let address = node.addr().to_string();
+    // What `podctl status`/`logs` and a Prometheus scrape from another terminal need.
+    std::fs::write(run_dir.join("coordinator.addr"), &address)?;
+    if let Some(metrics) = metrics {
+        std::fs::write(run_dir.join("coordinator.metrics-addr"), metrics.to_string())?;
+    }
     let client = Client::new(ClientConfig::new(vec![address.clone()], admin, None))?;
     let submitted = client.submit(submit_request(&job, bundle)?).await?;
+    write_private(&run_dir.join("job-token"), &submitted.job_token)?;
     println!("coordinator {address}, job {}, run directory {}", submitted.job_id, run_dir.display());
+    println!(
+        "watch it from another terminal: podctl status {} --watch --coordinator {address} --insecure-plaintext \
+         --token-file {}",
+        submitted.job_id,
+        run_dir.join("job-token").display()
+    );
 
     let mut workers = Workers {
         exe: std::env::current_exe()?,

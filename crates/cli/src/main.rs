@@ -5,8 +5,10 @@ mod ckpt;
 mod export;
 mod launch;
 mod local;
+mod logs;
 mod plan;
 mod progress;
+mod status;
 mod toolchain;
 mod worker;
 
@@ -60,6 +62,13 @@ enum Command {
         #[command(subcommand)]
         command: ckpt::CkptCommand,
     },
+    /// A job's status (or every job's) from the coordinators: progress, slices, checkpoint,
+    /// recent events, leader; `--watch` keeps it on screen, `--json` for scripts.
+    Status(status::StatusArgs),
+    /// A job's worker logs, merged and labelled by slice; `-f` follows.
+    Logs(logs::LogsArgs),
+    /// Stop a job.
+    Stop(status::StopArgs),
 }
 
 fn main() -> ExitCode {
@@ -74,6 +83,9 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Plan(args) => plan::run(&args),
+        Command::Status(args) => status::run(&args),
+        Command::Logs(args) => logs::run(&args),
+        Command::Stop(args) => status::stop(&args),
         Command::CompileStats { args } => return planner::exact::child_main(args.into_iter()),
     };
     match result {

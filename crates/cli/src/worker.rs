@@ -28,6 +28,12 @@ pub struct WorkerArgs {
     /// This host's name, as people see it.
     #[arg(long)]
     host: Option<String>,
+    /// Serve Prometheus metrics at /metrics on this address (port 0 picks one).
+    #[arg(long, env = "PODCTL_WORKER_METRICS")]
+    metrics_listen: Option<std::net::SocketAddr>,
+    /// Write the metrics address here once bound.
+    #[arg(long, requires = "metrics_listen")]
+    metrics_addr_file: Option<PathBuf>,
 }
 
 /// Exit code of a worker that left on SIGTERM (preempted), as opposed to one told to stop.
@@ -49,6 +55,8 @@ pub fn run(args: WorkerArgs) -> Result<u8> {
         host,
         bind: args.bind,
         slice: args.slice,
+        metrics_listen: args.metrics_listen,
+        metrics_addr_file: args.metrics_addr_file,
     };
     match worker::agent::run(config)? {
         AgentExit::Stopped(reason) => {

@@ -119,6 +119,9 @@ pub struct Config {
     pub log_lines_per_job: usize,
     /// How the leader reaches the jobs' checkpoint stores (to write manifests and markers).
     pub store_options: checkpoint::StoreOptions,
+    /// Where to serve Prometheus metrics (`GET /metrics`, plain HTTP); `None`: not served.
+    /// Port 0 picks a free port (`Node::metrics_addr`).
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Config {
@@ -146,6 +149,7 @@ impl Config {
             max_sessions: 10_000,
             log_lines_per_job: 10_000,
             store_options: checkpoint::StoreOptions::default(),
+            metrics_listen: None,
         }
     }
 

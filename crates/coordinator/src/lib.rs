@@ -21,6 +21,8 @@
 //! - [`client`]: the client library podctl and workers use (leader discovery, redirects,
 //!   retries, deadlines).
 //! - [`tls`]: a development CA and certificates, and loading them.
+//! - [`metrics`]: Prometheus `/metrics` (jobs' steps, step times, recoveries, checkpoints, Raft),
+//!   served when `Config::metrics_listen` is set.
 //! - [`recorder`]: a job's run record (`metrics.jsonl`, `events.jsonl`, plots), when asked.
 //! - [`kubernetes`]: the coordinator's side of the Kubernetes controller (`crates/controller`):
 //!   the jobs' desired pods, lost pods as preemptions, the workers' tokens.
@@ -38,6 +40,7 @@ pub mod grpc;
 pub mod kubernetes;
 pub mod leader;
 pub mod logs;
+pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod recorder;

@@ -91,6 +91,7 @@ pub struct Node {
     ctx: Arc<Ctx>,
     listener: TcpListener,
     addr: SocketAddr,
+    metrics: Option<(TcpListener, SocketAddr)>,
 }
 
 impl Node {
@@ -104,6 +105,15 @@ impl Node {
             .local_addr()
             .map_err(|source| Error::Bind { addr: config.listen.to_string(), source })?;
         let advertise = config.advertise.clone().unwrap_or_else(|| addr.to_string());
+        let metrics = match config.metrics_listen {
+            Some(at) => {
+                let bind_err = |source| Error::Bind { addr: at.to_string(), source };
+                let listener = TcpListener::bind(at).await.map_err(bind_err)?;
+                let bound = listener.local_addr().map_err(bind_err)?;
+                Some((listener, bound))
+            }
+            None => None,
+        };
 
         let db = store::open_database(&config.data_dir)?;
         let log_store = LogStore::new(db.clone());
@@ -147,12 +157,17 @@ impl Node {
             admin_sha,
             config,
         });
-        Ok(Node { ctx, listener, addr })
+        Ok(Node { ctx, listener, addr, metrics })
     }
 
     /// The address the listener is bound to.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The address `/metrics` is served at, when `Config::metrics_listen` asked for it.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|(_, addr)| *addr)
     }
 
     /// The shared context (tests inspect the Raft node through it).
@@ -162,9 +177,14 @@ impl Node {
 
     /// Serves until `shutdown` resolves, then stops everything.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), Error> {
-        let Node { ctx, listener, .. } = self;
+        let Node { ctx, listener, metrics, .. } = self;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut tasks = tokio::task::JoinSet::new();
+        if let Some((metrics_listener, _)) = metrics {
+            let counters = Arc::new(crate::metrics::Counters::default());
+            tasks.spawn(crate::metrics::count(ctx.clone(), counters.clone(), stop_rx.clone()));
+            tasks.spawn(crate::metrics::serve(ctx.clone(), counters, metrics_listener, stop_rx.clone()));
+        }
         tasks.spawn(crate::leader::run(ctx.clone(), stop_rx.clone()));
         if ctx.config.record_runs {
             tasks.spawn(crate::recorder::run(ctx.clone(), stop_rx.clone()));
@@ -229,6 +249,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
 /// by the time [`Embedded::start`] returns.
 pub struct Embedded {
     addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
     ctx: Arc<Ctx>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), Error>>,
@@ -241,6 +262,7 @@ impl Embedded {
         config.peers.clear();
         let node = Node::bind(config).await?;
         let addr = node.local_addr();
+        let metrics_addr = node.metrics_addr();
         let advertise = node.ctx.advertise.clone();
         let ctx = node.ctx.clone();
         // The peers map drives `initialize_when_first`; the Config inside ctx is shared, so
@@ -264,12 +286,17 @@ impl Embedded {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Ok(Self { addr, ctx, stop: Some(stop), task })
+        Ok(Self { addr, metrics_addr, ctx, stop: Some(stop), task })
     }
 
     /// The address clients and workers dial.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The address `/metrics` is served at, when `Config::metrics_listen` asked for it.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// The node's shared context (a controller runs over it).

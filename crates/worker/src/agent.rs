@@ -11,6 +11,7 @@
 use crate::WorkerError;
 use crate::ckpt::{self, PendingSave, SaveLayout, SavePoll, StateSaver};
 use crate::dp::{Reduce, run_step};
+use crate::metrics::WorkerMetrics;
 use crate::peer::{self, StateServer};
 use crate::run::init_seed;
 use crate::slice::Slice;
@@ -59,6 +60,10 @@ pub struct AgentConfig {
     pub bind: IpAddr,
     /// The slice this worker was started for, when it knows (pods do).
     pub slice: Option<u32>,
+    /// Where to serve Prometheus metrics (`/metrics`); port 0 picks one.
+    pub metrics_listen: Option<SocketAddr>,
+    /// A file to write the metrics address into once bound (for launchers that chose port 0).
+    pub metrics_addr_file: Option<PathBuf>,
 }
 
 /// Why the agent returned.
@@ -169,6 +174,22 @@ pub fn run(config: AgentConfig) -> Result<AgentExit, AgentError> {
         None,
     ))?;
     tracing::info!(worker = %worker_id, data = %endpoint.local_addr(), "registered with the coordinator");
+    let metrics = Arc::new(WorkerMetrics::default());
+    if let Some(listen) = config.metrics_listen {
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind(listen))
+            .map_err(|source| AgentError::Io { context: "binding the metrics listener", source })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| AgentError::Io { context: "the metrics listener", source })?;
+        if let Some(file) = &config.metrics_addr_file {
+            std::fs::write(file, addr.to_string())
+                .map_err(|source| AgentError::Io { context: "writing the metrics address file", source })?;
+        }
+        tracing::info!(%addr, "serving Prometheus metrics at /metrics");
+        let (metrics, job, worker) = (metrics.clone(), config.job_id.clone(), worker_id.clone());
+        runtime.spawn(crate::metrics::serve(listener, move || metrics.render(&job, &worker)));
+    }
 
     let (status, _) = watch::channel(Status { phase: "ready", ..Status::default() });
     let shared = Arc::new(Shared {
@@ -203,6 +224,7 @@ pub fn run(config: AgentConfig) -> Result<AgentExit, AgentError> {
         loaded: None,
         steps_done: 0,
         generation: 0,
+        metrics,
     };
     let exit = trainer.run(control_rx);
     // Let the last reports and log lines go out before the runtime is dropped.
@@ -225,7 +247,7 @@ fn heartbeat(worker_id: &str, status: &Status, seq: u64) -> WorkerEvent {
 }
 
 /// This process's resident memory, from procfs (0 where there is none).
-fn rss_bytes() -> u64 {
+pub(crate) fn rss_bytes() -> u64 {
     let Ok(statm) = std::fs::read_to_string("/proc/self/statm") else { return 0 };
     let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
     pages * 4096
@@ -444,6 +466,7 @@ struct TrainerSide {
     loaded: Option<Loaded>,
     steps_done: u64,
     generation: u64,
+    metrics: Arc<WorkerMetrics>,
 }
 
 impl TrainerSide {
@@ -480,6 +503,8 @@ impl TrainerSide {
 
     fn publish(&self, phase: &'static str) {
         let (generation, steps_done) = (self.generation, self.steps_done);
+        self.metrics.step.set(steps_done as f64);
+        self.metrics.generation.set(generation as f64);
         self.shared.publish(|s| *s = Status { generation, steps_done, phase });
     }
 
@@ -607,6 +632,10 @@ impl TrainerSide {
             };
             let seconds = started.elapsed().as_secs_f64();
             self.steps_done = step + 1;
+            self.metrics.steps_total.add(1.0);
+            self.metrics.tokens_total.add(outcome.tokens as f64);
+            self.metrics.step_seconds.set(seconds);
+            self.metrics.tokens_per_second.set(outcome.tokens as f64 / seconds.max(1e-9));
             self.publish("training");
             let applied = outcome.applied;
             let report = StepReport {
@@ -670,6 +699,7 @@ impl TrainerSide {
             _ => Some(String::new()),
         };
         self.log("warn", format!("step {} failed: {e}", step + 1));
+        self.metrics.failed_steps_total.add(1.0);
         if let Some(suspect) = suspect {
             self.fail(format!("step {}: {e}", step + 1), suspect);
         }
@@ -700,6 +730,9 @@ impl TrainerSide {
         let slice = Slice::open(plugin, &bundle.manifest().platform, bundle.mesh())
             .map_err(|e| AssignmentError(e.to_string()))?;
         let trainer = Trainer::new(slice, &bundle).map_err(|e| AssignmentError(e.to_string()))?;
+        if let Ok(stats) = trainer.grad_step_memory() {
+            self.metrics.device_bytes.set(stats.peak_bytes as f64);
+        }
         self.log(
             "info",
             format!(
@@ -753,6 +786,8 @@ impl TrainerSide {
                 let bytes: usize = state.iter().map(|(_, b)| b.len()).sum();
                 loaded.trainer.upload_state(&state).map_err(|e| AssignmentError(e.to_string()))?;
                 self.steps_done = p.step;
+                self.metrics.peer_catchups_total.add(1.0);
+                self.metrics.peer_catchup_seconds.set(started.elapsed().as_secs_f64());
                 self.log(
                     "info",
                     format!(
@@ -772,6 +807,8 @@ impl TrainerSide {
                     .block_on(ckpt::restore(&mut loaded.trainer, &c.uri, c.step, &StoreOptions::default()))
                     .map_err(|e| AssignmentError(format!("restoring checkpoint {}: {e}", c.uri)))?;
                 self.steps_done = restored.step;
+                self.metrics.restores_total.add(1.0);
+                self.metrics.restore_seconds.set(started.elapsed().as_secs_f64());
                 self.log(
                     "info",
                     format!(
@@ -813,6 +850,7 @@ impl Saves {
     fn start(&mut self, side: &TrainerSide, trainer: &Trainer, step: u64) -> Result<(), AssignmentError> {
         match self.saver.start(trainer, step, &self.save_id()) {
             Ok(pending) => {
+                side.metrics.checkpoint_stall_seconds_total.add(pending.copy_seconds());
                 side.log(
                     "info",
                     format!(
@@ -830,6 +868,7 @@ impl Saves {
                 bytes_total,
                 ..
             })) => {
+                side.metrics.checkpoint_skipped_total.add(1.0);
                 side.log(
                     "warn",
                     format!(
@@ -876,6 +915,8 @@ impl Saves {
 
     /// Sends this host's report; the coordinator commits once every member's is in.
     fn report(&self, side: &TrainerSide, saved: ckpt::HostSave, wait: bool) {
+        side.metrics.checkpoint_bytes_total.add(saved.report.object.size as f64);
+        side.metrics.checkpoint_upload_seconds.set(saved.upload_seconds);
         let (Ok(host_report_json), Ok(save_spec_json)) =
             (serde_json::to_vec(&saved.report), serde_json::to_vec(&saved.spec))
         else {

@@ -11,6 +11,7 @@
 //! - [`agent`]: the worker process under a coordinator: session, assignments, step reports,
 //!   quiesce and recovery.
 //! - [`peer`]: state transfer from a live peer to a replacement.
+//! - [`metrics`]: the agent's Prometheus page.
 //! - [`ckpt`]: checkpoints of the train state: a slice's share saved in the background, restore
 //!   onto any mesh, and the single-process loop's save schedule and resume.
 //!
@@ -22,6 +23,7 @@
 pub mod agent;
 pub mod ckpt;
 pub mod dp;
+pub mod metrics;
 pub mod peer;
 pub mod run;
 pub mod slice;

@@ -89,6 +89,9 @@ struct NodeArgs {
     /// Write each job's run record into its output directory.
     #[arg(long)]
     record_runs: bool,
+    /// Serve Prometheus metrics (`GET /metrics`, plain HTTP) at this address.
+    #[arg(long, env = "PODCTL_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
     #[command(flatten)]
     kube: KubeArgs,
 }
@@ -209,6 +212,7 @@ fn config(args: NodeArgs) -> anyhow::Result<Config> {
     config.insecure_plaintext = args.insecure_plaintext;
     config.snapshot_every = args.snapshot_every;
     config.record_runs = args.record_runs;
+    config.metrics_listen = args.metrics_listen;
     config.timeouts.lease = Duration::from_millis(args.lease_ms);
     config.timeouts.heartbeat = Duration::from_millis(args.heartbeat_ms);
     Ok(config)

@@ -2,6 +2,8 @@
 //!
 //! - `local`: an in-process single node (local mode) with simulated workers: a job to the end,
 //!   worker loss and replacement, checkpoints through the checkpoint crate, KV, logs, run record.
+//! - `metrics`: `/metrics` scraped during a job: steps, checkpoint bytes, a lease expiry and its
+//!   recovery, the Raft term and commit index.
 //! - `security`: tokens, client certificates, generation fencing, job isolation.
 //! - `kubernetes`: the controller inside a node against a Kubernetes API server on loopback:
 //!   a job's pods, a deleted pod as a preemption and its replacement, `--kube-context` routes.
@@ -18,5 +20,6 @@ mod cluster;
 mod common;
 mod kubernetes;
 mod local;
+mod metrics;
 mod security;
 mod sim;

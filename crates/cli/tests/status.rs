@@ -1,0 +1,140 @@
+//! `podctl status`, `logs` and `stop` through the real binary against an in-process
+//! coordinator on loopback (a job with no workers: it stays pending until stopped).
+
+use coordinator::client::{Client, ClientConfig};
+use coordinator::{Config, Embedded};
+use proto::v1::{LogLine, SubmitJobRequest};
+use serde_json::Value;
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+const ADMIN: &str = "admin-token-for-cli-tests-0123456789";
+
+async fn podctl(args: &[&str], addr: &str, token: &str) -> Output {
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_podctl"))
+            .args(args)
+            .args(["--coordinator", addr, "--insecure-plaintext"])
+            .env("PODCTL_TOKEN", token)
+            .env_remove("PODCTL_COORDINATOR")
+            .output(),
+    )
+    .await
+    .expect("podctl answers within a minute")
+    .unwrap()
+}
+
+fn text(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn spec(dir: &Path) -> String {
+    format!(
+        "name: watched\nmodel: tiny\nmesh: {{ dcn: 2, ici: {{ fsdp: 1, tp: 1 }} }}\n\
+         batch: {{ global: 4, micro: 1 }}\nseq_len: 16\nsteps: 10\ndata: {{ kind: arithmetic }}\noutput: {}\n",
+        dir.join("run").display()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_logs_and_stop_against_a_local_coordinator() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::new(1, "127.0.0.1:0".parse().unwrap(), dir.path().join("raft"), ADMIN);
+    config.insecure_plaintext = true;
+    let node = Embedded::start(config).await.unwrap();
+    let addr = node.addr().to_string();
+    let admin = Client::new(ClientConfig::new(vec![addr.clone()], ADMIN, None)).unwrap();
+    let submitted = admin
+        .submit(SubmitJobRequest {
+            spec_yaml: spec(dir.path()),
+            bundle_uri: "file:///nowhere".into(),
+            bundle_id: "00ff".into(),
+            checkpoint_uri: String::new(),
+        })
+        .await
+        .unwrap();
+    let job = submitted.job_id.clone();
+
+    // One JSON object, with the cluster's leader and term.
+    let out = text(&podctl(&["status", &job, "--json"], &addr, ADMIN).await);
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["job_id"], job.as_str());
+    assert_eq!(v["name"], "watched");
+    assert_eq!(v["state"], "pending");
+    assert_eq!((v["step"].as_u64(), v["total_steps"].as_u64()), (Some(0), Some(10)));
+    assert!(v["loss"].is_null(), "{v}");
+    assert_eq!(v["leader"], format!("1@{addr}"));
+    assert!(v["cluster"]["term"].as_u64().unwrap() >= 1, "{v}");
+
+    // Piped, plain text: no escape sequences.
+    let one = text(&podctl(&["status", "watched"], &addr, ADMIN).await);
+    assert!(
+        one.starts_with(&format!("job watched ({job})  PENDING  generation 0  leader 1@{addr}")),
+        "{one}"
+    );
+    assert!(one.contains("step 0/10") && !one.contains('\x1b'), "{one}");
+    let list = text(&podctl(&["status"], &addr, ADMIN).await);
+    assert!(list.contains("NAME") && list.contains("watched") && list.contains("pending"), "{list}");
+
+    // Logs the job's workers pushed, merged and labelled, one slice of them.
+    let workers = admin.with_token(&submitted.job_token).unwrap();
+    let line = |slice, unix_ms, message: &str| LogLine {
+        job_id: job.clone(),
+        worker_id: format!("w{slice}"),
+        slice,
+        unix_ms,
+        level: "info".into(),
+        message: message.into(),
+        step: 3,
+        generation: 1,
+    };
+    workers
+        .push_logs(vec![line(0, 1_000, "zero"), line(1, 2_000, "one"), line(0, 3_000, "two")])
+        .await
+        .unwrap();
+    let logs = text(&podctl(&["logs", &job], &addr, &submitted.job_token).await);
+    assert_eq!(
+        logs.lines().collect::<Vec<_>>(),
+        [
+            "00:00:01.000 s0 w0 g1 step 3 INFO  zero",
+            "00:00:02.000 s1 w1 g1 step 3 INFO  one",
+            "00:00:03.000 s0 w0 g1 step 3 INFO  two"
+        ]
+    );
+    let slice0 = text(&podctl(&["logs", &job, "--slice", "0", "--tail", "1"], &addr, ADMIN).await);
+    assert_eq!(slice0.trim(), "00:00:03.000 s0 w0 g1 step 3 INFO  two");
+
+    // A watch prints JSON lines until the job ends; stopping it ends the watch.
+    let watch = {
+        let addr = addr.clone();
+        let job = job.clone();
+        tokio::spawn(async move {
+            podctl(&["status", &job, "--watch", "--json", "--interval-ms", "200"], &addr, ADMIN).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let stopped = text(&podctl(&["stop", "watched"], &addr, ADMIN).await);
+    assert_eq!(stopped.trim(), "watched: stopped");
+    let watched = text(&tokio::time::timeout(Duration::from_secs(30), watch).await.unwrap().unwrap());
+    let states: Vec<String> = watched
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["state"].as_str().unwrap().to_string())
+        .collect();
+    assert!(states.len() >= 2, "{watched}");
+    assert_eq!(states.first().map(String::as_str), Some("pending"));
+    assert_eq!(states.last().map(String::as_str), Some("stopped"));
+
+    // No token: a message that names the fix, status 2.
+    let out = podctl(&["status"], &addr, "").await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("PODCTL_TOKEN"), "{out:?}");
+    node.stop().await.unwrap();
+}
