@@ -509,10 +509,13 @@ impl TrainerSide {
     }
 
     fn log(&self, level: &str, message: String) {
+        // Structured fields, so JSON logs (`--log-json`) can be filtered by job, slice and step.
+        let (job, worker, slice) = (&self.config.job_id, &self.worker_id, self.config.slice);
+        let (step, generation) = (self.steps_done, self.generation);
         match level {
-            "error" => tracing::error!("{message}"),
-            "warn" => tracing::warn!("{message}"),
-            _ => tracing::info!("{message}"),
+            "error" => tracing::error!(job, worker, slice, step, generation, "{message}"),
+            "warn" => tracing::warn!(job, worker, slice, step, generation, "{message}"),
+            _ => tracing::info!(job, worker, slice, step, generation, "{message}"),
         }
         let line = LogLine { level: level.into(), message, ..self.line_template() };
         // A full queue drops the line: logs never hold up training.
