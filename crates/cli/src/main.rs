@@ -2,6 +2,7 @@
 //! more than glue belongs in a library crate.
 
 mod ckpt;
+mod connect;
 mod export;
 mod launch;
 mod local;
@@ -46,6 +47,9 @@ enum Command {
         /// root (default: the newest under the job's own checkpoint root, if any).
         #[arg(long)]
         resume: Option<String>,
+        /// Submit to this coordinator cluster instead of running one here (see `podctl worker`).
+        #[command(flatten)]
+        connect: connect::ConnectArgs,
     },
     /// Plan a job: the meshes, micro-batches and remat policies that fit, and the fastest.
     Plan(plan::PlanArgs),
@@ -76,7 +80,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log, cli.log_json);
     let result = match cli.command {
-        Command::Launch { job, dry_run, out, resume } => launch::run(&job, dry_run, out, resume),
+        Command::Launch { job, dry_run, out, resume, connect } => {
+            launch::run(&job, dry_run, out, resume, &connect)
+        }
         Command::Ckpt { command } => ckpt::run(command),
         Command::Worker(args) => match worker::run(args) {
             Ok(code) => return ExitCode::from(code),
