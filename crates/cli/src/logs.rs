@@ -4,7 +4,8 @@
 //! and it reconnects, skipping lines it already printed (a new leader starts with an empty
 //! ring, so lines pushed during the change may be missing).
 
-use crate::status::{ConnectArgs, clock};
+use crate::connect::ConnectArgs;
+use crate::status::clock;
 use anyhow::Context;
 use clap::Args;
 use proto::v1::{JobState, LogLine, LogsRequest};
@@ -74,7 +75,7 @@ pub fn run(args: &LogsArgs) -> anyhow::Result<()> {
     let runtime = crate::status::runtime()?;
     // The client dials lazily, which needs the runtime.
     let _entered = runtime.enter();
-    let client = args.connect.client()?;
+    let client = crate::status::client(&args.connect)?;
     runtime.block_on(async {
         let printing = async {
             let mut seen = Seen::default();

@@ -6,64 +6,21 @@
 //! place (cursor up, clear to the end of the screen, line wrap off while it runs); piped, it
 //! prints one plain line per update; `--json` prints one object, or one line per update.
 
-use anyhow::{Context, bail};
+use crate::connect::ConnectArgs;
+use anyhow::Context;
 use clap::Args;
-use coordinator::client::{Client, ClientConfig};
-use coordinator::tls::ClientTls;
+use coordinator::client::Client;
 use proto::v1::{ClusterInfo, JobState, JobStatus};
 use serde_json::{Value, json};
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
 use std::time::Duration;
 
-/// How to reach the coordinators (shared by `status`, `logs` and `stop`).
-#[derive(Args, Debug, Clone)]
-pub struct ConnectArgs {
-    /// Coordinator addresses, `host:port[,host:port...]`; any of them, the leader is found.
-    #[arg(long, env = "PODCTL_COORDINATOR", value_delimiter = ',', required = true)]
-    pub coordinator: Vec<String>,
-    /// A file holding the admin or job token (else PODCTL_TOKEN).
-    #[arg(long)]
-    pub token_file: Option<PathBuf>,
-    /// The CA certificate (PEM) that signed the coordinators' certificates.
-    #[arg(long, env = "PODCTL_CA")]
-    pub ca: Option<PathBuf>,
-    /// Talk plaintext (a local coordinator on loopback only).
-    #[arg(long)]
-    pub insecure_plaintext: bool,
-}
-
-impl ConnectArgs {
-    /// A client of the cluster, with the token and TLS these arguments give.
-    pub fn client(&self) -> anyhow::Result<Client> {
-        let token = match &self.token_file {
-            Some(path) => std::fs::read_to_string(path)
-                .with_context(|| format!("--token-file {}: cannot read it", path.display()))?
-                .trim()
-                .to_string(),
-            None => std::env::var("PODCTL_TOKEN").unwrap_or_default(),
-        };
-        if token.is_empty() {
-            bail!(
-                "no token: pass --token-file FILE or set PODCTL_TOKEN (the admin token or the job's token)"
-            );
-        }
-        let tls = match (&self.ca, self.insecure_plaintext) {
-            (Some(ca), false) => Some(
-                ClientTls::ca_only(ca).with_context(|| format!("--ca {}: cannot read it", ca.display()))?,
-            ),
-            (None, true) => None,
-            (Some(_), true) => bail!("--ca and --insecure-plaintext: choose one"),
-            (None, false) => bail!(
-                "no --ca: pass the coordinators' CA certificate (PODCTL_CA), or --insecure-plaintext for a \
-                 local coordinator on loopback"
-            ),
-        };
-        let mut config = ClientConfig::new(self.coordinator.clone(), token, tls);
-        config.call_timeout = Duration::from_secs(5);
-        config.retry_for = Duration::from_secs(15);
-        Ok(Client::new(config)?)
-    }
+/// A client of the cluster `connect` names, with deadlines for people waiting at a terminal.
+pub fn client(connect: &ConnectArgs) -> anyhow::Result<Client> {
+    let mut config = connect.client_config()?;
+    config.call_timeout = Duration::from_secs(5);
+    config.retry_for = Duration::from_secs(15);
+    Ok(Client::new(config)?)
 }
 
 /// `podctl status`.
@@ -111,7 +68,7 @@ pub fn stop(args: &StopArgs) -> anyhow::Result<()> {
     let runtime = runtime()?;
     // The client dials lazily, which needs the runtime.
     let _entered = runtime.enter();
-    let client = args.connect.client()?;
+    let client = client(&args.connect)?;
     runtime.block_on(async {
         let state = client.stop_job(&args.job).await.with_context(|| format!("stopping {}", args.job))?;
         println!("{}: {}", args.job, state_name(state));
@@ -123,7 +80,7 @@ pub fn stop(args: &StopArgs) -> anyhow::Result<()> {
 pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     let runtime = runtime()?;
     let _entered = runtime.enter();
-    let client = args.connect.client()?;
+    let client = client(&args.connect)?;
     runtime.block_on(async {
         let mut out = Output::new(args.json, std::io::stdout().is_terminal());
         let watched = async {
