@@ -18,7 +18,7 @@ use crate::slice::Slice;
 use crate::trainer::Trainer;
 use checkpoint::{CheckpointError, SaveOptions, Storage, StoreOptions};
 use collective::{AbortHandle, Endpoint, GroupSpec};
-use coordinator::client::{Client, ClientConfig, ClientError};
+use coordinator::client::{Client, ClientConfig, ClientError, Session};
 use data::{BatchSpec, Loader};
 use job::JobSpec;
 use proto::v1::{
@@ -38,6 +38,8 @@ const REPORTS_IN_FLIGHT: usize = 2;
 const LOG_QUEUE: usize = 1024;
 /// How long a replacement waits for its peer to offer the state.
 const PEER_STATE_WAIT: Duration = Duration::from_secs(120);
+/// How long a preempted worker holds its session for the leader to take the notice.
+const PREEMPTION_NOTICE_WAIT: Duration = Duration::from_secs(3);
 /// Forming the ring waits this long for every member: members compile and catch up first.
 const FORM_TIMEOUT: Duration = Duration::from_secs(300);
 /// The rendezvous key under which a worker announces its state server.
@@ -320,7 +322,7 @@ impl SessionSide {
                         }
                     }
                     _ = async { sigterm.as_mut().expect("guarded").recv().await }, if sigterm.is_some() => {
-                        self.preempted(&session.events, &control).await;
+                        self.preempted(&mut session, &control).await;
                         return;
                     }
                 }
@@ -372,7 +374,9 @@ impl SessionSide {
     }
 
     /// SIGTERM: tell the leader at once, so it re-forms the job without waiting for the lease.
-    async fn preempted(&self, events: &mpsc::Sender<WorkerEvent>, control: &std_mpsc::Sender<Control>) {
+    async fn preempted(&self, session: &mut Session, control: &std_mpsc::Sender<Control>) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.interrupt();
         let status = self.shared.status.borrow().clone();
         tracing::warn!(step = status.steps_done, "SIGTERM: leaving the job");
         let notice = WorkerEvent {
@@ -383,9 +387,25 @@ impl SessionSide {
                 deadline_ms: 30_000,
             })),
         };
-        let _ = events.send(notice).await;
-        self.shared.stop.store(true, Ordering::SeqCst);
-        self.shared.interrupt();
+        if session.events.send(notice).await.is_ok() {
+            // Dropping the session resets its stream, possibly before the notice is on the
+            // wire: hold it until the leader answers with a stop or ends the session.
+            let answered = tokio::time::timeout(PREEMPTION_NOTICE_WAIT, async {
+                while let Ok(Some(d)) = session.directives.message().await {
+                    if matches!(
+                        d.directive,
+                        Some(directive::Directive::Stop(_) | directive::Directive::Quiesce(_))
+                    ) {
+                        return;
+                    }
+                }
+            });
+            if answered.await.is_err() {
+                tracing::warn!(
+                    "the leader did not answer the preemption notice within {PREEMPTION_NOTICE_WAIT:?}"
+                );
+            }
+        }
         let _ = control.send(Control::Stop(AgentExit::Preempted));
     }
 
