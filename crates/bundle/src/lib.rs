@@ -14,7 +14,8 @@ mod manifest;
 mod presets;
 
 pub use manifest::{
-    ExporterInfo, Manifest, ModelConfig, OptimizerConfig, ProgramSpec, TensorSpec, TrainConfig,
+    ExporterInfo, MAX_TENSOR_BYTES, Manifest, ModelConfig, OptimizerConfig, ProgramSpec, TensorSpec,
+    TrainConfig,
 };
 pub use presets::{preset, presets};
 
@@ -91,13 +92,7 @@ impl Bundle {
         let dir = dir.as_ref().to_path_buf();
         let manifest_path = dir.join("manifest.json");
         let text = read(&manifest_path)?;
-        let manifest: Manifest = serde_json::from_slice(&text)
-            .map_err(|source| BundleError::Parse { path: manifest_path.clone(), source })?;
-        manifest.validate().map_err(|(field, reason)| BundleError::Invalid {
-            dir: dir.clone(),
-            field,
-            reason,
-        })?;
+        let manifest = Manifest::parse(&text, &dir)?;
 
         let mut hash = Sha256::new();
         hash.update(&text);

@@ -130,9 +130,14 @@ pub struct TensorSpec {
 impl TensorSpec {
     /// Bytes of the whole array.
     pub fn num_bytes(&self) -> u64 {
-        self.shape.iter().product::<u64>() * self.dtype.size() as u64
+        // Saturating: a validated manifest's tensors are at most MAX_TENSOR_BYTES.
+        self.shape.iter().fold(self.dtype.size() as u64, |acc, &d| acc.saturating_mul(d))
     }
 }
+
+/// Largest tensor a manifest may declare, in bytes (256 TiB): far past any model, and small
+/// enough that byte counts of whole tensors never overflow.
+pub const MAX_TENSOR_BYTES: u64 = 1 << 48;
 
 /// One program of the bundle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -289,6 +294,20 @@ fn signature(program: &str, shapes: &Shapes) -> (Vec<Slot>, Vec<Slot>) {
 }
 
 impl Manifest {
+    /// Parses `manifest.json` text and checks it against docs/BUNDLE.md, everything
+    /// [`crate::Bundle::load`] checks short of reading the program files; `dir` names the bundle
+    /// in errors.
+    pub fn parse(text: &[u8], dir: &std::path::Path) -> Result<Self, crate::BundleError> {
+        let manifest: Manifest = serde_json::from_slice(text)
+            .map_err(|source| crate::BundleError::Parse { path: dir.join("manifest.json"), source })?;
+        manifest.validate().map_err(|(field, reason)| crate::BundleError::Invalid {
+            dir: dir.to_path_buf(),
+            field,
+            reason,
+        })?;
+        Ok(manifest)
+    }
+
     pub(crate) fn validate(&self) -> Result<(), Violation> {
         if self.format != FORMAT {
             return Err((
@@ -399,6 +418,16 @@ impl Manifest {
     }
 
     fn check_tensor(&self, field: &str, t: &TensorSpec) -> Result<(), Violation> {
+        let bytes = t.shape.iter().try_fold(t.dtype.size() as u64, |acc, &d| acc.checked_mul(d));
+        if bytes.is_none_or(|b| b > MAX_TENSOR_BYTES) {
+            return Err((
+                format!("{field} ({})", t.name),
+                format!(
+                    "shape {:?} of {} is over {MAX_TENSOR_BYTES} bytes; the manifest is corrupt, export the bundle again",
+                    t.shape, t.dtype
+                ),
+            ));
+        }
         t.sharding
             .validate(&t.shape, &self.mesh)
             .map_err(|e| (format!("{field} ({})", t.name), e.to_string()))

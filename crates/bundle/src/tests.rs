@@ -131,6 +131,26 @@ fn names_the_broken_field() {
 }
 
 #[test]
+fn refuses_tensors_whose_byte_count_overflows() {
+    // Issue 10: a shape whose byte count overflows u64 passed the checks, then `num_bytes`
+    // panicked (debug) or wrapped (release) in whoever sized buffers from it.
+    let mut m = manifest();
+    m["params"][0]["shape"] = json!([1u64 << 32, 1u64 << 32]);
+    let e = load_err(&m);
+    assert!(e.contains("params[0] (params/embed)") && e.contains("is over 281474976710656 bytes"), "{e}");
+    let text = serde_json::to_vec(&m).unwrap();
+    let e = Manifest::parse(&text, std::path::Path::new("/b")).unwrap_err().to_string();
+    assert!(e.contains("is over 281474976710656 bytes"), "{e}");
+
+    let mut m = manifest();
+    m["programs"]["grad_step"]["outputs"][0]["shape"] = json!([1u64 << 62, 8]);
+    let e = load_err(&m);
+    assert!(e.contains("programs.grad_step.outputs[0]") && e.contains("is over"), "{e}");
+    let t: TensorSpec = serde_json::from_value(m["programs"]["grad_step"]["outputs"][0].clone()).unwrap();
+    assert_eq!(t.num_bytes(), u64::MAX);
+}
+
+#[test]
 fn reports_io_and_parse_errors_with_paths() {
     let dir = tempfile::tempdir().unwrap();
     let e = Bundle::load(dir.path()).unwrap_err().to_string();

@@ -389,6 +389,17 @@ impl JobSpec {
                     ),
                 );
             }
+            // URL parsing would resolve `..` silently (file://) where the store refuses it
+            // (s3://, gs://): refuse it here, for every scheme, so the root is what it says.
+            if let Some(uri) = &checkpoint.uri
+                && let Some((_, rest)) = uri.split_once("://")
+                && rest.split(['/', '\\', '?', '#']).any(|s| s == "." || s == "..")
+            {
+                return invalid(
+                    "checkpoint.uri",
+                    format!("'{uri}' has a '.' or '..' segment; write the checkpoint root without them"),
+                );
+            }
         }
         self.check_runtime()?;
         self.optimizer.validate(self.steps)?;

@@ -106,6 +106,14 @@ fn checkpoint_section_and_round_trip() {
     assert_eq!(again, spec);
     let e = parse(&format!("{TINY}\ncheckpoint: {{ every: 5, uri: /tmp/x }}")).unwrap_err();
     assert!(e.contains("`checkpoint.uri`"), "{e}");
+    // Issue 10: a root that climbs out of its prefix was accepted (and file:// resolved it).
+    for uri in
+        ["s3://bucket/jobs/../other", "file:///runs/../etc", "gs://b/./x", "file:///a/..", "s3://b/a\\..\\c"]
+    {
+        let e = parse(&format!("{TINY}\ncheckpoint: {{ every: 5, uri: '{uri}' }}")).unwrap_err();
+        assert!(e.contains("`checkpoint.uri`") && e.contains("'..' segment"), "{uri}: {e}");
+    }
+    parse(&format!("{TINY}\ncheckpoint: {{ every: 5, uri: 's3://bucket/jobs/a..b/c.d' }}")).unwrap();
     let e = parse(&format!("{TINY}\ncheckpoint: {{ every: 0 }}")).unwrap_err();
     assert!(e.contains("`checkpoint.every`"), "{e}");
 }

@@ -5,6 +5,8 @@
 //! - `metrics`: `/metrics` scraped during a job: steps, checkpoint bytes, a lease expiry and its
 //!   recovery, the Raft term and commit index.
 //! - `security`: tokens, client certificates, generation fencing, job isolation.
+//! - `hostile`: oversized RPCs, one job's token against another job, `..` in keys, no token in
+//!   logs or on disk.
 //! - `kubernetes`: the controller inside a node against a Kubernetes API server on loopback:
 //!   a job's pods, a deleted pod as a preemption and its replacement, `--kube-context` routes.
 //! - `cluster`: three `podctl-coordinator` processes on loopback: SIGKILL the leader mid-run,
@@ -18,6 +20,7 @@ extern crate podctl_coordinator as coordinator;
 
 mod cluster;
 mod common;
+mod hostile;
 mod kubernetes;
 mod local;
 mod metrics;

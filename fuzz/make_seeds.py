@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Writes the starting corpus of every fuzz target into fuzz/seeds/<target>/ (committed).
+
+Valid inputs of each format, so the fuzzer starts past the parsers' first refusals: the example
+job specs, a real bundle manifest (fuzz/bundle-manifest.json, minified), a small checkpoint
+manifest, and protobuf encodings of the coordinator's requests. Rerun after a format changes.
+"""
+import json
+import pathlib
+import struct
+
+root = pathlib.Path(__file__).resolve().parent
+seeds = root / "seeds"
+
+
+def write(target, name, data):
+    d = seeds / target
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+
+
+# job_spec: the examples, and the coordinator tests' spec with a checkpoint.
+for p in sorted((root.parent / "examples").glob("*.yaml")):
+    write("job_spec", p.stem, p.read_text())
+tiny_spec = (
+    "name: t\nmodel: tiny\nmesh: { dcn: 2, ici: { fsdp: 1, tp: 1 } }\n"
+    "batch: { global: 4, micro: 1 }\nseq_len: 16\nsteps: 5\ndata: { kind: arithmetic }\n"
+    "checkpoint: { every: 2, keep: 2, uri: \"s3://bucket/jobs/t\" }\n"
+)
+write("job_spec", "dcn-checkpoint", tiny_spec)
+write("job_spec", "short-mesh", tiny_spec.replace("mesh: { dcn: 2, ici: { fsdp: 1, tp: 1 } }", 'mesh: "(4,1)"'))
+
+# bundle_manifest: a real exporter manifest.
+bundle = json.loads((root / "bundle-manifest.json").read_text())
+write("bundle_manifest", "tiny", json.dumps(bundle, separators=(",", ":")))
+
+# checkpoint_manifest: 4x4 float32 over fsdp=2 in one 64-byte object.
+topology = {"dcn": 1, "ici": [{"name": "fsdp", "size": 2}], "hosts_per_slice": 1}
+manifest = {
+    "format": "podctl-checkpoint/1",
+    "step": 7,
+    "save_id": "s1",
+    "bundle": "abcdef01",
+    "topology": topology,
+    "data_position": {"seed": 1, "step": 7},
+    "rng_state": "0102ff",
+    "metadata": {"loss": 1.5},
+    "chunk_size": 1024,
+    "objects": [{"name": "host-0.shards", "host": 0, "size": 64, "chunk_crc32c": [0]}],
+    "arrays": [
+        {
+            "name": "w",
+            "shape": [4, 4],
+            "dtype": "float32",
+            "sharding": [["fsdp"], []],
+            "shards": [
+                {"region": [[0, 2], [0, 4]], "object": 0, "offset": 0, "length": 32},
+                {"region": [[2, 4], [0, 4]], "object": 0, "offset": 32, "length": 32},
+            ],
+        },
+        {
+            "name": "b",
+            "shape": [4],
+            "dtype": "bfloat16",
+            "sharding": [[]],
+            "shards": [{"region": [[0, 4]], "object": 0, "offset": 0, "length": 8}],
+        },
+    ],
+}
+# The bias overlaps the weight's bytes: split the object between them instead.
+manifest["objects"][0]["size"] = 72
+manifest["arrays"][1]["shards"][0]["offset"] = 64
+m = json.dumps(manifest).encode()
+write("checkpoint_manifest", "two-arrays", m)
+one = dict(manifest, arrays=manifest["arrays"][:1])
+one["objects"] = [dict(manifest["objects"][0], size=64)]
+write("checkpoint_manifest", "one-array", json.dumps(one))
+
+# checkpoint_restore: [len u16 LE][flags][manifest][object bytes]; flag 1 fixes sizes and CRCs.
+obj = bytes(range(72))
+write("checkpoint_restore", "two-arrays", struct.pack("<HB", len(m), 1) + m + obj)
+o = json.dumps(one).encode()
+write("checkpoint_restore", "one-array", struct.pack("<HB", len(o), 1) + o + obj[:64])
+write("checkpoint_restore", "one-array-raw", struct.pack("<HB", len(o), 0) + o + obj[:64])
+
+
+# rpc_messages: [kind][protobuf]. A minimal protobuf encoder for the fields used here.
+def varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def field(number, value):
+    if isinstance(value, int):
+        return varint(number << 3) + varint(value)
+    if isinstance(value, str):
+        value = value.encode()
+    return varint(number << 3 | 2) + varint(len(value)) + value
+
+
+def msg(*fields):
+    return b"".join(field(n, v) for n, v in fields)
+
+
+rpc = {
+    "submit": (0, msg((1, tiny_spec), (2, "file:///b"), (3, "00ff00ff"), (4, "s3://bucket/jobs"))),
+    "get": (1, msg((1, "j-1"))),
+    "list": (2, b""),
+    "watch": (3, msg((1, "j-1"))),
+    "stop": (4, msg((1, "j-1"))),
+    "logs": (5, msg((1, "j-1"))),
+    "info": (6, b""),
+    "add-member": (7, msg((1, 2), (2, "127.0.0.1:7002"))),
+    "remove-member": (8, msg((1, 2))),
+    "register": (9, msg((1, "j-1"), (2, "h"), (3, "127.0.0.1:1"), (4, 1), (5, "cpu"), (7, "i"))),
+    "heartbeat": (10, msg((1, msg((1, "w-1"), (2, 1), (3, 5))))),
+    "step": (11, msg((1, "j-1"), (2, "w-1"), (3, 1), (4, 5))),
+    "log-line": (13, msg((1, "j-1"), (2, "w-1"), (3, 0), (4, 1), (5, "info"), (6, "hello"))),
+    "kv-put": (14, msg((1, "j-1"), (2, "k"), (3, b"v"))),
+    "kv-get": (15, msg((1, "j-1"), (2, "k"), (3, 100))),
+    "raft": (16, msg((1, b'{"vote":{}}'))),
+}
+spec = {
+    "step": 2,
+    "save_id": "s1",
+    "topology": topology,
+    "arrays": [{"name": "w", "shape": [4, 4], "dtype": "float32", "sharding": [["fsdp"], []]}],
+    "bundle": "abcdef01",
+    "data_position": {"seed": 0, "step": 2},
+    "rng_state": [1, 2],
+    "metadata": {},
+}
+report = {
+    "host": 0,
+    "step": 2,
+    "save_id": "s1",
+    "chunk_size": 1024,
+    "object": {"name": "host-0.shards", "host": 0, "size": 64, "chunk_crc32c": [0]},
+    "shards": [
+        {"array": "w", "region": [[0, 2], [0, 4]], "offset": 0, "length": 32},
+        {"array": "w", "region": [[2, 4], [0, 4]], "offset": 32, "length": 32},
+    ],
+}
+rpc["checkpoint-report"] = (
+    12,
+    msg((1, "j-1"), (2, "w-1"), (3, 1), (4, 2), (5, "s1"), (6, json.dumps(report)), (7, json.dumps(spec))),
+)
+for name, (kind, body) in rpc.items():
+    write("rpc_messages", name, bytes([kind]) + body)
