@@ -206,6 +206,22 @@ fn a_job_survives_the_leaders_sigkill_with_real_workers() {
         killed_at.elapsed().as_secs_f64()
     );
 
+    // What `podctl status` shows of it, from the surviving nodes.
+    let out = podctl()
+        .args(["status", &job_id, "--coordinator", &coordinators, "--ca"])
+        .arg(&files.ca)
+        .arg("--token-file")
+        .arg(dir.join("admin-token"))
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "podctl status: {}", String::from_utf8_lossy(&out.stderr));
+    println!("podctl status:\n{shown}");
+    let new_leader = runtime.block_on(admin.cluster_info()).unwrap().leader_address;
+    for expected in [job_id.as_str(), "step", &format!("{job_id}.w"), new_leader.as_str()] {
+        assert!(shown.contains(expected), "podctl status shows no {expected:?}:\n{shown}");
+    }
+
     // The killed node comes back and catches up from the log or a snapshot.
     let (args, log) = (nodes[leader as usize - 1].args.clone(), nodes[leader as usize - 1].log.clone());
     nodes[leader as usize - 1] = Node::start(&bin, args, log);
