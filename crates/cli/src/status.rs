@@ -118,15 +118,10 @@ async fn watch_job(client: &Client, job: &str, interval_ms: u32, out: &mut Outpu
         let cluster = client.cluster_info().await.ok();
         let mut stream = client.watch_job(job, interval_ms).await?;
         // The stream ends when the job does, or when the leader changes: then watch again.
-        loop {
-            match stream.message().await {
-                Ok(Some(status)) => {
-                    out.job(&status, cluster.as_ref())?;
-                    if is_terminal(&status) {
-                        return Ok(());
-                    }
-                }
-                Ok(None) | Err(_) => break,
+        while let Ok(Some(status)) = stream.message().await {
+            out.job(&status, cluster.as_ref())?;
+            if is_terminal(&status) {
+                return Ok(());
             }
         }
         let status = client.get_job(job).await?;
