@@ -17,7 +17,9 @@ MESH_AXES = ("fsdp", "tp")
 
 DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "dots", "full")
-ATTENTION_IMPLS = ("xla",)
+ATTENTION_IMPLS = ("xla", "blockwise", "pallas")
+# The projections LoRA adapters may sit on (the layer matrices of `qwen3.param_specs`).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 KINDS = ("sft", "grpo")
 
 
@@ -95,7 +97,15 @@ class TrainConfig:
     remat: str = "none"
     loss_chunk: int = 64
     attention: str = "xla"
+    # Keys per block of `blockwise` attention (rounded down to a divisor of seq_len).
+    attention_block: int = 512
     kind: str = "sft"
+    # LoRA (0 = full fine-tuning): adapters of this rank on `lora_targets`, scaled by
+    # `lora_alpha / lora_rank`; the base matrices are frozen, stored in `lora_base_dtype`.
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = LORA_TARGETS
+    lora_base_dtype: str = "bfloat16"
     # GRPO only: the shapes of the rollout's buffers and the log-prob chunk (0 = unchunked,
     # which materializes `[micro_batch, seq_len, vocab]` logits; kept for comparisons).
     prompt_len: int = 0
@@ -136,10 +146,34 @@ class TrainConfig:
         if self.attention not in ATTENTION_IMPLS:
             raise ConfigError(
                 f"train.attention = {self.attention!r}: choose one of {', '.join(ATTENTION_IMPLS)}")
+        if not isinstance(self.attention_block, int) or self.attention_block <= 0:
+            raise ConfigError(f"train.attention_block = {self.attention_block!r}: must be a "
+                              f"positive integer")
+        if self.lora_rank:
+            self._validate_lora()
         if self.seq_len % self.loss_chunk:
             raise ConfigError(
                 f"train.loss_chunk = {self.loss_chunk} does not divide train.seq_len = "
                 f"{self.seq_len}; pick a divisor of seq_len")
+
+    def _validate_lora(self) -> None:
+        if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
+            raise ConfigError(f"train.lora_rank = {self.lora_rank!r}: must be >= 0 (0 = off)")
+        if self.kind != "sft":
+            raise ConfigError(f"train.lora_rank = {self.lora_rank}: LoRA bundles are sft only "
+                              f"for now; set train.kind = 'sft' or lora_rank = 0")
+        if not self.lora_alpha > 0:
+            raise ConfigError(f"train.lora_alpha = {self.lora_alpha!r}: must be > 0")
+        if not self.lora_targets or len(set(self.lora_targets)) != len(self.lora_targets):
+            raise ConfigError(f"train.lora_targets = {list(self.lora_targets)!r}: name each "
+                              f"projection once, from {', '.join(LORA_TARGETS)}")
+        for target in self.lora_targets:
+            if target not in LORA_TARGETS:
+                raise ConfigError(f"train.lora_targets: {target!r} is not a projection; choose "
+                                  f"from {', '.join(LORA_TARGETS)}")
+        if self.lora_base_dtype not in DTYPES:
+            raise ConfigError(f"train.lora_base_dtype = {self.lora_base_dtype!r}: choose one of "
+                              f"{', '.join(DTYPES)}")
 
     def _validate_grpo(self) -> None:
         for field in ("prompt_len", "max_new_tokens"):
@@ -169,6 +203,12 @@ class TrainConfig:
                     "param_dtype": self.param_dtype, "compute_dtype": self.compute_dtype,
                     "remat": self.remat, "loss_chunk": self.loss_chunk,
                     "attention": self.attention}
+        if self.attention == "blockwise":
+            document["attention_block"] = self.attention_block
+        if self.lora_rank:
+            document["lora"] = {"rank": self.lora_rank, "alpha": self.lora_alpha,
+                                "targets": list(self.lora_targets),
+                                "base_dtype": self.lora_base_dtype}
         if self.kind == "grpo":
             document.update(prompt_len=self.prompt_len, max_new_tokens=self.max_new_tokens,
                             logprob_chunk=self.logprob_chunk)

@@ -31,10 +31,11 @@ import jax
 from jax import export as jax_export
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
 
-from . import __version__, qwen3
+from . import __version__, attention, qwen3
 from .config import (ConfigError, MeshConfig, ModelConfig, OptimizerConfig, TrainConfig,
                      check_mesh_fits, parse_mesh, preset)
-from .programs import PROGRAM_NAMES, Program, TensorSpec, build_programs
+from .programs import (PROGRAM_NAMES, Program, TensorSpec, build_programs, frozen_tensors,
+                       trainable_specs)
 
 FORMAT = "podctl-bundle/1"
 PLATFORMS = ("cpu", "tpu")
@@ -142,9 +143,19 @@ def check_donation(name: str, exported: jax_export.Exported, program: Program):
             f"each needs an output of the same shape, dtype and sharding")
 
 
+def resolve(cfg: BundleConfig) -> BundleConfig:
+    """`cfg` as lowered: Pallas attention on a CPU bundle becomes blockwise (with a note), and the
+    manifest records what the programs actually do."""
+    impl = attention.resolve(cfg.train.attention, cfg.platform)
+    if impl == cfg.train.attention:
+        return cfg
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, attention=impl))
+
+
 def export_programs(cfg: BundleConfig) -> dict[str, ExportedProgram]:
     """Validates `cfg` and lowers its kind's programs; raises ConfigError on anything unusable."""
     cfg.validate()
+    cfg = resolve(cfg)
     mesh = abstract_mesh(cfg.mesh)
     programs = build_programs(cfg.model, cfg.train, cfg.optimizer, mesh)
     result = {}
@@ -159,9 +170,10 @@ def export_programs(cfg: BundleConfig) -> dict[str, ExportedProgram]:
 
 
 def manifest(cfg: BundleConfig, programs: dict[str, ExportedProgram]) -> dict:
-    param_specs = qwen3.param_specs(cfg.model)
+    param_specs = trainable_specs(cfg.model, cfg.train)
     params = [TensorSpec(f"params/{s.path}", s.shape, cfg.train.param_dtype, s.spec).manifest()
               for s in param_specs]
+    frozen = [t.manifest() for t in frozen_tensors(cfg.model, cfg.train)]
     entries = {}
     for name, item in programs.items():
         program = item.program
@@ -172,7 +184,7 @@ def manifest(cfg: BundleConfig, programs: dict[str, ExportedProgram]) -> dict:
                        for i, t in enumerate(program.inputs)],
             "outputs": [t.manifest() for t in program.outputs],
         }
-    return {
+    document = {
         "format": FORMAT,
         "exporter": {"version": __version__, "jax": jax.__version__},
         "platform": cfg.platform,
@@ -183,6 +195,10 @@ def manifest(cfg: BundleConfig, programs: dict[str, ExportedProgram]) -> dict:
         "params": params,
         "programs": entries,
     }
+    if frozen:
+        # LoRA: the frozen base, `init`'s first outputs and `grad_step`'s first inputs.
+        document["frozen"] = frozen
+    return document
 
 
 def dumps_manifest(document: dict) -> str:
@@ -205,6 +221,8 @@ def dumps_manifest(document: dict) -> str:
 
 def write_bundle(cfg: BundleConfig, out: Path) -> dict:
     """Exports and writes the bundle to `out`; the manifest is written last, atomically."""
+    cfg.validate()
+    cfg = resolve(cfg)
     programs = export_programs(cfg)
     (out / "programs").mkdir(parents=True, exist_ok=True)
     for name, item in programs.items():
@@ -256,7 +274,15 @@ def parse_args(argv: list[str] | None) -> tuple[BundleConfig, Path]:
                              "min(64, prompt-len + max-new-tokens))")
     parser.add_argument("--param-dtype", default=defaults_train.param_dtype)
     parser.add_argument("--compute-dtype", default=defaults_train.compute_dtype)
-    parser.add_argument("--attention", default=defaults_train.attention)
+    parser.add_argument("--attention", default=defaults_train.attention,
+                        help="xla | blockwise | pallas (TPU; blockwise on cpu)")
+    parser.add_argument("--attention-block", type=int, default=defaults_train.attention_block,
+                        help="keys per block of blockwise attention")
+    parser.add_argument("--lora-rank", type=int, default=0, help="LoRA rank; 0 = full tuning")
+    parser.add_argument("--lora-alpha", type=float, default=defaults_train.lora_alpha)
+    parser.add_argument("--lora-targets", default=",".join(defaults_train.lora_targets),
+                        help="comma-separated projections, e.g. q_proj,v_proj")
+    parser.add_argument("--lora-base-dtype", default=defaults_train.lora_base_dtype)
     parser.add_argument("--platform", default="cpu")
     parser.add_argument("--b1", type=float, default=defaults_opt.b1)
     parser.add_argument("--b2", type=float, default=defaults_opt.b2)
@@ -266,7 +292,11 @@ def parse_args(argv: list[str] | None) -> tuple[BundleConfig, Path]:
     parser.add_argument("--out", required=True, type=Path, help="bundle directory to write")
     args = parser.parse_args(argv)
     common = dict(micro_batch=args.micro_batch, param_dtype=args.param_dtype,
-                  compute_dtype=args.compute_dtype, remat=args.remat, attention=args.attention)
+                  compute_dtype=args.compute_dtype, remat=args.remat, attention=args.attention,
+                  attention_block=args.attention_block, lora_rank=args.lora_rank,
+                  lora_alpha=args.lora_alpha,
+                  lora_targets=tuple(t.strip() for t in args.lora_targets.split(",") if t.strip()),
+                  lora_base_dtype=args.lora_base_dtype)
     if args.kind == "grpo":
         train = _grpo_train(args, common)
     else:

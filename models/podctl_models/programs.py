@@ -74,7 +74,7 @@ def build_programs(model: ModelConfig, train: TrainConfig, opt: OptimizerConfig,
     `mesh` (a Mesh or AbstractMesh) enables activation sharding constraints; None is for plain
     single-device use.
     """
-    specs = qwen3.param_specs(model)
+    specs = trainable_specs(model, train)
     paths = [s.path for s in specs]
     decay = {s.path: s.decays for s in specs}
     pdtype = train.param_dtype
@@ -83,6 +83,7 @@ def build_programs(model: ModelConfig, train: TrainConfig, opt: OptimizerConfig,
         return tuple(TensorSpec(f"{prefix}/{s.path}", s.shape, pdtype, s.spec) for s in specs)
 
     params, mu, nu, grads = group("params"), group("opt/mu"), group("opt/nu"), group("grads")
+    frozen = frozen_tensors(model, train)
     n = len(paths)
 
     def as_dict(values):
@@ -92,9 +93,15 @@ def build_programs(model: ModelConfig, train: TrainConfig, opt: OptimizerConfig,
         return [tree[p] for p in paths]
 
     def init(seed):
-        p = qwen3.init_params(model, seed, jnp.dtype(pdtype))
         moments = [jnp.zeros(s.shape, pdtype) for s in specs]
-        return (*as_list(p), *moments, *moments)
+        if not frozen:
+            p = qwen3.init_params(model, seed, jnp.dtype(pdtype))
+            return (*as_list(p), *moments, *moments)
+        # LoRA: the base exactly as a full bundle's init draws it, then the adapters.
+        base = qwen3.init_params(model, seed, jnp.dtype(train.lora_base_dtype))
+        adapters = qwen3.init_lora(model, train, seed, jnp.dtype(pdtype))
+        return (*(base[s.path] for s in qwen3.param_specs(model)), *as_list(adapters),
+                *moments, *moments)
 
     def zero_grads():
         return tuple(jnp.zeros(s.shape, pdtype) for s in specs)
@@ -107,7 +114,8 @@ def build_programs(model: ModelConfig, train: TrainConfig, opt: OptimizerConfig,
         return (*as_list(p), *as_list(m), *as_list(v), *zeros, norm)
 
     common = {
-        "init": Program("init", init, (_scalar("seed", "uint32"),), params + mu + nu, frozenset()),
+        "init": Program("init", init, (_scalar("seed", "uint32"),), frozen + params + mu + nu,
+                        frozenset()),
         "zero_grads": Program("zero_grads", zero_grads, (), grads, frozenset()),
         "apply_step": Program(
             "apply_step", apply_step,
@@ -117,10 +125,54 @@ def build_programs(model: ModelConfig, train: TrainConfig, opt: OptimizerConfig,
             params + mu + nu + grads + (_scalar("grad_norm", "float32"),),
             frozenset(range(4 * n))),
     }
-    build = _sft_programs if train.kind == "sft" else _grpo_programs
-    extra = build(model, train, mesh, params, grads, as_dict)
+    if frozen:
+        extra = _lora_programs(model, train, mesh, frozen, params, grads, as_dict)
+    else:
+        build = _sft_programs if train.kind == "sft" else _grpo_programs
+        extra = build(model, train, mesh, params, grads, as_dict)
     programs = {**common, **extra}
     return {name: programs[name] for name in PROGRAM_NAMES[train.kind]}
+
+
+def trainable_specs(model: ModelConfig, train: TrainConfig) -> list[qwen3.ParamSpec]:
+    """What gets gradients and AdamW state: every parameter, or only LoRA's adapters."""
+    return qwen3.lora_specs(model, train) if train.lora_rank else qwen3.param_specs(model)
+
+
+def frozen_tensors(model: ModelConfig, train: TrainConfig) -> tuple[TensorSpec, ...]:
+    """A LoRA bundle's frozen base (`frozen/<path>` in `lora_base_dtype`); empty otherwise."""
+    if not train.lora_rank:
+        return ()
+    return tuple(TensorSpec(f"frozen/{s.path}", s.shape, train.lora_base_dtype, s.spec)
+                 for s in qwen3.param_specs(model))
+
+
+def _lora_programs(model, train, mesh, frozen, params, grads, as_dict) -> dict[str, Program]:
+    """SFT with LoRA: `grad_step(frozen, params, grads, batch)`, gradients for the adapters only
+    (the base is a constant of the differentiation: no gradient or optimizer state for it)."""
+    f, n = len(frozen), len(params)
+    base_paths = [s.path for s in qwen3.param_specs(model)]
+    rows, seq = train.micro_batch, train.seq_len
+    batch = (_rows("batch/tokens", "int32", rows, seq), _rows("batch/targets", "int32", rows, seq),
+             _rows("batch/loss_mask", "float32", rows, seq))
+
+    def grad_step(*args):
+        base = dict(zip(base_paths, args[:f]))
+        p, g = as_dict(args[f:f + n]), as_dict(args[f + n:f + 2 * n])
+        tokens, targets, loss_mask = args[f + 2 * n:]
+
+        def loss_fn(adapters):
+            return qwen3.sft_loss({**base, **adapters}, tokens, targets, loss_mask, model, train,
+                                  mesh)
+
+        (loss_sum, token_count), step_grads = jax.value_and_grad(loss_fn, has_aux=True)(p)
+        new_grads = [g[k] + step_grads[k].astype(g[k].dtype) for k in g]
+        return (*new_grads, loss_sum, token_count)
+
+    return {"grad_step": Program(
+        "grad_step", grad_step, frozen + params + grads + batch,
+        grads + (_scalar("loss_sum", "float32"), _scalar("token_count", "float32")),
+        frozenset(range(f + n, f + 2 * n)))}
 
 
 def _rows(name: str, dtype: str, rows: int, *width: int) -> TensorSpec:

@@ -19,6 +19,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .config import ModelConfig, TrainConfig
+from . import attention as attention_lib
 from . import loss as loss_lib
 
 Params = dict[str, jax.Array]
@@ -72,6 +73,38 @@ def param_specs(model: ModelConfig) -> list[ParamSpec]:
         matrix("layers/down_proj", I, H, ("tp", "fsdp"), residual_scale),
         ParamSpec("final_norm", (H,), (None,), None, 1),
     ]
+
+
+def lora_specs(model: ModelConfig, train: TrainConfig) -> list[ParamSpec]:
+    """The LoRA adapters (the trainable parameters of a `lora_rank > 0` bundle): for each target
+    projection `layers/P` stored `[L, in, out]`, `layers/P.lora_a` `[L, in, r]` (split like the
+    matrix's input dimension, init normal 1/sqrt(in)) and `layers/P.lora_b` `[L, r, out]` (split
+    like its output dimension, init zero: training starts at the base model)."""
+    r = train.lora_rank
+    result = []
+    for spec in param_specs(model):
+        name = spec.path.removeprefix("layers/")
+        if not spec.path.startswith("layers/") or name not in train.lora_targets:
+            continue
+        L, fan_in, fan_out = spec.shape
+        result.append(ParamSpec(spec.path + LORA_A, (L, fan_in, r), (None, spec.spec[1], None),
+                                1.0 / math.sqrt(fan_in), 2))
+        result.append(ParamSpec(spec.path + LORA_B, (L, r, fan_out), (None, None, spec.spec[2]),
+                                0.0, 2))
+    return result
+
+
+def init_lora(model: ModelConfig, train: TrainConfig, seed: jax.Array, dtype: Any) -> Params:
+    """Adapters from a uint32 seed, drawn from a key apart from the base parameters' keys."""
+    key = jax.random.fold_in(jax.random.key(seed), 0x10A)
+    params = {}
+    for index, spec in enumerate(lora_specs(model, train)):
+        if spec.init_std == 0.0:
+            params[spec.path] = jnp.zeros(spec.shape, dtype)
+        else:
+            draw = jax.random.normal(jax.random.fold_in(key, index), spec.shape, jnp.float32)
+            params[spec.path] = (draw * spec.init_std).astype(dtype)
+    return params
 
 
 def num_params(model: ModelConfig) -> int:
@@ -155,9 +188,9 @@ def project_qkv(x, layer, cos, sin, model: ModelConfig, shard: Sharder):
     batch, seq, _ = x.shape
     kv, group, hd = model.num_kv_heads, model.num_heads // model.num_kv_heads, model.head_dim
     dtype = x.dtype
-    q = (x @ layer["layers/q_proj"].astype(dtype)).reshape(batch, seq, kv, group, hd)
-    k = (x @ layer["layers/k_proj"].astype(dtype)).reshape(batch, seq, kv, hd)
-    v = (x @ layer["layers/v_proj"].astype(dtype)).reshape(batch, seq, kv, hd)
+    q = project(x, layer, "layers/q_proj").reshape(batch, seq, kv, group, hd)
+    k = project(x, layer, "layers/k_proj").reshape(batch, seq, kv, hd)
+    v = project(x, layer, "layers/v_proj").reshape(batch, seq, kv, hd)
     q = shard(q, "fsdp", None, "tp", None, None)
     k = shard(k, "fsdp", None, "tp", None)
     v = shard(v, "fsdp", None, "tp", None)
@@ -166,28 +199,66 @@ def project_qkv(x, layer, cos, sin, model: ModelConfig, shard: Sharder):
     return q * jnp.asarray(hd ** -0.5, dtype), k, v
 
 
-def attend(q, k, v, mask, layer):
-    """q `[b, t, kv, g, hd]` over keys/values `[b, s, kv, hd]`; mask `[b or 1, t, s]`."""
-    batch, seq = q.shape[:2]
+LORA_A, LORA_B, LORA_SCALE = ".lora_a", ".lora_b", "lora/scale"
+
+
+def project(x, layer, path):
+    """`x @ W` for the matrix at `path`, plus the LoRA update `(x @ A) @ B * scale` when the
+    layer carries adapters `path + ".lora_a"` `[in, r]` and `path + ".lora_b"` `[r, out]`."""
+    dtype = x.dtype
+    y = x @ layer[path].astype(dtype)
+    if path + LORA_A in layer:
+        low = x @ layer[path + LORA_A].astype(dtype)
+        y = y + (low @ layer[path + LORA_B].astype(dtype)) * jnp.asarray(layer[LORA_SCALE], dtype)
+    return y
+
+
+def attention_core(q, k, v, mask):
+    """Plain XLA attention before the output projection: q `[b, t, kv, g, hd]` over keys/values
+    `[b, s, kv, hd]`; mask `[b or 1, t, s]`; result `[b, t, kv, g, hd]`."""
     # Scores and softmax in float32 whatever the compute dtype.
     scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-    return out.reshape(batch, seq, -1) @ layer["layers/o_proj"].astype(q.dtype)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, v)
+
+
+def attend(q, k, v, mask, layer):
+    """q `[b, t, kv, g, hd]` over keys/values `[b, s, kv, hd]`; mask `[b or 1, t, s]`."""
+    batch, seq = q.shape[:2]
+    out = attention_core(q, k, v, mask)
+    return project(out.reshape(batch, seq, -1), layer, "layers/o_proj")
 
 
 def mlp(x, layer, shard: Sharder):
-    dtype = x.dtype
-    gate = shard(x @ layer["layers/gate_proj"].astype(dtype), "fsdp", None, "tp")
-    up = shard(x @ layer["layers/up_proj"].astype(dtype), "fsdp", None, "tp")
-    return (jax.nn.silu(gate) * up) @ layer["layers/down_proj"].astype(dtype)
+    gate = shard(project(x, layer, "layers/gate_proj"), "fsdp", None, "tp")
+    up = shard(project(x, layer, "layers/up_proj"), "fsdp", None, "tp")
+    return project(jax.nn.silu(gate) * up, layer, "layers/down_proj")
 
 
 _REMAT_POLICIES = {
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     "full": jax.checkpoint_policies.nothing_saveable,
 }
+
+
+def remat_policy(train: TrainConfig):
+    """The layer body's checkpoint policy. With LoRA, `dots` does not save the adapters'
+    up-projections `(x @ A) @ B` (`[rows, seq, out]` each, as large as the base projection they
+    are added to, and recomputed from the saved `[rows, seq, r]` `x @ A` by an r-deep matmul):
+    saving them would double what `dots` keeps per projection."""
+    policy = _REMAT_POLICIES[train.remat]
+    if train.remat != "dots" or not train.lora_rank:
+        return policy
+    rank = train.lora_rank
+
+    def lora_dots(prim, *avals, **params):
+        if prim is lax.dot_general_p and avals[1].ndim == 2 and avals[1].shape[0] == rank \
+                and avals[0].shape[-1] == rank:
+            return False
+        return policy(prim, *avals, **params)
+
+    return lora_dots
 
 
 def layer_params(params: Params) -> Params:
@@ -207,20 +278,40 @@ def hidden_states(params: Params, tokens: jax.Array, model: ModelConfig, train: 
     dtype = jnp.dtype(train.compute_dtype)
     x = jnp.take(params["embed"], tokens, axis=0).astype(dtype)
     x = shard(x, "fsdp", None, None)
-    positions, mask = positions_and_mask(tokens.shape[1], start)
+    seq = tokens.shape[1]
+    impl = train.attention
+    if impl == "xla":
+        positions, mask = positions_and_mask(seq, start)
+    else:
+        # No [seq, seq] mask: blockwise and Pallas attention build theirs per block.
+        columns = jnp.arange(seq, dtype=jnp.int32)[None, :]
+        positions = columns if start is None else jnp.maximum(
+            columns - start.astype(jnp.int32)[:, None], 0)
     cos, sin = rope_tables(positions, model.head_dim, model.rope_theta, dtype)
 
+    def attention(q, k, v):
+        if impl == "xla":
+            return attention_core(q, k, v, mask)
+        if impl == "blockwise":
+            return attention_lib.blockwise_attention(q, k, v, start, train.attention_block)
+        if impl == "pallas":
+            return attention_lib.pallas_attention(q, k, v, start, mesh)
+        raise ValueError(f"train.attention = {impl!r}")
+
     def layer_body(x, layer):
+        if train.lora_rank:
+            layer = {**layer, LORA_SCALE: train.lora_alpha / train.lora_rank}
         h = rms_norm(x, layer["layers/input_norm"], model.rms_norm_eps)
         q, k, v = project_qkv(h, layer, cos, sin, model, shard)
-        x = shard(x + attend(q, k, v, mask, layer), "fsdp", None, None)
+        out = attention(q, k, v)
+        out = project(out.reshape(*out.shape[:2], -1), layer, "layers/o_proj")
+        x = shard(x + out, "fsdp", None, None)
         h = rms_norm(x, layer["layers/post_norm"], model.rms_norm_eps)
         x = shard(x + mlp(h, layer, shard), "fsdp", None, None)
         return x, ((k, v) if return_kv else None)
 
     if train.remat != "none":
-        layer_body = jax.checkpoint(layer_body, policy=_REMAT_POLICIES[train.remat],
-                                    prevent_cse=False)
+        layer_body = jax.checkpoint(layer_body, policy=remat_policy(train), prevent_cse=False)
     x, kv = lax.scan(layer_body, x, layer_params(params))
     hidden = rms_norm(x, params["final_norm"], model.rms_norm_eps)
     return (hidden, kv) if return_kv else hidden
