@@ -9,14 +9,14 @@
 //! stops at a step boundary: the state it holds is always that of a whole number of steps.
 
 use crate::WorkerError;
-use crate::ckpt::{self, PendingSave, SaveLayout, SavePoll, StateSaver};
+use crate::ckpt::{self, PendingSave, SaveLayout, SavePoll, SaveStart, StateSaver};
 use crate::dp::{Reduce, run_step};
 use crate::metrics::WorkerMetrics;
 use crate::peer::{self, StateServer};
 use crate::run::init_seed;
 use crate::slice::Slice;
 use crate::trainer::Trainer;
-use checkpoint::{CheckpointError, SaveOptions, Storage, StoreOptions};
+use checkpoint::{SaveOptions, Storage, StoreOptions};
 use collective::{AbortHandle, Endpoint, GroupSpec};
 use coordinator::client::{Client, ClientConfig, ClientError, Session};
 use data::{BatchSpec, Loader};
@@ -871,8 +871,9 @@ impl Saves {
     /// Starts a save after `step` steps, unless the previous one is still uploading (then the
     /// due save is skipped and said so: saves are never stacked).
     fn start(&mut self, side: &TrainerSide, trainer: &Trainer, step: u64) -> Result<(), AssignmentError> {
-        match self.saver.start(trainer, step, &self.save_id()) {
-            Ok(pending) => {
+        let start = self.saver.start_or_skip(trainer, step, &self.save_id());
+        match start.map_err(|e| AssignmentError(format!("checkpoint of step {step}: {e}")))? {
+            SaveStart::Started(pending) => {
                 side.metrics.checkpoint_stall_seconds_total.add(pending.copy_seconds());
                 side.log(
                     "info",
@@ -883,14 +884,8 @@ impl Saves {
                     ),
                 );
                 self.pending = Some(pending);
-                Ok(())
             }
-            Err(WorkerError::Checkpoint(CheckpointError::SaveInProgress {
-                running_step,
-                bytes_written,
-                bytes_total,
-                ..
-            })) => {
+            SaveStart::Skipped { running_step, bytes_written, bytes_total } => {
                 side.metrics.checkpoint_skipped_total.add(1.0);
                 side.log(
                     "warn",
@@ -899,10 +894,9 @@ impl Saves {
                          uploading ({bytes_written} of {bytes_total} bytes)"
                     ),
                 );
-                Ok(())
             }
-            Err(e) => Err(AssignmentError(format!("checkpoint of step {step}: {e}"))),
         }
+        Ok(())
     }
 
     /// Reports a save that has finished uploading; a failed upload is logged, and the next due

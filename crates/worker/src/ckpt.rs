@@ -158,6 +158,42 @@ impl StateSaver {
     }
 }
 
+/// What [`StateSaver::start_or_skip`] did.
+pub enum SaveStart {
+    /// The state was copied off the devices and uploads in the background.
+    Started(PendingSave),
+    /// The save of `running_step` is still uploading: this one was not taken.
+    Skipped {
+        /// The step whose save is uploading.
+        running_step: u64,
+        /// Its bytes uploaded so far.
+        bytes_written: u64,
+        /// Its bytes in total.
+        bytes_total: u64,
+    },
+}
+
+impl StateSaver {
+    /// [`StateSaver::start`], with a save still uploading as an outcome rather than an error.
+    pub fn start_or_skip(
+        &self,
+        trainer: &Trainer,
+        step: u64,
+        save_id: &str,
+    ) -> Result<SaveStart, WorkerError> {
+        match self.start(trainer, step, save_id) {
+            Ok(pending) => Ok(SaveStart::Started(pending)),
+            Err(WorkerError::Checkpoint(CheckpointError::SaveInProgress {
+                running_step,
+                bytes_written,
+                bytes_total,
+                ..
+            })) => Ok(SaveStart::Skipped { running_step, bytes_written, bytes_total }),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 type Upload = Pin<Box<dyn Future<Output = checkpoint::Result<HostReport>> + Send>>;
 
 /// A save whose upload runs in the background.
@@ -630,28 +666,21 @@ impl LocalSaves {
         step: u64,
         observer: &mut dyn Observer,
     ) -> Result<(), WorkerError> {
-        match self.saver.start(trainer, step, &self.attempt) {
-            Ok(pending) => {
+        match self.saver.start_or_skip(trainer, step, &self.attempt)? {
+            SaveStart::Started(pending) => {
                 observer.on_checkpoint(&started(step, &pending));
                 self.pending = Some(pending);
-                Ok(())
             }
-            Err(WorkerError::Checkpoint(CheckpointError::SaveInProgress {
-                running_step,
-                bytes_written,
-                bytes_total,
-                ..
-            })) => {
+            SaveStart::Skipped { running_step, bytes_written, bytes_total } => {
                 observer.on_checkpoint(&CheckpointEvent::Skipped {
                     step,
                     running_step,
                     bytes_written,
                     bytes_total,
                 });
-                Ok(())
             }
-            Err(e) => Err(e),
         }
+        Ok(())
     }
 
     /// Writes the manifest, records the commit (the marker), then applies retention; a failed
