@@ -176,6 +176,11 @@ async fn a_checkpoint_root_or_save_id_with_dot_dot_is_refused() {
         "topology": {"dcn": 1, "ici": [{"name": "fsdp", "size": 1}], "hosts_per_slice": 1},
         "arrays": [], "data_position": {"seed": 0, "step": 2}, "rng_state": [], "metadata": {}
     });
+    let report_json = serde_json::json!({
+        "host": 0, "step": 2, "save_id": "../../escape", "chunk_size": 1024,
+        "object": {"name": "host-0.shards", "host": 0, "size": 0, "chunk_crc32c": []},
+        "shards": []
+    });
     let e = worker
         .report_checkpoint(CheckpointReport {
             job_id: job.job_id.clone(),
@@ -183,12 +188,13 @@ async fn a_checkpoint_root_or_save_id_with_dot_dot_is_refused() {
             generation,
             step: 2,
             save_id: "../../escape".into(),
-            host_report_json: b"{}".to_vec(),
+            host_report_json: serde_json::to_vec(&report_json).unwrap(),
             save_spec_json: serde_json::to_vec(&spec_json).unwrap(),
         })
         .await
         .unwrap_err();
     assert!(matches!(e.code(), Code::InvalidArgument | Code::FailedPrecondition), "{e}");
+    assert!(e.to_string().contains("save id"), "{e}");
     assert!(!dir.path().join("escape").exists() && !dir.path().parent().unwrap().join("escape").exists());
     node.stop().await.unwrap();
 }
