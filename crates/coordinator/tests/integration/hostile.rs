@@ -73,8 +73,9 @@ async fn job_b_cannot_read_or_write_job_a() {
     // Job a runs to the end with checkpoints and a rendezvous key.
     let a_worker = client(vec![addr.clone()], &a.job_token, Some(mtls.clone()));
     a_worker.kv_put(&a.job_id, "secret-key", b"a's value".to_vec(), None).await.unwrap();
+    // (The simulated worker may be stopped before it sees the last ack: ask the coordinator.)
     let report = sim::run(a_worker.clone(), a.job_id.clone(), "a0".into(), opts(8, 4)).await;
-    assert_eq!(report.checkpoints, vec![4, 8], "{report:?}");
+    assert!(report.stop_reason.contains("Completed"), "{report:?}");
     let listed = a_worker.checkpoints(&a.job_id).await.unwrap();
     assert_eq!(listed.checkpoints.iter().map(|c| c.step).collect::<Vec<_>>(), vec![4, 8]);
 
@@ -254,7 +255,9 @@ async fn no_token_appears_in_logs_or_on_disk() {
     let job = admin.submit(submit_request(spec("quiet", 1, 6, Some(3), dir.path()))).await.unwrap();
     let worker = client(vec![addr.clone()], &job.job_token, Some(ClientTls::with_identity(&files).unwrap()));
     let report = sim::run(worker.clone(), job.job_id.clone(), "w0".into(), opts(6, 3)).await;
-    assert_eq!(report.checkpoints, vec![3, 6], "{report:?}");
+    assert!(report.stop_reason.contains("Completed"), "{report:?}");
+    let listed = worker.checkpoints(&job.job_id).await.unwrap();
+    assert_eq!(listed.checkpoints.iter().map(|c| c.step).collect::<Vec<_>>(), vec![3, 6]);
     // Refused tokens are not echoed either.
     let wrong = "wrong-token-0123456789abcdef";
     let e = client(vec![addr.clone()], wrong, Some(ClientTls::ca_only(&files.ca).unwrap()))
