@@ -78,10 +78,17 @@ fn two_hosts_list_dcn_layouts_with_their_dcn_bytes() {
 #[test]
 fn bad_targets_and_models_that_do_not_fit_say_what_would() {
     let e = fails(SEED_000, &["plan", "JOB", "--target", "v5e-8"]);
-    assert!(e.contains("--target v5e-8: unknown topology 'v5e-8'; podctl plans for v6e-1, v6e-4, v6e-8, cpu-N"), "{e}");
+    assert!(
+        e.contains("--target v5e-8: unknown topology 'v5e-8'; podctl plans for v6e-1, v6e-4, v6e-8, cpu-N"),
+        "{e}"
+    );
     let e = fails(SEED_000, &["plan", "JOB", "--target", "v6e-1"]);
-    assert!(e.contains("qwen3-1.7b does not fit") && e.contains("the largest preset that fits is qwen3-0.6b"), "{e}");
-    let fixed = SEED_000.replace("mesh: auto", "mesh: \"(2,4)\"").replace("global: 256", "global: 256, micro: 64");
+    assert!(
+        e.contains("qwen3-1.7b does not fit") && e.contains("the largest preset that fits is qwen3-0.6b"),
+        "{e}"
+    );
+    let fixed =
+        SEED_000.replace("mesh: auto", "mesh: \"(2,4)\"").replace("global: 256", "global: 256, micro: 64");
     let local = fixed.replace("runtime: { accelerator: v6e-8 }", "");
     let e = fails(&local.replace("(2,4)", "(8,3)").replace("micro: 64", "micro: 32"), &["plan", "JOB"]);
     assert!(
