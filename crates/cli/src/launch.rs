@@ -48,7 +48,14 @@ pub fn run(
     // The plugin is checked before the (slower) export so that a wrong path fails at once; a
     // cluster's workers bring their own.
     let plugin_path = tools.plugin(job.runtime.plugin.as_deref());
-    let plugin_path = if connect.is_remote() { plugin_path.unwrap_or_default() } else { plugin_path? };
+    let (plugin_path, plugin) = match connect.is_remote() {
+        true => (plugin_path.unwrap_or_default(), None),
+        false => {
+            let path = plugin_path?;
+            let plugin = pjrt::Plugin::load(&path)?;
+            (path, Some(plugin))
+        }
+    };
     let bundle = resolve_bundle(&tools, &job)?;
     let manifest = bundle.manifest();
     let parameters: u64 = manifest.params.iter().map(|p| p.shape.iter().product::<u64>()).sum();
@@ -80,7 +87,7 @@ pub fn run(
         };
         return crate::local::run(&job, &bundle, cluster);
     }
-    let plugin = pjrt::Plugin::load(&plugin_path)?;
+    let plugin = plugin.expect("loaded above: not remote");
 
     let spinner =
         spinner(format!("compiling for {} {} devices", job.ici_mesh().num_devices(), manifest.platform));
