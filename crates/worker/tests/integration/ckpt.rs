@@ -67,7 +67,8 @@ fn child() {
             let mut trainer = trainer(&bundle);
             std::fs::create_dir_all(&out).unwrap();
             let events = std::fs::File::create(out.join("events.jsonl")).unwrap();
-            let mut recorder = Recorder { events, hold_at };
+            let root = job.checkpoint_uri().map(|u| PathBuf::from(u.trim_start_matches("file://")));
+            let mut recorder = Recorder { events, hold_at, root };
             let summary =
                 worker::train(&mut trainer, &job, &loader(), &mut recorder, &Resume::Newest).unwrap();
             std::fs::write(out.join("start_step"), summary.start_step.to_string()).unwrap();
@@ -157,6 +158,8 @@ fn refuses_to_stack(trainer: &Trainer, layout: SaveLayout, runtime: &tokio::runt
 struct Recorder {
     events: std::fs::File,
     hold_at: Option<u64>,
+    /// The checkpoint root, where a held save must have begun writing before the hold is told.
+    root: Option<PathBuf>,
 }
 
 impl Observer for Recorder {
@@ -180,6 +183,18 @@ impl Observer for Recorder {
         if let (Some(hold), CheckpointEvent::Started { step, .. }) = (self.hold_at, event)
             && *step >= hold
         {
+            // The upload runs in the background: tell the parent only once it has written its
+            // directory, or a kill could come before the save left anything behind.
+            let prefix = format!("{step:012}-");
+            let started = std::time::Instant::now();
+            while let Some(root) = &self.root
+                && !std::fs::read_dir(root).is_ok_and(|mut d| {
+                    d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with(&prefix)))
+                })
+                && started.elapsed() < Duration::from_secs(60)
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
             println!("{HOLDING}");
             loop {
                 std::thread::sleep(Duration::from_secs(3600));
