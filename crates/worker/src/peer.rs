@@ -113,13 +113,13 @@ fn serve(stream: TcpStream, published: &Mutex<Option<Published>>) -> io::Result<
     if &magic != MAGIC {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "not a state request"));
     }
-    let job_len = read_u16(&mut reader)? as usize;
+    let job_len = u16::from_le_bytes(read_le(&mut reader)?) as usize;
     if job_len > MAX_JOB_LEN {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "job name too long"));
     }
     let mut job = vec![0u8; job_len];
     reader.read_exact(&mut job)?;
-    let step = read_u64(&mut reader)?;
+    let step = u64::from_le_bytes(read_le(&mut reader)?);
     let job = String::from_utf8_lossy(&job).into_owned();
 
     let offer = {
@@ -201,7 +201,7 @@ fn fetch_once(
     let mut status = [0u8; 1];
     reader.read_exact(&mut status).map_err(io)?;
     if status[0] != 0 {
-        let len = read_u32(&mut reader).map_err(io)? as usize;
+        let len = u32::from_le_bytes(read_le(&mut reader).map_err(io)?) as usize;
         if len > MAX_REASON_LEN {
             return Err(invalid(format!("refusal of {len} bytes")));
         }
@@ -209,18 +209,18 @@ fn fetch_once(
         reader.read_exact(&mut reason).map_err(io)?;
         return Err(PeerError::Refused { peer, reason: String::from_utf8_lossy(&reason).into_owned() });
     }
-    let count = read_u32(&mut reader).map_err(io)? as usize;
+    let count = u32::from_le_bytes(read_le(&mut reader).map_err(io)?) as usize;
     if count != expected.len() {
         return Err(invalid(format!("{count} arrays, but this worker's bundle has {}", expected.len())));
     }
     let mut digest = Sha256::new();
     let mut state = Vec::with_capacity(count);
     for (want_name, want_len) in expected {
-        let name_len = read_u16(&mut reader).map_err(io)? as usize;
+        let name_len = u16::from_le_bytes(read_le(&mut reader).map_err(io)?) as usize;
         let mut name = vec![0u8; name_len];
         reader.read_exact(&mut name).map_err(io)?;
         let name = String::from_utf8_lossy(&name).into_owned();
-        let len = read_u64(&mut reader).map_err(io)?;
+        let len = u64::from_le_bytes(read_le(&mut reader).map_err(io)?);
         if &name != want_name || len != *want_len as u64 {
             return Err(invalid(format!(
                 "array {name} of {len} bytes where this worker expects {want_name} of {want_len} bytes \
@@ -240,22 +240,11 @@ fn fetch_once(
     Ok(state)
 }
 
-fn read_u16(r: &mut impl Read) -> io::Result<u16> {
-    let mut b = [0u8; 2];
-    r.read_exact(&mut b)?;
-    Ok(u16::from_le_bytes(b))
-}
-
-fn read_u32(r: &mut impl Read) -> io::Result<u32> {
-    let mut b = [0u8; 4];
-    r.read_exact(&mut b)?;
-    Ok(u32::from_le_bytes(b))
-}
-
-fn read_u64(r: &mut impl Read) -> io::Result<u64> {
-    let mut b = [0u8; 8];
-    r.read_exact(&mut b)?;
-    Ok(u64::from_le_bytes(b))
+/// `N` bytes off the stream, for a little-endian integer's `from_le_bytes`.
+fn read_le<const N: usize>(r: &mut impl Read) -> io::Result<[u8; N]> {
+    let mut bytes = [0u8; N];
+    r.read_exact(&mut bytes)?;
+    Ok(bytes)
 }
 
 #[cfg(test)]
