@@ -5,7 +5,8 @@
 #                      kubernetes-validate
 #   .tools/helm-*/     helm, for the chart tests (scripts/install-helm.sh)
 #   target/release/podctl   (only with --release)
-# Nothing is installed outside the project; every version comes from a pin in this repository.
+# Nothing is installed outside the project except Debian's tmux where it is missing (a test drives
+# a real terminal); every version comes from a pin in this repository.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +22,18 @@ python=${PYTHON:-python3}
 if ! "$python" -c 'import sys; assert sys.version_info[:2] == (3, 11)' 2>/dev/null; then
   echo "setup: need Python 3.11 (JAX 0.10.2 wheels); set PYTHON=/path/to/python3.11" >&2
   exit 1
+fi
+
+# One system tool the tests drive: tmux, the real terminal of `podctl status --watch`'s test
+# (crates/cli/tests/observe.rs). Debian's package, pinned; installed only where it is missing.
+if ! command -v tmux >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing Debian's tmux 3.3a-3 (for the terminal test)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux=3.3a-3 >/dev/null
+  else
+    echo "setup: tmux is missing and cannot be installed here (needs root and apt-get); the status --watch test needs it" >&2
+    exit 1
+  fi
 fi
 
 # The stamp records what was installed, so a rerun with unchanged pins takes no time.
