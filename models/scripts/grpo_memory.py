@@ -15,17 +15,8 @@ unchunked path's logits bytes per chip. Each compile takes minutes. The bundles 
 
 from __future__ import annotations
 
-import os
 
-# What JAX sets on a machine without TPUs, plus values that silence libtpu's warnings; before
-# JAX is imported. Lowering and everything else stay on the CPU backend.
-os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v6e-8")
-os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-os.environ.setdefault("TPU_WORKER_ID", "0")
-# Compiling needs no chip: let other processes on this machine load libtpu at the same time.
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-os.environ["JAX_PLATFORMS"] = "cpu"
+import podctl_models.tpu_aot_env  # noqa: F401,E402  (before JAX: TPU AOT environment)
 
 import argparse
 import json
