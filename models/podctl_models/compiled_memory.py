@@ -64,7 +64,8 @@ def compile_stats(bundle: Path, program: str, topology_name: str = "v6e:2x4",
     mesh = Mesh(np.array(topology.devices).reshape(sizes), names)
 
     def sharding(tensor):
-        return NamedSharding(mesh, P(*[axes[0] if axes else None for axes in tensor["sharding"]]))
+        return NamedSharding(mesh, P(*[axes[0] if axes else None for axes in tensor["sharding"]]),
+                             memory_kind=tensor.get("memory_kind"))
 
     inputs, outputs = entry["inputs"], entry["outputs"]
     jitted = jax.jit(exported.call, in_shardings=tuple(sharding(t) for t in inputs),
@@ -95,6 +96,9 @@ def compile_stats(bundle: Path, program: str, topology_name: str = "v6e:2x4",
         "temp": stats.temp_size_in_bytes,
         "generated_code": stats.generated_code_size_in_bytes,
         "peak": stats.peak_memory_in_bytes,
+        "host_argument": stats.host_argument_size_in_bytes,
+        "host_output": stats.host_output_size_in_bytes,
+        "host_temp": stats.host_temp_size_in_bytes,
     }
     # XLA reserves the temp allocation whole, next to the arguments and the outputs that do not
     # alias them; its compile-time out-of-memory check is on this sum.

@@ -106,6 +106,8 @@ class TrainConfig:
     lora_alpha: float = 16.0
     lora_targets: tuple[str, ...] = LORA_TARGETS
     lora_base_dtype: str = "bfloat16"
+    # AdamW's moments in host memory (`pinned_host`) between steps; TPU bundles only.
+    optimizer_offload: bool = False
     # GRPO only: the shapes of the rollout's buffers and the log-prob chunk (0 = unchunked,
     # which materializes `[micro_batch, seq_len, vocab]` logits; kept for comparisons).
     prompt_len: int = 0
@@ -205,6 +207,8 @@ class TrainConfig:
                     "attention": self.attention}
         if self.attention == "blockwise":
             document["attention_block"] = self.attention_block
+        if self.optimizer_offload:
+            document["optimizer_offload"] = True
         if self.lora_rank:
             document["lora"] = {"rank": self.lora_rank, "alpha": self.lora_alpha,
                                 "targets": list(self.lora_targets),

@@ -58,6 +58,11 @@ class BundleConfig:
         if self.platform not in PLATFORMS:
             raise ConfigError(
                 f"platform = {self.platform!r}: choose one of {', '.join(PLATFORMS)}")
+        if self.train.optimizer_offload and self.platform != "tpu":
+            raise ConfigError(
+                f"train.optimizer_offload on platform {self.platform!r}: host memory "
+                f"(pinned_host) for AdamW state is a TPU memory kind; drop --offload-optimizer "
+                f"or export for --platform tpu")
         check_mesh_fits(self.model, self.train, self.mesh)
 
 
@@ -90,7 +95,7 @@ def abstract_mesh(mesh: MeshConfig) -> AbstractMesh:
 
 
 def _sharding(mesh: AbstractMesh, tensor: TensorSpec) -> NamedSharding:
-    return NamedSharding(mesh, P(*tensor.spec))
+    return NamedSharding(mesh, P(*tensor.spec), memory_kind=tensor.memory_kind)
 
 
 def lower(program: Program, mesh: AbstractMesh, platform: str) -> jax_export.Exported:
@@ -283,6 +288,8 @@ def parse_args(argv: list[str] | None) -> tuple[BundleConfig, Path]:
     parser.add_argument("--lora-targets", default=",".join(defaults_train.lora_targets),
                         help="comma-separated projections, e.g. q_proj,v_proj")
     parser.add_argument("--lora-base-dtype", default=defaults_train.lora_base_dtype)
+    parser.add_argument("--offload-optimizer", action="store_true",
+                        help="keep AdamW state in host memory between steps (TPU only)")
     parser.add_argument("--platform", default="cpu")
     parser.add_argument("--b1", type=float, default=defaults_opt.b1)
     parser.add_argument("--b2", type=float, default=defaults_opt.b2)
@@ -296,7 +303,8 @@ def parse_args(argv: list[str] | None) -> tuple[BundleConfig, Path]:
                   attention_block=args.attention_block, lora_rank=args.lora_rank,
                   lora_alpha=args.lora_alpha,
                   lora_targets=tuple(t.strip() for t in args.lora_targets.split(",") if t.strip()),
-                  lora_base_dtype=args.lora_base_dtype)
+                  lora_base_dtype=args.lora_base_dtype,
+                  optimizer_offload=args.offload_optimizer)
     if args.kind == "grpo":
         train = _grpo_train(args, common)
     else:

@@ -15,6 +15,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from . import grpo, optim, qwen3, rollout
 from .config import ModelConfig, OptimizerConfig, TrainConfig
@@ -34,6 +35,8 @@ class TensorSpec:
     shape: tuple[int, ...]
     dtype: str
     spec: tuple[str | None, ...]
+    # None: device memory; "pinned_host" for AdamW state offloaded to the host.
+    memory_kind: str | None = None
 
     @property
     def nbytes(self) -> int:
@@ -49,6 +52,8 @@ class TensorSpec:
                  "sharding": [[] if axis is None else [axis] for axis in self.spec]}
         if donated is not None:
             entry["donated"] = donated
+        if self.memory_kind is not None:
+            entry["memory_kind"] = self.memory_kind
         return entry
 
 
@@ -79,10 +84,16 @@ def build_programs(model: ModelConfig, train: TrainConfig, opt: OptimizerConfig,
     decay = {s.path: s.decays for s in specs}
     pdtype = train.param_dtype
 
-    def group(prefix):
-        return tuple(TensorSpec(f"{prefix}/{s.path}", s.shape, pdtype, s.spec) for s in specs)
+    def group(prefix, memory_kind=None):
+        return tuple(TensorSpec(f"{prefix}/{s.path}", s.shape, pdtype, s.spec, memory_kind)
+                     for s in specs)
 
-    params, mu, nu, grads = group("params"), group("opt/mu"), group("opt/nu"), group("grads")
+    # Offloaded AdamW state lives in host memory between steps (`apply_step` brings each moment
+    # to the device and back), so the programs that hold it on the device hold only parameters,
+    # gradients and activations.
+    moments_kind = HOST_MEMORY if train.optimizer_offload else None
+    params, grads = group("params"), group("grads")
+    mu, nu = group("opt/mu", moments_kind), group("opt/nu", moments_kind)
     frozen = frozen_tensors(model, train)
     n = len(paths)
 
@@ -109,7 +120,11 @@ def build_programs(model: ModelConfig, train: TrainConfig, opt: OptimizerConfig,
     def apply_step(*args):
         p, m, v, g = (as_dict(args[i * n:(i + 1) * n]) for i in range(4))
         step, learning_rate, grad_scale = args[4 * n:]
+        if moments_kind:
+            m, v = (move(tree, specs, mesh, "device") for tree in (m, v))
         p, m, v, norm = optim.adamw_apply(p, m, v, g, step, learning_rate, grad_scale, decay, opt)
+        if moments_kind:
+            m, v = (move(tree, specs, mesh, moments_kind) for tree in (m, v))
         zeros = [jnp.zeros_like(g[k]) for k in paths]
         return (*as_list(p), *as_list(m), *as_list(v), *zeros, norm)
 
@@ -132,6 +147,17 @@ def build_programs(model: ModelConfig, train: TrainConfig, opt: OptimizerConfig,
         extra = build(model, train, mesh, params, grads, as_dict)
     programs = {**common, **extra}
     return {name: programs[name] for name in PROGRAM_NAMES[train.kind]}
+
+
+HOST_MEMORY = "pinned_host"
+
+
+def move(tree: dict, specs: list[qwen3.ParamSpec], mesh, memory_kind: str) -> dict:
+    """`tree`'s arrays placed in `memory_kind` (`device` or `pinned_host`), sharded as before."""
+    if mesh is None:
+        raise ValueError("optimizer offload needs a mesh: memory kinds belong to shardings")
+    shardings = {s.path: NamedSharding(mesh, P(*s.spec), memory_kind=memory_kind) for s in specs}
+    return {path: jax.device_put(value, shardings[path]) for path, value in tree.items()}
 
 
 def trainable_specs(model: ModelConfig, train: TrainConfig) -> list[qwen3.ParamSpec]:

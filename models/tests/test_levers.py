@@ -1,5 +1,11 @@
 """Memory levers: blockwise attention equals plain attention; LoRA trains only its adapters."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,8 +13,8 @@ import pytest
 
 from podctl_models import attention, qwen3
 from podctl_models.config import ConfigError, OptimizerConfig, TrainConfig, preset
-from podctl_models.export import BundleConfig, export_programs, manifest, resolve
-from podctl_models.programs import build_programs
+from podctl_models.export import BundleConfig, export_programs, manifest, resolve, write_bundle
+from podctl_models.programs import TensorSpec, build_programs
 
 from conftest import MESH_2X2, arithmetic_batch
 
@@ -180,3 +186,42 @@ def test_lora_and_blockwise_bundle_manifest():
     assert len(document["frozen"]) == len(qwen3.param_specs(preset("tiny")))
     init_outputs = [t["name"] for t in document["programs"]["init"]["outputs"]]
     assert init_outputs[0] == "frozen/embed" and len(init_outputs) == len(document["frozen"]) + 6
+
+
+def test_optimizer_offload_keeps_adamw_state_in_host_memory(tmp_path):
+    """A TPU bundle with offload marks the moments `pinned_host` wherever they cross a program
+    boundary, and libtpu compiles `apply_step` with exactly them as host arguments."""
+    cfg = BundleConfig(preset("tiny"), TrainConfig(micro_batch=4, seq_len=32, loss_chunk=16,
+                                                   optimizer_offload=True),
+                       mesh=MESH_2X2, platform="tpu")
+    write_bundle(cfg, tmp_path)
+    document = json.loads((tmp_path / "manifest.json").read_text())
+    assert document["train"]["optimizer_offload"] is True
+    for program in ("init", "apply_step"):
+        entry = document["programs"][program]
+        for tensor in entry["inputs"] + entry["outputs"]:
+            want = "pinned_host" if tensor["name"].startswith("opt/") else None
+            assert tensor.get("memory_kind") == want, (program, tensor)
+    grad_step = document["programs"]["grad_step"]
+    assert all("memory_kind" not in t for t in grad_step["inputs"] + grad_step["outputs"])
+    # Compiling needs libtpu's environment: a child process, as podctl's planner does.
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-m", "podctl_models.compiled_memory", str(tmp_path), "--program",
+         "apply_step", "--topology", "v6e:2x2"], env=env, capture_output=True, text=True,
+        timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    stats = json.loads(done.stdout.strip().splitlines()[-1])
+    sizes = {"fsdp": 2, "tp": 2}
+    moments = sum(TensorSpec(t["name"], tuple(t["shape"]), t["dtype"],
+                             tuple(a[0] if a else None for a in t["sharding"])).shard_bytes(sizes)
+                  for t in document["params"]) * 2
+    # Host bytes are laid out like device bytes (padded), so at least the dense moments.
+    assert stats["host_argument"] >= moments and stats["host_output"] == stats["host_argument"]
+    assert stats["host_argument"] < 2 * moments
+
+
+def test_optimizer_offload_is_refused_on_cpu():
+    cfg = BundleConfig(preset("tiny"), TrainConfig(optimizer_offload=True), mesh=MESH_2X2)
+    with pytest.raises(ConfigError, match="train.optimizer_offload on platform 'cpu'"):
+        cfg.validate()

@@ -14,8 +14,8 @@ mod manifest;
 mod presets;
 
 pub use manifest::{
-    ExporterInfo, MAX_TENSOR_BYTES, Manifest, ModelConfig, OptimizerConfig, ProgramSpec, TensorSpec,
-    TrainConfig,
+    ExporterInfo, HOST_MEMORY_KIND, LoraConfig, MAX_TENSOR_BYTES, Manifest, ModelConfig, OptimizerConfig,
+    ProgramSpec, TensorSpec, TrainConfig,
 };
 pub use presets::{preset, presets};
 

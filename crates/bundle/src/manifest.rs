@@ -22,8 +22,12 @@ pub struct Manifest {
     pub train: TrainConfig,
     /// The optimizer baked into `apply_step`.
     pub optimizer: OptimizerConfig,
-    /// The parameters in canonical order.
+    /// The parameters in canonical order: the trainable ones (LoRA: the adapters).
     pub params: Vec<TensorSpec>,
+    /// LoRA only: the frozen base (`frozen/<path>` for every model parameter), in canonical
+    /// order; `init`'s first outputs and `grad_step`'s first inputs. Empty for full tuning.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frozen: Vec<TensorSpec>,
     /// The programs by name.
     pub programs: BTreeMap<String, ProgramSpec>,
 }
@@ -81,8 +85,18 @@ pub struct TrainConfig {
     pub remat: String,
     /// Time steps per chunk of the chunked loss.
     pub loss_chunk: u64,
-    /// Attention implementation.
+    /// Attention implementation: `xla`, `blockwise` or `pallas`.
     pub attention: String,
+    /// `blockwise` attention only: keys per block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_block: Option<u64>,
+    /// LoRA adapters instead of full fine-tuning: `params` are the adapters, `frozen` the base.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraConfig>,
+    /// AdamW's moments live in host memory (`pinned_host`) between steps; `apply_step` brings
+    /// them to the device and back. TPU bundles only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optimizer_offload: bool,
     /// GRPO only: tokens of the left-padded prompt buffer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_len: Option<u64>,
@@ -93,6 +107,29 @@ pub struct TrainConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprob_chunk: Option<u64>,
 }
+
+/// LoRA adapters (docs/BUNDLE.md, "LoRA bundles").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoraConfig {
+    /// Inner dimension of each adapter pair.
+    pub rank: u64,
+    /// The update `(x @ A) @ B` is scaled by `alpha / rank`.
+    pub alpha: f64,
+    /// The projections carrying adapters, e.g. `q_proj`.
+    pub targets: Vec<String>,
+    /// The frozen base's dtype.
+    pub base_dtype: DType,
+}
+
+impl LoraConfig {
+    /// `alpha / rank`, what the adapters' product is multiplied by.
+    pub fn scale(&self) -> f64 {
+        self.alpha / self.rank as f64
+    }
+}
+
+/// The memory kind of AdamW state in an `optimizer_offload` bundle.
+pub const HOST_MEMORY_KIND: &str = "pinned_host";
 
 /// AdamW as `apply_step` implements it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -125,6 +162,10 @@ pub struct TensorSpec {
     /// Inputs only: whether the call consumes the buffer.
     #[serde(default)]
     pub donated: bool,
+    /// Where the array lives: absent for device memory, [`HOST_MEMORY_KIND`] for AdamW state
+    /// offloaded to the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_kind: Option<String>,
 }
 
 impl TensorSpec {
@@ -156,11 +197,19 @@ pub struct ProgramSpec {
 /// A failed check: the field at fault and what is wrong with it.
 pub(crate) type Violation = (String, String);
 
+/// A tensor as a signature mismatch names it.
+fn describe(t: &TensorSpec) -> String {
+    let memory = t.memory_kind.as_ref().map(|kind| format!(" in {kind}")).unwrap_or_default();
+    format!("'{}' {} {:?} sharded {} donated={}{memory}", t.name, t.dtype, t.shape, t.sharding, t.donated)
+}
+
 /// What one position of a signature must hold.
 #[derive(Clone)]
 enum Slot {
     /// One tensor per parameter, named `<prefix><path>`, shaped like the parameter.
     PerParam { prefix: &'static str, donated: bool },
+    /// LoRA's frozen base, exactly the manifest's `frozen` list (empty for full tuning).
+    Frozen,
     /// One named tensor: a scalar (replicated) or per-row (`[rows, ...]`, rows split over `fsdp`).
     One { name: &'static str, dtype: DType, shape: Vec<u64>, donated: bool },
 }
@@ -213,11 +262,12 @@ fn signature(program: &str, shapes: &Shapes) -> (Vec<Slot>, Vec<Slot>) {
     match program {
         "init" => (
             vec![scalar("seed", Uint32)],
-            vec![each("params/", false), each("opt/mu/", false), each("opt/nu/", false)],
+            vec![Slot::Frozen, each("params/", false), each("opt/mu/", false), each("opt/nu/", false)],
         ),
         "zero_grads" => (vec![], vec![each("grads/", false)]),
         "grad_step" => (
             vec![
+                Slot::Frozen,
                 each("params/", false),
                 each("grads/", true),
                 rows("batch/tokens", Int32, bs),
@@ -332,6 +382,17 @@ impl Manifest {
             }
             self.check_tensor(&field, p)?;
         }
+        for (i, f) in self.frozen.iter().enumerate() {
+            let field = format!("frozen[{i}]");
+            if !f.name.starts_with("frozen/") {
+                return Err((field, format!("'{}' must start with 'frozen/'", f.name)));
+            }
+            if !names.insert(&f.name) {
+                return Err((field, format!("'{}' appears twice", f.name)));
+            }
+            self.check_tensor(&field, f)?;
+        }
+        self.check_levers()?;
         for (name, program) in &self.programs {
             for (i, t) in program.inputs.iter().enumerate() {
                 self.check_tensor(&format!("programs.{name}.inputs[{i}]"), t)?;
@@ -372,6 +433,59 @@ impl Manifest {
             return Err((
                 "programs.grad_step".into(),
                 "a grpo bundle has grpo_grad_step instead; export the bundle again".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks LoRA against the `frozen` list and the adapters' names, and where offloaded
+    /// optimizer state can live.
+    fn check_levers(&self) -> Result<(), Violation> {
+        let t = &self.train;
+        match (&t.lora, self.frozen.is_empty()) {
+            (None, true) => {}
+            (None, false) => {
+                return Err(("frozen".into(), "only LoRA bundles (train.lora) have a frozen base".into()));
+            }
+            (Some(_), true) => {
+                return Err(("frozen".into(), "missing; a LoRA bundle lists its frozen base".into()));
+            }
+            (Some(lora), false) => {
+                if t.kind != "sft" {
+                    return Err((
+                        "train.lora".into(),
+                        format!("LoRA bundles are sft only, this one is {}; export it again", t.kind),
+                    ));
+                }
+                if lora.rank == 0 || !(lora.alpha > 0.0) {
+                    return Err(("train.lora".into(), "rank and alpha must be positive".into()));
+                }
+                for (i, p) in self.params.iter().enumerate() {
+                    let adapter = &p.name["params/".len()..];
+                    let base = adapter.strip_suffix(".lora_a").or_else(|| adapter.strip_suffix(".lora_b"));
+                    let known = base.is_some_and(|base| {
+                        let target = base.strip_prefix("layers/").unwrap_or(base);
+                        lora.targets.iter().any(|t| t == target)
+                            && self.frozen.iter().any(|f| f.name["frozen/".len()..] == *base)
+                    });
+                    if !known {
+                        return Err((
+                            format!("params[{i}]"),
+                            format!(
+                                "'{}' is not an adapter (<frozen path>.lora_a or .lora_b) of a target in train.lora.targets",
+                                p.name
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        if t.optimizer_offload && self.platform == "cpu" {
+            return Err((
+                "train.optimizer_offload".into(),
+                "a cpu bundle cannot keep AdamW state in host memory (pinned_host is a TPU memory kind); \
+                 export it without optimizer offload"
+                    .into(),
             ));
         }
         Ok(())
@@ -436,52 +550,50 @@ impl Manifest {
     fn check_signature(&self, field: &str, got: &[TensorSpec], want: &[Slot]) -> Result<(), Violation> {
         let mut at = 0;
         let mismatch = |i: usize, t: Option<&TensorSpec>, expected: String| {
-            let found = t.map_or("nothing".to_string(), |t| {
-                format!("'{}' {} {:?} sharded {} donated={}", t.name, t.dtype, t.shape, t.sharding, t.donated)
-            });
+            let found = t.map_or("nothing".to_string(), describe);
             Err((format!("{field}[{i}]"), format!("expected {expected}, found {found}")))
         };
         for slot in want {
             match *slot {
                 Slot::PerParam { prefix, donated } => {
+                    // Offloaded AdamW state lives in host memory; everything else on the device.
+                    let memory_kind = (self.train.optimizer_offload && prefix.starts_with("opt/"))
+                        .then(|| HOST_MEMORY_KIND.to_string());
                     for p in &self.params {
-                        let name = format!("{prefix}{}", &p.name["params/".len()..]);
+                        let want = TensorSpec {
+                            name: format!("{prefix}{}", &p.name["params/".len()..]),
+                            donated,
+                            memory_kind: memory_kind.clone(),
+                            ..p.clone()
+                        };
                         let t = got.get(at);
-                        let ok = t.is_some_and(|t| {
-                            t.name == name
-                                && t.shape == p.shape
-                                && t.dtype == p.dtype
-                                && t.sharding == p.sharding
-                                && t.donated == donated
-                        });
-                        if !ok {
-                            return mismatch(
-                                at,
-                                t,
-                                format!(
-                                    "'{name}' {} {:?} sharded {} donated={donated}",
-                                    p.dtype, p.shape, p.sharding
-                                ),
-                            );
+                        if t != Some(&want) {
+                            return mismatch(at, t, describe(&want));
+                        }
+                        at += 1;
+                    }
+                }
+                Slot::Frozen => {
+                    for want in &self.frozen {
+                        let t = got.get(at);
+                        if t != Some(want) {
+                            return mismatch(at, t, describe(want));
                         }
                         at += 1;
                     }
                 }
                 Slot::One { name, dtype, ref shape, donated } => {
-                    let sharding = row_sharding(shape.len());
+                    let want = TensorSpec {
+                        name: name.to_string(),
+                        shape: shape.clone(),
+                        dtype,
+                        sharding: row_sharding(shape.len()),
+                        donated,
+                        memory_kind: None,
+                    };
                     let t = got.get(at);
-                    if !t.is_some_and(|t| {
-                        t.name == name
-                            && t.dtype == dtype
-                            && t.shape == *shape
-                            && t.sharding == sharding
-                            && t.donated == donated
-                    }) {
-                        return mismatch(
-                            at,
-                            t,
-                            format!("'{name}' {dtype} {shape:?} sharded {sharding} donated={donated}"),
-                        );
+                    if t != Some(&want) {
+                        return mismatch(at, t, describe(&want));
                     }
                     at += 1;
                 }

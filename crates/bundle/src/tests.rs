@@ -290,3 +290,136 @@ fn grpo_checks_name_the_broken_field() {
     sft["train"]["prompt_len"] = json!(4);
     assert!(load_err(&sft).contains("train.prompt_len: only grpo bundles have it"));
 }
+
+/// A LoRA bundle of the same shape as `manifest()`: a bf16 frozen base of `embed` and one
+/// stacked projection, rank-4 adapters on it as the trainable parameters.
+fn lora_manifest() -> serde_json::Value {
+    let mut m = manifest();
+    let frozen = vec![
+        tensor("frozen/embed", &[128, 64], "bfloat16", json!([["tp"], ["fsdp"]]), false),
+        tensor("frozen/layers/q_proj", &[1, 64, 64], "bfloat16", json!([[], ["fsdp"], ["tp"]]), false),
+    ];
+    let adapters = [
+        ("layers/q_proj.lora_a", vec![1u64, 64, 4], json!([[], ["fsdp"], []])),
+        ("layers/q_proj.lora_b", vec![1u64, 4, 64], json!([[], [], ["tp"]])),
+    ];
+    let each = |prefix: &str, donated: bool| -> Vec<serde_json::Value> {
+        adapters
+            .iter()
+            .map(|(p, s, sh)| tensor(&format!("{prefix}{p}"), s, "float32", sh.clone(), donated))
+            .collect()
+    };
+    let strip = |v: Vec<serde_json::Value>| -> Vec<serde_json::Value> {
+        v.into_iter()
+            .map(|mut t| {
+                t.as_object_mut().unwrap().remove("donated");
+                t
+            })
+            .collect()
+    };
+    m["train"]["lora"] = json!({"rank": 4, "alpha": 8.0, "targets": ["q_proj"], "base_dtype": "bfloat16"});
+    m["frozen"] = json!(strip(frozen.clone()));
+    m["params"] = json!(strip(each("params/", false)));
+    let programs = m["programs"].as_object_mut().unwrap();
+    programs["init"]["outputs"] = json!(
+        [frozen.clone(), each("params/", false), each("opt/mu/", false), each("opt/nu/", false)].concat()
+    );
+    programs["zero_grads"]["outputs"] = json!(each("grads/", false));
+    let batch = programs["grad_step"]["inputs"].as_array().unwrap()[4..].to_vec();
+    let metrics = programs["grad_step"]["outputs"].as_array().unwrap()[2..].to_vec();
+    programs["grad_step"]["inputs"] =
+        json!([frozen, each("params/", false), each("grads/", true), batch].concat());
+    programs["grad_step"]["outputs"] = json!([each("grads/", false), metrics].concat());
+    let scalars = programs["apply_step"]["inputs"].as_array().unwrap()[8..].to_vec();
+    programs["apply_step"]["inputs"] = json!(
+        [each("params/", true), each("opt/mu/", true), each("opt/nu/", true), each("grads/", true), scalars]
+            .concat()
+    );
+    let norm = programs["apply_step"]["outputs"].as_array().unwrap()[8..].to_vec();
+    programs["apply_step"]["outputs"] = json!(
+        [each("params/", false), each("opt/mu/", false), each("opt/nu/", false), each("grads/", false), norm]
+            .concat()
+    );
+    m
+}
+
+#[test]
+fn loads_a_lora_bundle_with_its_frozen_base() {
+    let b = Bundle::load(write(&lora_manifest()).path()).unwrap();
+    let m = b.manifest();
+    assert_eq!(m.frozen.len(), 2);
+    assert_eq!(m.frozen[1].dtype, DType::Bfloat16);
+    let lora = m.train.lora.as_ref().unwrap();
+    assert_eq!((lora.rank, lora.scale()), (4, 2.0));
+    assert_eq!(b.program("grad_step").unwrap().inputs.len(), 2 + 2 + 2 + 3);
+    assert_eq!(b.program("init").unwrap().outputs[0].name, "frozen/embed");
+}
+
+#[test]
+fn lora_checks_name_the_broken_field() {
+    type Breakage = (fn(&mut serde_json::Value), &'static str);
+    let cases: [Breakage; 6] = [
+        (
+            |m| m["train"].as_object_mut().unwrap().remove("lora").map(drop).unwrap(),
+            "frozen: only LoRA bundles (train.lora) have a frozen base",
+        ),
+        (|m| m["frozen"] = json!([]), "frozen: missing; a LoRA bundle lists its frozen base"),
+        (
+            |m| m["frozen"][0]["name"] = json!("base/embed"),
+            "frozen[0]: 'base/embed' must start with 'frozen/'",
+        ),
+        (
+            |m| m["train"]["lora"]["targets"] = json!(["v_proj"]),
+            "params[0]: 'params/layers/q_proj.lora_a' is not an adapter",
+        ),
+        (
+            |m| m["programs"]["grad_step"]["inputs"][1]["dtype"] = json!("float32"),
+            "programs.grad_step.inputs[1]: expected 'frozen/layers/q_proj' bfloat16",
+        ),
+        (
+            |m| {
+                let init = m["programs"]["init"]["outputs"].as_array_mut().unwrap();
+                init.remove(0);
+            },
+            "programs.init.outputs[0]: expected 'frozen/embed'",
+        ),
+    ];
+    for (break_it, expected) in cases {
+        let mut m = lora_manifest();
+        break_it(&mut m);
+        let e = load_err(&m);
+        assert!(e.contains(expected), "{e}\nexpected: {expected}");
+    }
+}
+
+#[test]
+fn offloaded_optimizer_state_lives_in_host_memory_on_tpu_only() {
+    let mut m = manifest();
+    m["platform"] = json!("tpu");
+    m["train"]["optimizer_offload"] = json!(true);
+    // Not yet marked: the moments of init must be in pinned_host.
+    let e = load_err(&m);
+    assert!(
+        e.contains("programs.init.outputs[2]: expected 'opt/mu/embed'") && e.contains("in pinned_host"),
+        "{e}"
+    );
+    for program in ["init", "apply_step"] {
+        for side in ["inputs", "outputs"] {
+            for t in m["programs"][program][side].as_array_mut().unwrap() {
+                if t["name"].as_str().unwrap().starts_with("opt/") {
+                    t["memory_kind"] = json!("pinned_host");
+                }
+            }
+        }
+    }
+    let b = Bundle::load(write(&m).path()).unwrap();
+    assert!(b.manifest().train.optimizer_offload);
+    assert_eq!(b.program("init").unwrap().outputs[2].memory_kind.as_deref(), Some(HOST_MEMORY_KIND));
+
+    m["platform"] = json!("cpu");
+    let e = load_err(&m);
+    assert!(
+        e.contains("train.optimizer_offload: a cpu bundle cannot keep AdamW state in host memory"),
+        "{e}"
+    );
+}
