@@ -457,7 +457,7 @@ impl Manifest {
                         format!("LoRA bundles are sft only, this one is {}; export it again", t.kind),
                     ));
                 }
-                if lora.rank == 0 || !(lora.alpha > 0.0) {
+                if lora.rank == 0 || lora.alpha.is_nan() || lora.alpha <= 0.0 {
                     return Err(("train.lora".into(), "rank and alpha must be positive".into()));
                 }
                 for (i, p) in self.params.iter().enumerate() {

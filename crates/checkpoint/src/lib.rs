@@ -11,6 +11,8 @@
 //! - [`restore`]: [`Checkpoint`] reads any region of any array with ranged GETs, verifying the
 //!   CRC of every chunk it touches; [`newest_verified`] falls back past corrupt checkpoints.
 //! - [`gc`]: retention, orphan collection, and the `list` / `remove` operations of the CLI.
+//! - [`export`]: a checkpoint's weights as a safetensors file, LoRA adapters merged into their
+//!   base ([`export::export_weights`], `podctl ckpt export`).
 //! - [`manifest`]: the format and the checks that make an untrusted manifest safe.
 //! - [`store`]: `file://`, `s3://`, `gs://` URLs to an object store.
 //!
@@ -27,6 +29,7 @@
 
 pub mod commit;
 mod error;
+pub mod export;
 pub mod gc;
 pub mod layout;
 pub mod manifest;

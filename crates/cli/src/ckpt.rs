@@ -1,4 +1,4 @@
-//! `podctl ckpt`: list, show, verify and remove the checkpoints under a root (`file://`, a plain
+//! `podctl ckpt`: list, show, verify, digest, export and remove the checkpoints under a root (`file://`, a plain
 //! path, `s3://`, `gs://`). Commits are read from the `COMMITTED` markers, which the job writes
 //! after recording each commit, whether it ran locally or under the coordinator.
 
@@ -35,6 +35,19 @@ pub enum CkptCommand {
         /// A checkpoint directory, <root>/<step:012>-<save_id>.
         uri: String,
     },
+    /// Writes a checkpoint's model weights to one safetensors file (tensors named `embed`,
+    /// `layers/q_proj`, ...). A LoRA checkpoint's adapters are merged into its frozen base:
+    /// W + alpha/rank x A @ B for every target projection.
+    Export {
+        /// A checkpoint directory, or a root (its newest committed checkpoint).
+        uri: String,
+        /// The file to write, e.g. model.safetensors.
+        #[arg(long)]
+        out: PathBuf,
+        /// float32 or bfloat16 (rounded to nearest even).
+        #[arg(long, default_value = "float32")]
+        dtype: String,
+    },
     /// Removes one checkpoint: forgets its commit, deletes its marker, then its data.
     Rm {
         /// A checkpoint directory, <root>/<step:012>-<save_id>.
@@ -50,6 +63,7 @@ pub fn run(command: CkptCommand) -> Result<()> {
             CkptCommand::Show { uri } => show(&uri).await,
             CkptCommand::Verify { uri } => verify(&uri).await,
             CkptCommand::Digest { uri } => digest(&uri).await,
+            CkptCommand::Export { uri, out, dtype } => export(&uri, &out, &dtype).await,
             CkptCommand::Rm { uri } => rm(&uri).await,
         }
     })
@@ -161,6 +175,37 @@ async fn verify(uri: &str) -> Result<()> {
     if failed > 0 {
         bail!("{failed} of {} committed checkpoint(s) failed verification", commits.len());
     }
+    Ok(())
+}
+
+async fn export(uri: &str, out: &std::path::Path, dtype: &str) -> Result<()> {
+    let dtype = match dtype {
+        "float32" => mesh::DType::Float32,
+        "bfloat16" => mesh::DType::Bfloat16,
+        other => bail!("--dtype {other}: write float32 or bfloat16"),
+    };
+    let (storage, log, dir) = open(uri)?;
+    let commit = match dir {
+        Some(_) => commit_of(uri, &log, dir).await?,
+        None => committed_newest_first(&log)
+            .await?
+            .into_iter()
+            .next()
+            .with_context(|| format!("no committed checkpoint under {uri} to export"))?,
+    };
+    let checkpoint = Checkpoint::open(&storage, &commit, &Limits::default()).await?;
+    let report = checkpoint::export::export_weights(&checkpoint, storage.url(), out, dtype).await?;
+    let merged = match report.merged.len() {
+        0 => String::new(),
+        n => format!(", LoRA adapters merged into {n} weights ({})", report.merged.join(", ")),
+    };
+    println!(
+        "wrote {} tensors of step {} to {} ({} bytes, {dtype}{merged})",
+        report.tensors.len(),
+        commit.step,
+        out.display(),
+        report.bytes
+    );
     Ok(())
 }
 

@@ -14,7 +14,19 @@ use std::process::Command;
 pub fn export_args(job: &JobSpec, platform: &str) -> Vec<String> {
     let o = &job.optimizer;
     let t = &job.train;
-    [
+    let mut levers = vec![("--attention", t.attention.clone())];
+    if t.attention == "blockwise" || t.attention == "pallas" {
+        levers.push(("--attention-block", t.attention_block.to_string()));
+    }
+    if let Some(lora) = &t.lora {
+        levers.extend([
+            ("--lora-rank", lora.rank.to_string()),
+            ("--lora-alpha", lora.alpha.to_string()),
+            ("--lora-targets", lora.targets.join(",")),
+            ("--lora-base-dtype", lora.base_dtype.to_string()),
+        ]);
+    }
+    let mut args: Vec<String> = [
         ("--preset", job.model.clone()),
         ("--mesh", format!("fsdp={},tp={}", job.mesh.ici.fsdp, job.mesh.ici.tp)),
         ("--micro-batch", job.batch.micro.to_string()),
@@ -31,8 +43,13 @@ pub fn export_args(job: &JobSpec, platform: &str) -> Vec<String> {
         ("--max-grad-norm", o.max_grad_norm.to_string()),
     ]
     .into_iter()
+    .chain(levers)
     .flat_map(|(flag, value)| [flag.to_string(), value])
-    .collect()
+    .collect();
+    if t.optimizer_offload {
+        args.push("--offload-optimizer".into());
+    }
+    args
 }
 
 /// Returns the cached bundle for `args`, exporting it first if needed.

@@ -56,11 +56,36 @@ pub fn run(
             (path, Some(plugin))
         }
     };
+    if job.train.optimizer_offload && !connect.is_remote() {
+        bail!(
+            "train.optimizer_offload keeps AdamW state in TPU host memory (pinned_host), and this launch runs on \
+             the CPU plugin, which has none; drop optimizer_offload to run here, or launch on TPU hosts \
+             with --coordinator"
+        );
+    }
     let bundle = resolve_bundle(&tools, &job)?;
     let manifest = bundle.manifest();
-    let parameters: u64 = manifest.params.iter().map(|p| p.shape.iter().product::<u64>()).sum();
+    let count = |tensors: &[bundle::TensorSpec]| -> u64 {
+        tensors.iter().map(|p| p.shape.iter().product::<u64>()).sum()
+    };
+    let parameters = count(&manifest.params) + count(&manifest.frozen);
+    let trained = match &manifest.train.lora {
+        Some(lora) => format!(
+            ", LoRA rank {} on {} trains {}",
+            lora.rank,
+            lora.targets.join(","),
+            human_count(count(&manifest.params))
+        ),
+        None => String::new(),
+    };
+    if job.train.attention == "pallas" && manifest.train.attention != "pallas" {
+        println!(
+            "note: Pallas flash attention lowers for TPUs only; on the {} plugin this run attends blockwise",
+            manifest.platform
+        );
+    }
     println!(
-        "job {}: {} ({} parameters) on {} x mesh {}, global batch {} = {} micro-batches of {} x {} tokens, {} steps",
+        "job {}: {} ({} parameters{trained}) on {} x mesh {}, global batch {} = {} micro-batches of {} x {} tokens, {} steps",
         job.name,
         job.model,
         human_count(parameters),

@@ -99,3 +99,18 @@ fn bundle_lowered_for_another_mesh() {
     let e = launch_fails(&format!("{JOB}bundle: {}\n", bundle.display()));
     assert!(e.contains("lowered for mesh (fsdp=1, tp=1), but the job runs on (fsdp=2, tp=2)"), "{e}");
 }
+
+#[test]
+fn optimizer_offload_on_the_cpu_plugin() {
+    let e = launch_fails(&format!("{JOB}train: {{ optimizer_offload: true }}\n"));
+    assert!(
+        e.contains("`train.optimizer_offload`") && e.contains("which the CPU plugin does not have"),
+        "{e}"
+    );
+    // A job planned for TPU hosts, launched on this machine.
+    let tpu = JOB.replace("fsdp: 2, tp: 2", "fsdp: 4, tp: 2").replace("micro: 4", "micro: 8");
+    let e = launch_fails(&format!(
+        "{tpu}train: {{ optimizer_offload: true }}\nruntime: {{ accelerator: v6e-8 }}\n"
+    ));
+    assert!(e.contains("this launch runs on the CPU plugin, which has none"), "{e}");
+}

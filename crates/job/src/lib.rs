@@ -128,7 +128,7 @@ pub struct BatchSpec {
 }
 
 /// Options of the exported step.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrainOptions {
     /// Rematerialization of the layer body: `none`, `dots` or `full`; `auto` (the default) lets
@@ -141,6 +141,16 @@ pub struct TrainOptions {
     pub param_dtype: mesh::DType,
     /// Matmuls and activations.
     pub compute_dtype: mesh::DType,
+    /// How each layer attends: `xla` (plain, `[T, T]` scores), `blockwise` (online softmax over
+    /// key blocks, any platform) or `pallas` (TPU flash attention; blockwise on the CPU plugin).
+    pub attention: String,
+    /// Keys per block of `blockwise` attention.
+    pub attention_block: u64,
+    /// LoRA adapters instead of full fine-tuning; absent trains every parameter.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraSpec>,
+    /// Keep AdamW's moments in host memory between steps (TPU only: `pinned_host`).
+    pub optimizer_offload: bool,
 }
 
 impl Default for TrainOptions {
@@ -150,8 +160,45 @@ impl Default for TrainOptions {
             loss_chunk: 64,
             param_dtype: mesh::DType::Float32,
             compute_dtype: mesh::DType::Float32,
+            attention: "xla".into(),
+            attention_block: 512,
+            lora: None,
+            optimizer_offload: false,
         }
     }
+}
+
+/// The projections LoRA adapters may sit on.
+pub const LORA_TARGETS: [&str; 7] =
+    ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+
+/// LoRA: low-rank adapters on chosen projections train; the base stays frozen.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraSpec {
+    /// Inner dimension of each adapter pair.
+    pub rank: u64,
+    /// The adapters' product is scaled by `alpha / rank`.
+    #[serde(default = "default_lora_alpha")]
+    pub alpha: f64,
+    /// The projections with adapters; all seven by default.
+    #[serde(default = "default_lora_targets")]
+    pub targets: Vec<String>,
+    /// The frozen base's dtype.
+    #[serde(default = "default_lora_base_dtype")]
+    pub base_dtype: mesh::DType,
+}
+
+fn default_lora_alpha() -> f64 {
+    16.0
+}
+
+fn default_lora_targets() -> Vec<String> {
+    LORA_TARGETS.iter().map(|t| t.to_string()).collect()
+}
+
+fn default_lora_base_dtype() -> mesh::DType {
+    mesh::DType::Bfloat16
 }
 
 /// Checkpoint schedule, place and retention.
@@ -352,6 +399,7 @@ impl JobSpec {
                 format!("'{}' is not one of auto, none, dots, full", self.train.remat),
             );
         }
+        self.check_levers()?;
         if self.train.loss_chunk == 0 {
             return invalid("train.loss_chunk", "is 0; use a positive number of time steps".into());
         }
@@ -417,6 +465,15 @@ impl JobSpec {
             if value == 0 {
                 return invalid(field, "is 0; every mesh axis needs at least one device".into());
             }
+        }
+        if self.train.lora.is_some() && dcn > 1 {
+            return invalid(
+                "train.lora",
+                format!(
+                    "LoRA runs on one slice for now (the base is saved and restored by one host), but \
+                     mesh.dcn = {dcn}; use mesh.dcn = 1 or drop `lora:`"
+                ),
+            );
         }
         if let Some((devices, what)) = self.host_devices()?
             && fsdp * tp != devices

@@ -103,6 +103,76 @@ impl JobSpec {
         Ok(())
     }
 
+    /// The memory levers of `train`: a known attention implementation, a LoRA that can work,
+    /// and optimizer offload only where there is host memory to offload to (a TPU).
+    pub(crate) fn check_levers(&self) -> Result<(), JobError> {
+        let t = &self.train;
+        if !["xla", "blockwise", "pallas"].contains(&t.attention.as_str()) {
+            return Err(invalid(
+                "train.attention",
+                format!("'{}' is not one of xla, blockwise, pallas", t.attention),
+            ));
+        }
+        if t.attention_block == 0 {
+            return Err(invalid("train.attention_block", "is 0; use a number of keys per block, e.g. 512"));
+        }
+        if let Some(lora) = &t.lora {
+            if lora.rank == 0 {
+                return Err(invalid(
+                    "train.lora.rank",
+                    "is 0; use a rank such as 16 or 64, or drop `lora:` to train every parameter",
+                ));
+            }
+            if !(lora.alpha > 0.0 && lora.alpha.is_finite()) {
+                return Err(invalid("train.lora.alpha", format!("{} must be positive", lora.alpha)));
+            }
+            if lora.targets.is_empty() {
+                return Err(invalid(
+                    "train.lora.targets",
+                    format!("is empty; name projections from {}", crate::LORA_TARGETS.join(", ")),
+                ));
+            }
+            for (i, target) in lora.targets.iter().enumerate() {
+                if !crate::LORA_TARGETS.contains(&target.as_str()) || lora.targets[..i].contains(target) {
+                    return Err(invalid(
+                        "train.lora.targets",
+                        format!(
+                            "'{target}' is not a projection or appears twice; name each once, from {}",
+                            crate::LORA_TARGETS.join(", ")
+                        ),
+                    ));
+                }
+            }
+            if !matches!(lora.base_dtype, mesh::DType::Float32 | mesh::DType::Bfloat16) {
+                return Err(invalid(
+                    "train.lora.base_dtype",
+                    format!("{} is not supported; use bfloat16 or float32", lora.base_dtype),
+                ));
+            }
+            if self.grpo.is_some() {
+                return Err(invalid(
+                    "train.lora",
+                    "LoRA bundles train SFT jobs only for now; drop `lora:` or `grpo:`",
+                ));
+            }
+        }
+        if t.optimizer_offload {
+            let tpu = self
+                .runtime
+                .accelerator
+                .as_deref()
+                .map(|name| Accelerator::parse(name, DEFAULT_DEVICE_MEMORY));
+            if !matches!(tpu, Some(Ok(ref a)) if a.platform == Platform::Tpu) {
+                return Err(invalid(
+                    "train.optimizer_offload",
+                    "keeps AdamW state in TPU host memory (pinned_host), which the CPU plugin does not have; \
+                     set runtime.accelerator to a TPU (v6e-8, v6e-4, v6e-1) or drop optimizer_offload",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The devices of one host, when the spec says (`runtime.devices_per_host` or
     /// `runtime.accelerator`), with words for messages.
     pub(crate) fn host_devices(&self) -> Result<Option<(usize, String)>, JobError> {

@@ -247,3 +247,50 @@ fn missing_micro_batch_or_seq_len_say_what_to_write() {
     let e = parse(&TINY.replace("seq_len: 128\n", "")).unwrap_err();
     assert!(e.contains("`seq_len`: is missing"), "{e}");
 }
+
+#[test]
+fn memory_levers_parse_with_defaults_and_named_errors() {
+    let spec =
+        parse(&with("train: { attention: blockwise, attention_block: 64, lora: { rank: 8 } }")).unwrap();
+    assert_eq!((spec.train.attention.as_str(), spec.train.attention_block), ("blockwise", 64));
+    let lora = spec.train.lora.unwrap();
+    assert_eq!((lora.rank, lora.alpha, lora.base_dtype), (8, 16.0, mesh::DType::Bfloat16));
+    assert_eq!(lora.targets, LORA_TARGETS.map(String::from));
+    let spec = parse(&with(
+        "train: { lora: { rank: 4, alpha: 8, targets: [q_proj, v_proj], base_dtype: float32 } }",
+    ))
+    .unwrap();
+    assert_eq!(spec.train.lora.unwrap().targets, ["q_proj", "v_proj"]);
+
+    for (line, expected) in [
+        ("train: { attention: flash }", "`train.attention`: 'flash' is not one of xla, blockwise, pallas"),
+        ("train: { attention_block: 0 }", "`train.attention_block`: is 0"),
+        ("train: { lora: { rank: 0 } }", "`train.lora.rank`: is 0"),
+        ("train: { lora: { rank: 4, alpha: -1 } }", "`train.lora.alpha`: -1 must be positive"),
+        ("train: { lora: { rank: 4, targets: [] } }", "`train.lora.targets`: is empty"),
+        ("train: { lora: { rank: 4, targets: [wq] } }", "`train.lora.targets`: 'wq' is not a projection"),
+        (
+            "train: { lora: { rank: 4, targets: [q_proj, q_proj] } }",
+            "'q_proj' is not a projection or appears twice",
+        ),
+        (
+            "train: { lora: { rank: 4, base_dtype: int32 } }",
+            "`train.lora.base_dtype`: int32 is not supported",
+        ),
+        ("train: { lora: { rank: 4, dropout: 0.1 } }", "unknown field"),
+        (
+            "mesh: { dcn: 2, ici: { fsdp: 2 } }\ntrain: { lora: { rank: 4 } }",
+            "`train.lora`: LoRA runs on one slice for now",
+        ),
+        (
+            "train: { optimizer_offload: true }",
+            "`train.optimizer_offload`: keeps AdamW state in TPU host memory (pinned_host), which the CPU plugin does not have",
+        ),
+    ] {
+        let e = parse(&with(line)).unwrap_err();
+        assert!(e.contains(expected), "{line}: {e}");
+    }
+    // On a TPU host, offload is a setting like any other.
+    let tpu = "mesh: { ici: { fsdp: 4, tp: 2 } }\ntrain: { optimizer_offload: true }\nruntime: { accelerator: v6e-8 }";
+    assert!(parse(&with(tpu)).unwrap().train.optimizer_offload);
+}

@@ -20,16 +20,21 @@
 //!   mesh holds, every chunk's CRC checked, and place them on the devices.
 //! - [`LocalCheckpoints`] is the single-process loop's side: saves committed through the store's
 //!   own markers ([`StoreCommitLog`]), retention, and resume.
+//!
+//! LoRA: the state saved at every checkpoint is the adapters and their moments only. The frozen
+//! base is saved once, as a checkpoint of its own under `<root>/base/` ([`BASE_DIR`]), and
+//! every adapter checkpoint names it in its metadata (`lora.base`, with rank, alpha and
+//! targets), so a restore places both and `podctl ckpt merge` can fold the adapters into it.
 
 use crate::WorkerError;
 use crate::run::Observer;
 use crate::trainer::Trainer;
 use bytes::Bytes;
-use checkpoint::layout::parse_dir_name;
+use checkpoint::layout::{dir_name, parse_dir_name};
 use checkpoint::{
     ArraySpec, AsyncSaver, Checkpoint, CheckpointError, CommitLog, DataPosition, HostReport, Limits,
     Retention, SaveOptions, SaveSpec, SaverStatus, ShardBuffer, Storage, StoreCommitLog, StoreOptions,
-    Topology, committed_newest_first, finalize, gc,
+    Topology, committed_newest_first, finalize, gc, save_host,
 };
 use futures::FutureExt;
 use job::JobSpec;
@@ -68,6 +73,20 @@ fn save_spec(
         .iter()
         .map(|t| ArraySpec::new(t.name.clone(), t.shape.clone(), t.dtype, t.sharding.clone()))
         .collect();
+    let mut metadata = std::collections::BTreeMap::new();
+    if let Some(lora) = &trainer.manifest().train.lora {
+        let base = format!("{BASE_DIR}/{}", dir_name(0, &base_save_id(trainer, layout.seed)));
+        metadata.insert(
+            "lora".to_string(),
+            serde_json::json!({
+                "rank": lora.rank,
+                "alpha": lora.alpha,
+                "targets": lora.targets,
+                "base_dtype": lora.base_dtype.to_string(),
+                "base": base,
+            }),
+        );
+    }
     Ok(SaveSpec {
         step,
         save_id: save_id.to_string(),
@@ -76,13 +95,111 @@ fn save_spec(
         bundle: trainer.bundle_id().to_string(),
         data_position: DataPosition { seed: layout.seed, step },
         rng_state: Vec::new(),
-        metadata: Default::default(),
+        metadata,
     })
+}
+
+/// Where LoRA's frozen base is saved, relative to the checkpoint root (a root of its own,
+/// which the root's retention never touches: `base` does not parse as a checkpoint directory).
+pub const BASE_DIR: &str = "base";
+
+/// The base's save id: a function of what `init` draws the base from (the frozen tensors'
+/// names, shapes and dtypes, and the seed), so every save of a run, and a resumed run, name
+/// the same base.
+fn base_save_id(trainer: &Trainer, seed: u64) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    for spec in trainer.frozen_specs() {
+        hash.update(format!("{} {} {:?};", spec.name, spec.dtype, spec.shape));
+    }
+    hash.update(seed.to_le_bytes());
+    let digest: String = hash.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("base-{digest}")
+}
+
+/// The storage of the base root under `root`.
+fn base_storage(root: &Storage) -> Result<Storage, WorkerError> {
+    let url = format!("{}/{BASE_DIR}", root.url().trim_end_matches('/'));
+    Ok(Storage::open(&url, &StoreOptions::default())?)
+}
+
+/// Saves the LoRA base of `trainer` under `root`'s base root unless it is committed there
+/// already; returns its directory relative to `root`. One host, whole: the base is written
+/// once per run, not per step.
+async fn ensure_base(trainer: &Trainer, root: &Storage, seed: u64) -> Result<String, WorkerError> {
+    let storage = base_storage(root)?;
+    let log = StoreCommitLog::new(storage.clone());
+    let save_id = base_save_id(trainer, seed);
+    let relative = format!("{BASE_DIR}/{}", dir_name(0, &save_id));
+    if log.list().await?.iter().any(|c| c.step == 0 && c.save_id == save_id) {
+        return Ok(relative);
+    }
+    let spec = SaveSpec {
+        step: 0,
+        save_id,
+        topology: Topology::new(1, trainer.slice().mesh().clone(), 1)?,
+        arrays: trainer
+            .frozen_specs()
+            .iter()
+            .map(|t| ArraySpec::new(t.name.clone(), t.shape.clone(), t.dtype, t.sharding.clone()))
+            .collect(),
+        bundle: trainer.bundle_id().to_string(),
+        data_position: DataPosition { seed, step: 0 },
+        rng_state: Vec::new(),
+        metadata: Default::default(),
+    };
+    let buffers = plan_buffers(&spec, 0, |array, device| trainer.download_frozen_shard(array, device))?;
+    let report = save_host(&storage, &spec, 0, buffers, &SaveOptions::default()).await?;
+    finalize(&storage, &spec, &[report], &log).await?;
+    Ok(relative)
+}
+
+/// Places the frozen base a LoRA checkpoint names (`lora.base` of its metadata) on `trainer`.
+async fn place_base(
+    trainer: &mut Trainer,
+    checkpoint: &Checkpoint,
+    root: &Storage,
+) -> Result<(), WorkerError> {
+    let dir = checkpoint.commit().dir();
+    let named =
+        checkpoint.manifest().metadata.get("lora").and_then(|l| l.get("base")).and_then(|b| b.as_str());
+    let Some((step, save_id)) =
+        named.and_then(|b| b.strip_prefix(&format!("{BASE_DIR}/"))).and_then(parse_dir_name)
+    else {
+        return Err(WorkerError::Mismatch(format!(
+            "checkpoint {dir} names no LoRA base (metadata lora.base = {named:?}); restore a checkpoint of a LoRA run"
+        )));
+    };
+    let storage = base_storage(root)?;
+    let commit = StoreCommitLog::new(storage.clone())
+        .list()
+        .await?
+        .into_iter()
+        .find(|c| c.step == step && c.save_id == save_id)
+        .ok_or_else(|| CheckpointError::NotFound {
+            what: format!("the LoRA base {BASE_DIR}/{} of checkpoint {dir}", dir_name(step, &save_id)),
+            hint:
+                "the base is saved with the first checkpoint of a LoRA run; it was removed or never committed"
+                    .into(),
+        })?;
+    let base = Checkpoint::open(&storage, &commit, &Limits::default()).await?;
+    let arrays = read_arrays(trainer, &base, trainer.frozen_specs()).await?;
+    trainer.set_frozen(arrays)
 }
 
 /// Copies off the devices exactly the shards the write plan gives `host`: one copy of each,
 /// nothing of what another host writes. `spec` lists the state in the trainer's order.
 fn host_buffers(trainer: &Trainer, spec: &SaveSpec, host: usize) -> Result<Vec<ShardBuffer>, WorkerError> {
+    plan_buffers(spec, host, |array, device| trainer.download_state_shard(array, device))
+}
+
+/// The shards the write plan gives `host`, each downloaded once with `download(array index,
+/// device of the host)`.
+fn plan_buffers(
+    spec: &SaveSpec,
+    host: usize,
+    download: impl Fn(usize, usize) -> Result<Vec<u8>, WorkerError>,
+) -> Result<Vec<ShardBuffer>, WorkerError> {
     let plan = spec.plan()?;
     let local = spec.topology.devices_of_host(host);
     let mut buffers = Vec::new();
@@ -94,7 +211,7 @@ fn host_buffers(trainer: &Trainer, spec: &SaveSpec, host: usize) -> Result<Vec<S
                 shard.devices
             ))
         })?;
-        let data = trainer.download_state_shard(shard.array, device - local.start)?;
+        let data = download(shard.array, device - local.start)?;
         buffers.push(ShardBuffer { array: name.clone(), device, data: Bytes::from(data) });
     }
     Ok(buffers)
@@ -344,7 +461,7 @@ pub async fn restore(
             }
         })?;
     let checkpoint = Checkpoint::open(&storage, &commit, &Limits::default()).await?;
-    place(trainer, &checkpoint).await?;
+    place(trainer, &checkpoint, &storage).await?;
     let manifest = checkpoint.manifest();
     Ok(Restored {
         step: manifest.step,
@@ -370,7 +487,7 @@ pub async fn restore_newest(
         let uri = dir_uri(storage, &commit.dir());
         let attempt = async {
             let checkpoint = Checkpoint::open(storage, &commit, &Limits::default()).await?;
-            place(trainer, &checkpoint).await?;
+            place(trainer, &checkpoint, storage).await?;
             Ok::<_, WorkerError>(checkpoint)
         };
         match attempt.await {
@@ -389,9 +506,9 @@ pub async fn restore_newest(
     Ok((None, passed_over))
 }
 
-/// Reads every state array's target regions and places them; replaces the trainer's state only
-/// when all are on the devices.
-async fn place(trainer: &mut Trainer, checkpoint: &Checkpoint) -> Result<(), WorkerError> {
+/// Reads every state array's target regions and places them, and a LoRA run's base; replaces
+/// the trainer's state only when all are on the devices.
+async fn place(trainer: &mut Trainer, checkpoint: &Checkpoint, root: &Storage) -> Result<(), WorkerError> {
     let manifest = checkpoint.manifest();
     let dir = checkpoint.commit().dir();
     let specs = trainer.state_specs();
@@ -402,6 +519,22 @@ async fn place(trainer: &mut Trainer, checkpoint: &Checkpoint) -> Result<(), Wor
             specs.len()
         )));
     }
+    let arrays = read_arrays(trainer, checkpoint, specs).await?;
+    if !trainer.frozen_specs().is_empty() {
+        place_base(trainer, checkpoint, root).await?;
+    }
+    trainer.set_state(arrays)
+}
+
+/// Reads `specs`' regions for each device of the trainer's mesh from `checkpoint` (shapes and
+/// dtypes checked first) and uploads them.
+async fn read_arrays(
+    trainer: &Trainer,
+    checkpoint: &Checkpoint,
+    specs: &[bundle::TensorSpec],
+) -> Result<Vec<crate::DeviceArray>, WorkerError> {
+    let manifest = checkpoint.manifest();
+    let dir = checkpoint.commit().dir();
     for spec in specs {
         match manifest.array(&spec.name) {
             Some(saved) if saved.shape == spec.shape && saved.dtype == spec.dtype => {}
@@ -432,7 +565,7 @@ async fn place(trainer: &mut Trainer, checkpoint: &Checkpoint) -> Result<(), Wor
         }
         arrays.push(trainer.slice().upload_shards(spec, &pieces)?);
     }
-    trainer.set_state(arrays)
+    Ok(arrays)
 }
 
 /// Where the single-process loop's state comes from.
@@ -515,6 +648,10 @@ struct LocalSaves {
     pending: Option<PendingSave>,
     /// The newest step committed under the root.
     committed: Option<u64>,
+    /// The job seed (a LoRA base's identity).
+    seed: u64,
+    /// LoRA: whether the frozen base is known to be committed under the base root.
+    base_saved: bool,
 }
 
 impl LocalCheckpoints {
@@ -550,6 +687,8 @@ impl LocalCheckpoints {
                     attempt: format!("l{:x}", started.as_millis()),
                     pending: None,
                     committed: None,
+                    seed: job.seed,
+                    base_saved: false,
                 })
             }
             _ => None,
@@ -632,7 +771,7 @@ impl LocalCheckpoints {
             }
         }
         if step % saves.every == 0 {
-            saves.start(trainer, step, observer)?;
+            saves.start(&self.runtime, trainer, step, observer)?;
         }
         Ok(())
     }
@@ -650,6 +789,7 @@ impl LocalCheckpoints {
             saves.commit(&self.runtime, pending.wait()?, observer)?;
         }
         if saves.committed != Some(step) {
+            saves.ensure_base(&self.runtime, trainer)?;
             let pending = saves.saver.start(trainer, step, &saves.attempt)?;
             observer.on_checkpoint(&started(step, &pending));
             saves.commit(&self.runtime, pending.wait()?, observer)?;
@@ -659,13 +799,29 @@ impl LocalCheckpoints {
 }
 
 impl LocalSaves {
+    /// LoRA: saves the frozen base once, before the first checkpoint that names it.
+    fn ensure_base(
+        &mut self,
+        runtime: &tokio::runtime::Runtime,
+        trainer: &Trainer,
+    ) -> Result<(), WorkerError> {
+        if !self.base_saved && !trainer.frozen_specs().is_empty() {
+            let base = runtime.block_on(ensure_base(trainer, &self.storage, self.seed))?;
+            tracing::info!(%base, "the LoRA base is committed");
+            self.base_saved = true;
+        }
+        Ok(())
+    }
+
     /// Starts a save, or reports that the previous one is still uploading.
     fn start(
         &mut self,
+        runtime: &tokio::runtime::Runtime,
         trainer: &Trainer,
         step: u64,
         observer: &mut dyn Observer,
     ) -> Result<(), WorkerError> {
+        self.ensure_base(runtime, trainer)?;
         match self.saver.start_or_skip(trainer, step, &self.attempt)? {
             SaveStart::Started(pending) => {
                 observer.on_checkpoint(&started(step, &pending));

@@ -5,6 +5,10 @@
 //! donated accumulator) and then `apply_step`, which consumes everything and hands back the new
 //! state plus a zeroed accumulator in the same memory. Program signatures are the ones
 //! docs/BUNDLE.md fixes and `bundle::Bundle::load` has checked, so positions are known here.
+//!
+//! A LoRA bundle's frozen base (`frozen/*`) is held beside the train state, not in it: `init`
+//! produces it (or a restore places it), `grad_step` reads it, nothing ever writes it, and the
+//! state that checkpoints and peers exchange is the adapters and their moments only.
 
 use crate::WorkerError;
 use crate::slice::{Arg, DeviceArray, Program, Slice};
@@ -31,6 +35,9 @@ pub struct Trainer {
     grad_step: Program,
     apply_step: Program,
     state: Option<State>,
+    /// LoRA's frozen base, in the manifest's `frozen` order; empty for full fine-tuning (and
+    /// before `init` or a restore of the base).
+    frozen: Vec<DeviceArray>,
 }
 
 struct State {
@@ -63,6 +70,7 @@ impl Trainer {
             apply_step: apply_step?,
             slice,
             state: None,
+            frozen: Vec::new(),
         })
     }
 
@@ -91,6 +99,7 @@ impl Trainer {
         let seed = self.slice.scalar(&self.init.spec().inputs[0], seed.to_le_bytes())?;
         let mut out = self.init.run(vec![Arg::Borrow(&seed)])?.into_iter();
         let n = self.manifest.params.len();
+        self.frozen = out.by_ref().take(self.manifest.frozen.len()).collect();
         let params = out.by_ref().take(n).collect();
         let mu = out.by_ref().take(n).collect();
         let nu = out.by_ref().take(n).collect();
@@ -109,13 +118,20 @@ impl Trainer {
             )));
         }
         let state = self.state.as_mut().ok_or_else(not_initialized)?;
+        let f = self.manifest.frozen.len();
+        if self.frozen.len() != f {
+            return Err(WorkerError::Mismatch(
+                "the LoRA bundle's frozen base is not on the devices; init or restore it first".into(),
+            ));
+        }
         let n = self.manifest.params.len();
-        let inputs = &self.grad_step.spec().inputs;
+        let inputs = &self.grad_step.spec().inputs[f..];
         let tokens = self.slice.upload(&inputs[2 * n], bytemuck::cast_slice(&batch.tokens))?;
         let targets = self.slice.upload(&inputs[2 * n + 1], bytemuck::cast_slice(&batch.targets))?;
         let mask = self.slice.upload(&inputs[2 * n + 2], bytemuck::cast_slice(&batch.loss_mask))?;
 
-        let mut args: Vec<Arg<'_>> = state.params.iter().map(Arg::Borrow).collect();
+        let mut args: Vec<Arg<'_>> = self.frozen.iter().map(Arg::Borrow).collect();
+        args.extend(state.params.iter().map(Arg::Borrow));
         args.extend(std::mem::take(&mut state.grads).into_iter().map(Arg::Donate));
         args.extend([Arg::Borrow(&tokens), Arg::Borrow(&targets), Arg::Borrow(&mask)]);
         let mut out = self.grad_step.run(args)?;
@@ -164,16 +180,15 @@ impl Trainer {
 
     /// The train state's arrays as [`Trainer::download_state`] gives them: name and byte length.
     pub fn state_layout(&self) -> Vec<(String, usize)> {
-        self.init.spec().outputs.iter().map(|spec| (spec.name.clone(), spec.num_bytes() as usize)).collect()
+        self.state_specs().iter().map(|spec| (spec.name.clone(), spec.num_bytes() as usize)).collect()
     }
 
     /// Copies the parameters and optimizer state to the host, named as in the bundle
     /// (`params/...`, `opt/mu/...`, `opt/nu/...`), each a whole row-major array.
     pub fn download_state(&self) -> Result<Vec<(String, Vec<u8>)>, WorkerError> {
         let state = self.state.as_ref().ok_or_else(not_initialized)?;
-        let outputs = &self.init.spec().outputs;
         let arrays = state.params.iter().chain(&state.mu).chain(&state.nu);
-        outputs
+        self.state_specs()
             .iter()
             .zip(arrays)
             .map(|(spec, a)| Ok((spec.name.clone(), self.slice.download(spec, a)?)))
@@ -184,7 +199,7 @@ impl Trainer {
     /// [`Trainer::download_state`] gives them (a restore or a peer's state), and zeroes the
     /// gradients.
     pub fn upload_state(&mut self, arrays: &[(String, Vec<u8>)]) -> Result<(), WorkerError> {
-        let specs = &self.init.spec().outputs;
+        let specs = self.state_specs();
         if arrays.len() != specs.len() {
             return Err(WorkerError::Mismatch(format!(
                 "a state of {} arrays does not fit the bundle's {}",
@@ -208,7 +223,51 @@ impl Trainer {
     /// The state's tensors (`params/...`, `opt/mu/...`, `opt/nu/...`) in the order of
     /// [`Trainer::download_state`], with their shapes, dtypes and shardings.
     pub fn state_specs(&self) -> &[TensorSpec] {
-        &self.init.spec().outputs
+        &self.init.spec().outputs[self.manifest.frozen.len()..]
+    }
+
+    /// LoRA's frozen base (`frozen/...`), in the manifest's order; empty for full fine-tuning.
+    pub fn frozen_specs(&self) -> &[TensorSpec] {
+        &self.init.spec().outputs[..self.manifest.frozen.len()]
+    }
+
+    /// Whether the frozen base is on the devices (always, for full fine-tuning).
+    pub fn has_frozen(&self) -> bool {
+        self.frozen.len() == self.manifest.frozen.len()
+    }
+
+    /// Copies device `device`'s shard of frozen tensor `index` to the host.
+    pub fn download_frozen_shard(&self, index: usize, device: usize) -> Result<Vec<u8>, WorkerError> {
+        let (spec, array) = self.frozen_specs().get(index).zip(self.frozen.get(index)).ok_or_else(|| {
+            WorkerError::Mismatch(format!(
+                "frozen tensor {index} is not on the devices; init or restore it first"
+            ))
+        })?;
+        self.slice.download_shard(spec, array, device)
+    }
+
+    /// Copies frozen tensor `index` (whole, row-major) to the host.
+    pub fn download_frozen(&self, index: usize) -> Result<Vec<u8>, WorkerError> {
+        let (spec, array) = self.frozen_specs().get(index).zip(self.frozen.get(index)).ok_or_else(|| {
+            WorkerError::Mismatch(format!(
+                "frozen tensor {index} is not on the devices; init or restore it first"
+            ))
+        })?;
+        self.slice.download(spec, array)
+    }
+
+    /// Replaces the frozen base with arrays already on the slice, in the order of
+    /// [`Trainer::frozen_specs`].
+    pub fn set_frozen(&mut self, arrays: Vec<DeviceArray>) -> Result<(), WorkerError> {
+        if arrays.len() != self.manifest.frozen.len() {
+            return Err(WorkerError::Mismatch(format!(
+                "a frozen base of {} arrays does not fit the bundle's {}",
+                arrays.len(),
+                self.manifest.frozen.len()
+            )));
+        }
+        self.frozen = arrays;
+        Ok(())
     }
 
     /// Copies device `device`'s shard of state tensor `index` to the host.
@@ -229,6 +288,14 @@ impl Trainer {
     /// Replaces the parameters and optimizer state with arrays already on the slice, in the
     /// order of [`Trainer::state_specs`], and zeroes the gradients.
     pub fn set_state(&mut self, arrays: Vec<DeviceArray>) -> Result<(), WorkerError> {
+        if self.manifest.train.optimizer_offload {
+            // Uploads land in device memory; apply_step takes the moments in host memory.
+            return Err(WorkerError::Mismatch(
+                "this bundle keeps AdamW state in host memory (train.optimizer_offload), and placing a \
+                 restored state there is not supported yet; resume without optimizer offload"
+                    .into(),
+            ));
+        }
         let n = self.manifest.params.len();
         if arrays.len() != 3 * n {
             return Err(WorkerError::Mismatch(format!(
