@@ -22,7 +22,7 @@ def global_norm(tree: Tree) -> jax.Array:
 
 def adamw_apply(params: Tree, mu: Tree, nu: Tree, grads: Tree, step: jax.Array,
                 learning_rate: jax.Array, grad_scale: jax.Array, decay: dict[str, bool],
-                opt: OptimizerConfig):
+                opt: OptimizerConfig, fetch=None, store=None):
     """One AdamW step. Returns `(params, mu, nu, grad_norm)`.
 
     `grads` are multiplied by `grad_scale` first; `grad_norm` is their global norm before
@@ -40,13 +40,17 @@ def adamw_apply(params: Tree, mu: Tree, nu: Tree, grads: Tree, step: jax.Array,
     bias2 = 1.0 - opt.b2 ** count
     new_params, new_mu, new_nu = {}, {}, {}
     for k, g in clipped.items():
-        m = (1.0 - opt.b1) * g + opt.b1 * mu[k].astype(f32)
-        v = (1.0 - opt.b2) * jnp.square(g) + opt.b2 * nu[k].astype(f32)
+        # Offload: `fetch` brings parameter k's moments to the device, `store` takes the new
+        # ones back, one parameter at a time (see programs.OffloadChain).
+        old_m, old_v = fetch(k, mu[k], nu[k]) if fetch else (mu[k], nu[k])
+        m = (1.0 - opt.b1) * g + opt.b1 * old_m.astype(f32)
+        v = (1.0 - opt.b2) * jnp.square(g) + opt.b2 * old_v.astype(f32)
         p = params[k].astype(f32)
         update = (m / bias1) / (jnp.sqrt(v / bias2) + opt.eps)
         if decay[k]:
             update = update + opt.weight_decay * p
         new_params[k] = (p - learning_rate * update).astype(params[k].dtype)
-        new_mu[k] = m.astype(mu[k].dtype)
-        new_nu[k] = v.astype(nu[k].dtype)
+        new_mu[k], new_nu[k] = m.astype(mu[k].dtype), v.astype(nu[k].dtype)
+        if store:
+            new_mu[k], new_nu[k] = store(k, new_mu[k], new_nu[k])
     return new_params, new_mu, new_nu, norm

@@ -120,11 +120,9 @@ def build_programs(model: ModelConfig, train: TrainConfig, opt: OptimizerConfig,
     def apply_step(*args):
         p, m, v, g = (as_dict(args[i * n:(i + 1) * n]) for i in range(4))
         step, learning_rate, grad_scale = args[4 * n:]
-        if moments_kind:
-            m, v = (move(tree, specs, mesh, "device") for tree in (m, v))
-        p, m, v, norm = optim.adamw_apply(p, m, v, g, step, learning_rate, grad_scale, decay, opt)
-        if moments_kind:
-            m, v = (move(tree, specs, mesh, moments_kind) for tree in (m, v))
+        chain = OffloadChain(specs, mesh) if moments_kind else None
+        p, m, v, norm = optim.adamw_apply(p, m, v, g, step, learning_rate, grad_scale, decay, opt,
+                                          fetch=chain and chain.fetch, store=chain and chain.store)
         zeros = [jnp.zeros_like(g[k]) for k in paths]
         return (*as_list(p), *as_list(m), *as_list(v), *zeros, norm)
 
@@ -152,12 +150,35 @@ def build_programs(model: ModelConfig, train: TrainConfig, opt: OptimizerConfig,
 HOST_MEMORY = "pinned_host"
 
 
-def move(tree: dict, specs: list[qwen3.ParamSpec], mesh, memory_kind: str) -> dict:
-    """`tree`'s arrays placed in `memory_kind` (`device` or `pinned_host`), sharded as before."""
-    if mesh is None:
-        raise ValueError("optimizer offload needs a mesh: memory kinds belong to shardings")
-    shardings = {s.path: NamedSharding(mesh, P(*s.spec), memory_kind=memory_kind) for s in specs}
-    return {path: jax.device_put(value, shardings[path]) for path, value in tree.items()}
+class OffloadChain:
+    """Moves AdamW's moments between host and device one parameter at a time.
+
+    Each parameter's moments come to the device only after the previous parameter's new moments
+    have left it (an optimization barrier orders the transfers), so the device holds one
+    parameter's moments at a time rather than all of them: without the chain XLA brings every
+    moment in at once and `apply_step` needs as much device memory as without offload.
+    """
+
+    def __init__(self, specs: list[qwen3.ParamSpec], mesh):
+        if mesh is None:
+            raise ValueError("optimizer offload needs a mesh: memory kinds belong to shardings")
+
+        def sharding(spec, kind):
+            return NamedSharding(mesh, P(*spec.spec), memory_kind=kind)
+
+        self.device = {s.path: sharding(s, "device") for s in specs}
+        self.host = {s.path: sharding(s, HOST_MEMORY) for s in specs}
+        self.previous = None
+
+    def fetch(self, path, m, v):
+        if self.previous is not None:
+            m, v, _ = jax.lax.optimization_barrier((m, v, self.previous))
+        return jax.device_put(m, self.device[path]), jax.device_put(v, self.device[path])
+
+    def store(self, path, m, v):
+        m, v = jax.device_put(m, self.host[path]), jax.device_put(v, self.host[path])
+        self.previous = (m, v)
+        return m, v
 
 
 def trainable_specs(model: ModelConfig, train: TrainConfig) -> list[qwen3.ParamSpec]:

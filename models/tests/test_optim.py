@@ -66,3 +66,29 @@ def test_weight_decay_only_touches_matrices():
     np.testing.assert_array_equal(new["stacked_norm"], params["stacked_norm"])
     np.testing.assert_array_equal(new["vector"], params["vector"])
     np.testing.assert_allclose(new["matrix"], params["matrix"] * (1 - 0.5 * 0.1), rtol=1e-6)
+
+
+def test_offload_hooks_do_not_change_a_bit():
+    """The offload path fetches and stores each parameter's moments through hooks chained by
+    optimization barriers (programs.OffloadChain); the update is bitwise the plain one."""
+    params, grads = tree(0, 1.0), tree(1, 2.0)
+    mu, nu = tree(2, 0.1), jax.tree.map(np.abs, tree(3, 0.1))
+    order = []
+
+    def fetch(k, m, v):
+        order.append(("fetch", k))
+        return jax.lax.optimization_barrier((m, v))
+
+    def store(k, m, v):
+        order.append(("store", k))
+        return jax.lax.optimization_barrier((m, v))
+
+    def run(**hooks):
+        return jax.jit(lambda p, m, v, g: adamw_apply(p, m, v, g, jnp.int32(3), jnp.float32(1e-2),
+                                                      jnp.float32(0.5), DECAY, OPT, **hooks))(
+            params, mu, nu, grads)
+
+    plain, hooked = run(), run(fetch=fetch, store=store)
+    assert order == [(op, k) for k in params for op in ("fetch", "store")]
+    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(hooked)):
+        np.testing.assert_array_equal(a, b)
