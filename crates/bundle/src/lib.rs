@@ -26,6 +26,9 @@ use std::path::{Path, PathBuf};
 /// The manifest format this build reads.
 pub const FORMAT: &str = "podctl-bundle/1";
 
+/// The manifest's file name in a bundle directory (written last by the exporter and by copies).
+pub const MANIFEST_FILE: &str = "manifest.json";
+
 /// The programs every SFT bundle (`train.kind = "sft"`) carries.
 pub const TRAIN_PROGRAMS: [&str; 4] = ["init", "zero_grads", "grad_step", "apply_step"];
 
@@ -90,7 +93,7 @@ impl Bundle {
     /// Reads and validates the bundle in `dir`.
     pub fn load(dir: impl AsRef<Path>) -> Result<Self, BundleError> {
         let dir = dir.as_ref().to_path_buf();
-        let manifest_path = dir.join("manifest.json");
+        let manifest_path = dir.join(MANIFEST_FILE);
         let text = read(&manifest_path)?;
         let manifest = Manifest::parse(&text, &dir)?;
 

@@ -15,6 +15,7 @@
 //!   base ([`export::export_weights`], `podctl ckpt export`).
 //! - [`manifest`]: the format and the checks that make an untrusted manifest safe.
 //! - [`store`]: `file://`, `s3://`, `gs://` URLs to an object store.
+//! - [`mirror`]: a local directory copied into the store and back (bundles for a cluster).
 //!
 //! The on-storage format is documented in `docs/CHECKPOINTS.md`.
 //!
@@ -33,6 +34,7 @@ pub mod export;
 pub mod gc;
 pub mod layout;
 pub mod manifest;
+pub mod mirror;
 pub mod plan;
 pub mod restore;
 pub mod save;

@@ -2,7 +2,8 @@
 //!
 //! `file://` (or a plain path) is the default and fsyncs every object before a write returns, so
 //! a checkpoint that counts as saved is on disk. `s3://` takes its endpoint and credentials from
-//! [`StoreOptions`] or the usual `AWS_*` variables. `gs://` uses Google's default credentials
+//! [`StoreOptions`] or the usual `AWS_*` variables (`AWS_ENDPOINT`, `AWS_ALLOW_HTTP` for an
+//! emulator). `gs://` uses Google's default credentials
 //! (Workload Identity on GKE) unless [`StoreOptions::gcs_disable_oauth`] is set together with a
 //! base URL, which is how tests reach an emulator without any client ever asking a metadata
 //! server for a token.
@@ -137,7 +138,8 @@ impl Storage {
                 if let Some(secret) = &options.s3_secret_access_key {
                     builder = builder.with_secret_access_key(secret);
                 }
-                if options.allow_http {
+                // The client options above replace those `from_env` read, AWS_ALLOW_HTTP included.
+                if options.allow_http || std::env::var("AWS_ALLOW_HTTP").is_ok_and(|v| v == "true") {
                     builder = builder.with_allow_http(true);
                 }
                 let store =
@@ -217,6 +219,11 @@ impl Storage {
     /// The underlying object store.
     pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
         &self.store
+    }
+
+    /// The root prefix.
+    pub(crate) fn root(&self) -> &Path {
+        &self.root
     }
 
     /// The key of `name` inside the checkpoint directory `dir`.

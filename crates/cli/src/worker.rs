@@ -16,15 +16,20 @@ pub struct WorkerArgs {
     /// The job to work for (its id or name).
     #[arg(long)]
     job: String,
-    /// The PJRT plugin (a shared library).
-    #[arg(long)]
+    /// The PJRT plugin (a shared library; worker images set the environment variable).
+    #[arg(long, env = "PODCTL_PJRT_PLUGIN")]
     plugin: PathBuf,
-    /// The address the data plane (all-reduce, state transfer) listens on; peers must reach it.
-    #[arg(long, default_value = "127.0.0.1")]
+    /// The address the data plane (all-reduce, state transfer) listens on; peers must reach it
+    /// (worker pods pass their host-network address).
+    #[arg(long, env = "PODCTL_BIND", default_value = "127.0.0.1")]
     bind: IpAddr,
-    /// The slice this worker was started for, when known.
-    #[arg(long)]
+    /// The slice this worker was started for, when known (worker pods are told).
+    #[arg(long, env = "PODCTL_SLICE")]
     slice: Option<u32>,
+    /// Register under this instance id (worker pods use their pod name, which is how the
+    /// Kubernetes controller tells whose pod was lost); default: host, pid and time.
+    #[arg(long, env = "PODCTL_INSTANCE_ID")]
+    instance_id: Option<String>,
     /// This host's name, as people see it.
     #[arg(long)]
     host: Option<String>,
@@ -53,6 +58,7 @@ pub fn run(args: WorkerArgs) -> Result<u8> {
         job_id: args.job,
         plugin: args.plugin,
         host,
+        instance_id: args.instance_id,
         bind: args.bind,
         slice: args.slice,
         metrics_listen: args.metrics_listen,

@@ -478,6 +478,7 @@ mod tests {
                     "env": [
                         { "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } },
                         { "name": "POD_NAMESPACE", "valueFrom": { "fieldRef": { "fieldPath": "metadata.namespace" } } },
+                        { "name": "PODCTL_BIND", "valueFrom": { "fieldRef": { "fieldPath": "status.podIP" } } },
                         { "name": "PODCTL_INSTANCE_ID", "value": "llm-1-s1-a0-h0" },
                         { "name": "PODCTL_SLICE", "value": "1" },
                         { "name": "TPU_WORKER_ID", "value": "0" },

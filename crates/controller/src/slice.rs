@@ -223,6 +223,9 @@ impl WorkerTemplate {
         let env = vec![
             field("POD_NAME", "metadata.name"),
             field("POD_NAMESPACE", "metadata.namespace"),
+            // The data plane (gradient ring, peer catch-up) listens on the host's address, which
+            // is the pod's under the host network.
+            field("PODCTL_BIND", "status.podIP"),
             // The worker registers with these: the controller recognizes its registration by
             // the instance id (the pod name) and the coordinator places it by slice.
             value("PODCTL_INSTANCE_ID", name.clone()),

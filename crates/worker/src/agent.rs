@@ -58,6 +58,8 @@ pub struct AgentConfig {
     pub plugin: PathBuf,
     /// This host's name, for people.
     pub host: String,
+    /// The instance id to register under (a worker pod's name); default: host, pid and time.
+    pub instance_id: Option<String>,
     /// Where the data plane (all-reduce, state transfer) listens; peers must reach it.
     pub bind: IpAddr,
     /// The slice this worker was started for, when it knows (pods do).
@@ -153,12 +155,14 @@ pub fn run(config: AgentConfig) -> Result<AgentExit, AgentError> {
     let state_server = StateServer::bind(SocketAddr::new(config.bind, 0))
         .map_err(|source| AgentError::Io { context: "binding the state server", source })?;
 
-    let instance_id = format!(
-        "{}-{}-{}",
-        config.host,
-        std::process::id(),
-        SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos()
-    );
+    let instance_id = config.instance_id.clone().unwrap_or_else(|| {
+        format!(
+            "{}-{}-{}",
+            config.host,
+            std::process::id(),
+            SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos()
+        )
+    });
     let registered = runtime.block_on(client.register(v1::RegisterRequest {
         job_id: config.job_id.clone(),
         host: config.host.clone(),
@@ -729,15 +733,52 @@ impl TrainerSide {
         Ended::Failed
     }
 
+    /// Where the assignment's bundle is on this host: a `file://` bundle where it is, one in
+    /// object storage (what `podctl launch` uploads for a cluster) copied once into
+    /// `$PODCTL_CACHE/bundles/<id>` (default under the temporary directory).
+    fn bundle_dir(&self, a: &Assignment) -> Result<PathBuf, AssignmentError> {
+        if let Some(path) = a.bundle_uri.strip_prefix("file://") {
+            return Ok(PathBuf::from(path));
+        }
+        if !a.bundle_uri.contains("://") {
+            return Ok(PathBuf::from(&a.bundle_uri));
+        }
+        if !checkpoint::layout::is_safe_segment(&a.bundle_id) {
+            return Err(AssignmentError(format!("the job's bundle id '{}' is not a name", a.bundle_id)));
+        }
+        let cache = std::env::var_os("PODCTL_CACHE")
+            .map_or_else(|| std::env::temp_dir().join("podctl"), PathBuf::from);
+        let dir = cache.join("bundles").join(&a.bundle_id);
+        if dir.join(bundle::MANIFEST_FILE).exists() {
+            return Ok(dir);
+        }
+        let fetch = async {
+            let storage = Storage::open(&a.bundle_uri, &StoreOptions::default())?;
+            checkpoint::mirror::download_dir(&storage, "", &dir, bundle::MANIFEST_FILE).await
+        };
+        match self.runtime.block_on(fetch) {
+            Ok(copied) => {
+                self.log(
+                    "info",
+                    format!("fetched the bundle from {} ({} bytes)", a.bundle_uri, copied.bytes),
+                );
+                Ok(dir)
+            }
+            // Another worker of this host fetched it meanwhile.
+            Err(_) if dir.join(bundle::MANIFEST_FILE).exists() => Ok(dir),
+            Err(e) => Err(AssignmentError(format!("fetching the job's bundle from {}: {e}", a.bundle_uri))),
+        }
+    }
+
     /// Compiles the assignment's bundle unless it is the one already loaded.
     fn load(&mut self, a: &Assignment) -> Result<(), AssignmentError> {
         if self.loaded.as_ref().is_some_and(|l| l.bundle_id == a.bundle_id) {
             return Ok(());
         }
         self.publish("loading");
-        let path = a.bundle_uri.strip_prefix("file://").unwrap_or(&a.bundle_uri);
-        let bundle = bundle::Bundle::load(std::path::Path::new(path))
-            .map_err(|e| AssignmentError(format!("the job's bundle: {e}")))?;
+        let path = self.bundle_dir(a)?;
+        let bundle =
+            bundle::Bundle::load(&path).map_err(|e| AssignmentError(format!("the job's bundle: {e}")))?;
         if bundle.id() != a.bundle_id {
             return Err(AssignmentError(format!(
                 "the bundle at {} is {}, but the job was submitted with {}; resubmit the job",
