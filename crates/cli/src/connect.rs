@@ -1,16 +1,25 @@
-//! How a command reaches a coordinator cluster: addresses, a bearer token, TLS.
+//! How a command reaches a coordinator cluster: addresses or a kubeconfig context, a bearer
+//! token, TLS.
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use coordinator::client::ClientConfig;
+use coordinator::client::{Client, ClientConfig};
 use coordinator::tls::ClientTls;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Args, Clone, Debug)]
 pub struct ConnectArgs {
     /// Coordinator addresses (host:port), comma-separated: any node of the cluster.
-    #[arg(long, env = "PODCTL_COORDINATOR", value_delimiter = ',')]
+    #[arg(long, env = "PODCTL_COORDINATOR", value_delimiter = ',', conflicts_with = "kube_context")]
     pub coordinator: Vec<String>,
+    /// Reach the podctl install of this kubeconfig context instead (`kubectl config
+    /// get-contexts`): port-forwards through the API server; the CA and the admin token come from
+    /// the install's Secrets unless given here.
+    #[arg(long)]
+    pub kube_context: Option<String>,
+    /// The namespace of the install (default: the context's namespace).
+    #[arg(long, requires = "kube_context")]
+    pub kube_namespace: Option<String>,
     /// The bearer token (prefer the environment or a file: arguments show in `ps`).
     #[arg(long, env = "PODCTL_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -26,44 +35,125 @@ pub struct ConnectArgs {
     /// Its private key (PEM).
     #[arg(long, requires = "cert")]
     pub key: Option<PathBuf>,
+    /// A directory with `ca.pem` and, for mutual TLS, `client.pem` and `client.key` (the
+    /// chart's TLS Secret, as worker pods mount it).
+    #[arg(long, conflicts_with_all = ["ca", "cert", "key"])]
+    pub tls_dir: Option<PathBuf>,
     /// Talk to the coordinator without TLS: local clusters on loopback only.
-    #[arg(long, conflicts_with = "ca")]
+    #[arg(long, conflicts_with_all = ["ca", "tls_dir"])]
     pub insecure_plaintext: bool,
 }
 
+/// A way to the cluster: the client settings, and the port-forwards they go through (open as
+/// long as this lives).
+pub struct Connection {
+    pub config: ClientConfig,
+    _forwards: Option<controller::remote::Remote>,
+}
+
+impl Connection {
+    /// A client of the cluster; it must not outlive this connection.
+    pub fn client(&self) -> Result<Client> {
+        Ok(Client::new(self.config.clone())?)
+    }
+}
+
 impl ConnectArgs {
-    /// Whether a coordinator was named (otherwise the command runs in local mode).
+    /// Whether a cluster was named (otherwise the command runs in local mode).
     pub fn is_remote(&self) -> bool {
-        !self.coordinator.is_empty()
+        !self.coordinator.is_empty() || self.kube_context.is_some()
     }
 
-    pub fn token(&self) -> Result<String> {
+    /// The token given on the command line, in the environment or in a file.
+    fn given_token(&self) -> Result<Option<String>> {
         match (&self.token, &self.token_file) {
-            (Some(token), _) => Ok(token.clone()),
-            (None, Some(file)) => Ok(std::fs::read_to_string(file)
-                .with_context(|| format!("reading the token file {}", file.display()))?
-                .trim()
-                .to_string()),
-            (None, None) => bail!("no token: set PODCTL_TOKEN or pass --token-file"),
+            (Some(token), _) => Ok(Some(token.clone())),
+            (None, Some(file)) => Ok(Some(
+                std::fs::read_to_string(file)
+                    .with_context(|| format!("reading the token file {}", file.display()))?
+                    .trim()
+                    .to_string(),
+            )),
+            (None, None) => Ok(None),
         }
     }
 
-    pub fn client_config(&self) -> Result<ClientConfig> {
-        if self.coordinator.is_empty() {
-            bail!("no coordinator: pass --coordinator HOST:PORT (or set PODCTL_COORDINATOR)");
+    /// The TLS material given on the command line; `None` when none was.
+    fn given_tls(&self) -> Result<Option<ClientTls>> {
+        let read = |p: &Path| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
+        if let Some(dir) = &self.tls_dir {
+            let (cert, key) = (dir.join("client.pem"), dir.join("client.key"));
+            let identity = match cert.exists() && key.exists() {
+                true => Some((read(&cert)?, read(&key)?)),
+                false => None,
+            };
+            return Ok(Some(ClientTls { ca_pem: read(&dir.join("ca.pem"))?, identity }));
         }
-        let read = |p: &PathBuf| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
-        let tls = match (&self.ca, &self.cert, &self.key) {
-            (Some(ca), cert, key) => {
-                let identity = match (cert, key) {
-                    (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
-                    _ => None,
-                };
-                Some(ClientTls { ca_pem: read(ca)?, identity })
-            }
-            _ if self.insecure_plaintext => None,
-            _ => bail!("no TLS material: pass --ca (and --cert/--key), or --insecure-plaintext on loopback"),
+        let Some(ca) = &self.ca else { return Ok(None) };
+        let identity = match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+            _ => None,
         };
-        Ok(ClientConfig::new(self.coordinator.clone(), self.token()?, tls))
+        Ok(Some(ClientTls { ca_pem: read(ca)?, identity }))
+    }
+
+    /// The client settings for `--coordinator` (workers and commands that take no kubeconfig).
+    pub fn client_config(&self) -> Result<ClientConfig> {
+        if self.kube_context.is_some() {
+            bail!("--kube-context: this command runs inside the cluster; pass --coordinator HOST:PORT");
+        }
+        if self.coordinator.is_empty() {
+            bail!(
+                "no coordinator: pass --coordinator HOST:PORT (or set PODCTL_COORDINATOR), or --kube-context NAME"
+            );
+        }
+        let tls = match self.given_tls()? {
+            Some(tls) => Some(tls),
+            None if self.insecure_plaintext => None,
+            None => bail!(
+                "no TLS material: pass --ca (and --cert/--key) or --tls-dir, or --insecure-plaintext on loopback"
+            ),
+        };
+        let Some(token) = self.given_token()? else {
+            bail!("no token: set PODCTL_TOKEN or pass --token-file")
+        };
+        Ok(ClientConfig::new(self.coordinator.clone(), token, tls))
+    }
+
+    /// Reaches the cluster: directly at `--coordinator`, or through the kubeconfig context's
+    /// API server. Call inside the tokio runtime that will drive the client (the port-forwards
+    /// are tasks on it).
+    pub async fn connect(&self) -> Result<Connection> {
+        let Some(context) = &self.kube_context else {
+            return Ok(Connection { config: self.client_config()?, _forwards: None });
+        };
+        let (client, default_namespace) = controller::remote::client(Some(context)).await?;
+        let namespace = self.kube_namespace.clone().unwrap_or(default_namespace);
+        let remote = controller::remote::connect(client, &namespace)
+            .await
+            .with_context(|| format!("finding podctl in context {context}, namespace {namespace}"))?;
+        let tls = match (self.given_tls()?, &remote.tls_secret) {
+            (Some(tls), _) => Some(tls),
+            // The install serves plaintext; the port-forward itself runs over the API server's TLS.
+            (None, None) => None,
+            (None, Some(secret)) => match &remote.ca_pem {
+                Some(ca_pem) => Some(ClientTls { ca_pem: ca_pem.clone(), identity: None }),
+                None => bail!(
+                    "the kubeconfig's user may not read the CA in Secret {namespace}/{secret}; \
+                     pass --ca with its ca.pem"
+                ),
+            },
+        };
+        let token = match (self.given_token()?, &remote.token) {
+            (Some(token), _) => token,
+            (None, Some(token)) => token.clone(),
+            (None, None) => bail!(
+                "the kubeconfig's user may not read podctl's admin token Secret in {namespace}; \
+                 pass --token-file (or set PODCTL_TOKEN)"
+            ),
+        };
+        let mut config = ClientConfig::new(remote.addresses.clone(), token, tls);
+        config.routes = remote.routes.clone();
+        Ok(Connection { config, _forwards: Some(remote) })
     }
 }

@@ -107,7 +107,7 @@ pub fn run(
             bail!("--resume: a job under a coordinator resumes from its own checkpoint root; drop the flag");
         }
         let cluster = match connect.is_remote() {
-            true => crate::local::Cluster::Remote(connect.client_config()?),
+            true => crate::local::Cluster::Remote(connect.clone()),
             false => crate::local::Cluster::Local { plugin: plugin_path },
         };
         return crate::local::run(&job, &bundle, cluster);
@@ -174,7 +174,12 @@ fn resolve_bundle(tools: &Toolchain, job: &JobSpec) -> Result<Bundle> {
     let dir = match &job.bundle {
         Some(dir) => dir.clone(),
         None => {
-            let args = export_args(job, "cpu");
+            // A cluster of TPU hosts (`runtime.accelerator: v6e-8`) runs a bundle lowered for TPU.
+            let platform = match job.accelerator()?.platform {
+                planner::Platform::Tpu => "tpu",
+                _ => "cpu",
+            };
+            let args = export_args(job, platform);
             let mut spinner = None;
             let dir = ensure_bundle(tools, &args, || {
                 spinner = Some(self::spinner(format!("exporting {} for mesh {}", job.model, job.ici_mesh())))

@@ -6,6 +6,7 @@
 //! progress and replaces worker processes that die, which is what the Kubernetes controller does
 //! for pods.
 
+use crate::connect::ConnectArgs;
 use crate::progress::human_rate;
 use anyhow::{Context, Result, bail};
 use bundle::Bundle;
@@ -30,9 +31,9 @@ const WORKER_EXIT_WAIT: Duration = Duration::from_secs(20);
 pub enum Cluster {
     /// Here: an embedded coordinator and worker processes on `plugin`.
     Local { plugin: PathBuf },
-    /// A coordinator cluster reached with this client configuration (admin token); its workers
-    /// are started by its controller or by hand (`podctl worker`).
-    Remote(ClientConfig),
+    /// A coordinator cluster reached as these arguments say (admin token); its workers are
+    /// started by its controller or by hand (`podctl worker`).
+    Remote(ConnectArgs),
 }
 
 pub fn run(job: &JobSpec, bundle: &Bundle, cluster: Cluster) -> Result<()> {
@@ -44,18 +45,21 @@ pub fn run(job: &JobSpec, bundle: &Bundle, cluster: Cluster) -> Result<()> {
     runtime.block_on(async {
         match cluster {
             Cluster::Local { plugin } => launch(job, bundle, &plugin).await,
-            Cluster::Remote(config) => submit_remote(job, bundle, config).await,
+            Cluster::Remote(connect) => submit_remote(job, bundle, &connect).await,
         }
     })
 }
 
 /// Submits the job to a cluster and follows it; the job token goes to `<run>/job-token` (mode
 /// 0600) for the workers.
-async fn submit_remote(job: &JobSpec, bundle: &Bundle, config: ClientConfig) -> Result<()> {
+async fn submit_remote(job: &JobSpec, bundle: &Bundle, connect: &ConnectArgs) -> Result<()> {
     let run_dir = std::path::absolute(job.output_dir())?;
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
-    let client = Client::new(config)?;
-    let submitted = client.submit(submit_request(job, bundle)?).await?;
+    let connection = connect.connect().await?;
+    let client = connection.client()?;
+    let mut request = submit_request(job, bundle)?;
+    request.bundle_uri = publish_bundle(job, bundle, connect.kube_context.is_some()).await?;
+    let submitted = client.submit(request).await?;
     let token_path = run_dir.join("job-token");
     write_private(&token_path, &submitted.job_token)?;
     println!("job {} submitted; its workers' token is in {}", submitted.job_id, token_path.display());
@@ -74,6 +78,33 @@ fn write_private(path: &Path, text: &str) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))?;
     std::io::Write::write_all(&mut file, text.as_bytes())?;
     Ok(())
+}
+
+/// Where a cluster's workers find the bundle. With a checkpoint root in object storage, the
+/// bundle is uploaded under it once (`<root>/bundles/<bundle id>`, named by content); otherwise
+/// the workers must share this machine's filesystem, which pods in Kubernetes do not.
+async fn publish_bundle(job: &JobSpec, bundle: &Bundle, kubernetes: bool) -> Result<String> {
+    let root = job.checkpoint_uri().filter(|uri| uri.contains("://") && !uri.starts_with("file://"));
+    let Some(root) = root else {
+        if kubernetes {
+            bail!(
+                "job spec field `checkpoint`: a Kubernetes cluster's workers read the bundle from the \
+                 checkpoint root and write checkpoints there; add `checkpoint: {{ every: N, uri: \
+                 gs://BUCKET/PREFIX }}` (docs/gke.md)"
+            );
+        }
+        return Ok(format!("file://{}", std::path::absolute(bundle.dir())?.display()));
+    };
+    let storage = checkpoint::Storage::open(&root, &checkpoint::StoreOptions::default())?;
+    let prefix = format!("bundles/{}", bundle.id());
+    let copied = checkpoint::mirror::upload_dir(&storage, &prefix, bundle.dir(), bundle::MANIFEST_FILE)
+        .await
+        .with_context(|| format!("uploading the bundle to {root}/{prefix}"))?;
+    let uri = format!("{}/{prefix}", root.trim_end_matches('/'));
+    if copied.files > 0 {
+        println!("bundle uploaded to {uri} ({} files, {} bytes)", copied.files, copied.bytes);
+    }
+    Ok(uri)
 }
 
 fn submit_request(job: &JobSpec, bundle: &Bundle) -> Result<SubmitJobRequest> {

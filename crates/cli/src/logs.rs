@@ -72,11 +72,8 @@ impl Seen {
 
 /// Runs `podctl logs`.
 pub fn run(args: &LogsArgs) -> anyhow::Result<()> {
-    let runtime = crate::status::runtime()?;
-    // The client dials lazily, which needs the runtime.
-    let _entered = runtime.enter();
-    let client = crate::status::client(&args.connect)?;
-    runtime.block_on(async {
+    crate::status::runtime()?.block_on(async {
+        let (client, _connection) = crate::status::client(&args.connect).await?;
         let printing = async {
             let mut seen = Seen::default();
             let mut tail = args.tail;

@@ -6,7 +6,7 @@
 //! place (cursor up, clear to the end of the screen, line wrap off while it runs); piped, it
 //! prints one plain line per update; `--json` prints one object, or one line per update.
 
-use crate::connect::ConnectArgs;
+use crate::connect::{ConnectArgs, Connection};
 use anyhow::Context;
 use clap::Args;
 use coordinator::client::Client;
@@ -15,12 +15,13 @@ use serde_json::{Value, json};
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
-/// A client of the cluster `connect` names, with deadlines for people waiting at a terminal.
-pub fn client(connect: &ConnectArgs) -> anyhow::Result<Client> {
-    let mut config = connect.client_config()?;
-    config.call_timeout = Duration::from_secs(5);
-    config.retry_for = Duration::from_secs(15);
-    Ok(Client::new(config)?)
+/// A client of the cluster `connect` names, with deadlines for people waiting at a terminal
+/// (the client must not outlive the connection).
+pub async fn client(connect: &ConnectArgs) -> anyhow::Result<(Client, Connection)> {
+    let mut connection = connect.connect().await?;
+    connection.config.call_timeout = Duration::from_secs(5);
+    connection.config.retry_for = Duration::from_secs(15);
+    Ok((connection.client()?, connection))
 }
 
 /// `podctl status`.
@@ -65,11 +66,8 @@ pub fn unix_now() -> f64 {
 
 /// Runs `podctl stop`.
 pub fn stop(args: &StopArgs) -> anyhow::Result<()> {
-    let runtime = runtime()?;
-    // The client dials lazily, which needs the runtime.
-    let _entered = runtime.enter();
-    let client = client(&args.connect)?;
-    runtime.block_on(async {
+    runtime()?.block_on(async {
+        let (client, _connection) = client(&args.connect).await?;
         let state = client.stop_job(&args.job).await.with_context(|| format!("stopping {}", args.job))?;
         println!("{}: {}", args.job, state_name(state));
         Ok(())
@@ -78,10 +76,8 @@ pub fn stop(args: &StopArgs) -> anyhow::Result<()> {
 
 /// Runs `podctl status`.
 pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
-    let runtime = runtime()?;
-    let _entered = runtime.enter();
-    let client = client(&args.connect)?;
-    runtime.block_on(async {
+    runtime()?.block_on(async {
+        let (client, _connection) = client(&args.connect).await?;
         let mut out = Output::new(args.json, std::io::stdout().is_terminal());
         let watched = async {
             match (&args.job, args.watch) {

@@ -149,3 +149,17 @@ fn worker_manifests_validate_like_the_chart() {
         assert!(report.contains("passed for resource secret/llm-3-token"), "{report}");
     }
 }
+
+#[test]
+fn the_worker_image_installs_the_pinned_libtpu() {
+    let read = |relative: &str| std::fs::read_to_string(root().join(relative)).unwrap();
+    let lock = read("models/requirements.lock");
+    let pin = lock.lines().find(|l| l.starts_with("libtpu==")).expect("libtpu is pinned");
+    let dockerfile = read("deploy/worker.Dockerfile");
+    assert!(
+        dockerfile.contains(&format!(" {pin}\n")),
+        "deploy/worker.Dockerfile must install {pin}, the pin of models/requirements.lock"
+    );
+    // The plugin the worker loads when the pod names none.
+    assert!(dockerfile.contains("PODCTL_PJRT_PLUGIN=/opt/libtpu/libtpu.so"), "{dockerfile}");
+}

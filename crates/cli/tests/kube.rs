@@ -1,0 +1,445 @@
+//! `podctl launch`, `status`, `logs` and `stop` with `--kube-context`, end to end, with no
+//! cluster: a Kubernetes API server on loopback (`kube-mock`) holding what the chart installs,
+//! a `podctl-coordinator` process with mutual TLS whose controller creates the worker pods in
+//! it, a test kubelet that runs each pod's container as a `podctl worker` process (its Secrets
+//! mounted as files, its environment and arguments from the pod spec, SIGTERM when the pod is
+//! deleted), and a bucket in moto for the bundle and the checkpoints.
+//!
+//! podctl reaches the coordinator only through the kubeconfig: it finds the client Service,
+//! port-forwards through the API server, reads the CA and the admin token from the Secrets,
+//! uploads the bundle to the job's checkpoint root, and the pods fetch it from there. One pod is
+//! deleted mid-run (a Spot preemption): its slice is replaced under the next attempt and the job
+//! completes.
+
+use coordinator::client::{Client, ClientConfig};
+use coordinator::tls::ClientTls;
+use kube_mock::MockApi;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+const NS: &str = "train";
+const CONTEXT: &str = "gke-test";
+const ADMIN: &str = "kube-test-admin-token-0123456789";
+const STEPS: u64 = 20;
+/// The coordinators' own names, as the chart's peers Service makes them.
+const COORDINATOR_NAME: &str = "podctl-0.podctl-peers.train.svc";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+fn plugin() -> PathBuf {
+    root().join(".venv/lib/python3.11/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
+}
+
+fn coordinator_bin() -> PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_podctl")).with_file_name("podctl-coordinator");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "-q", "-p", "podctl-coordinator", "--bin", "podctl-coordinator"])
+        .current_dir(root())
+        .status()
+        .unwrap();
+    assert!(status.success() && bin.exists(), "cannot build {}", bin.display());
+    bin
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// What every process gets to reach the bucket (Workload Identity stands in for this on GKE).
+fn aws_env(command: &mut Command, s3: u16) {
+    command
+        .env("AWS_ENDPOINT", format!("http://127.0.0.1:{s3}"))
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing")
+        .env("AWS_REGION", "us-east-1");
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn moto(port: u16) -> Killed {
+    let child = Killed(
+        Command::new(root().join(".venv/bin/moto_server"))
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("moto_server is in .venv: run scripts/setup.sh"),
+    );
+    let started = Instant::now();
+    loop {
+        if let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            // Create the bucket.
+            write!(
+                stream,
+                "PUT /ckpt HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            )
+            .unwrap();
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer).unwrap();
+            assert!(answer.starts_with("HTTP/1.1 200"), "create bucket: {answer}");
+            return child;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "moto did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn meta(name: &str, labels: Value, annotations: Value) -> Value {
+    json!({ "name": name, "namespace": NS, "labels": labels, "annotations": annotations })
+}
+
+fn secret(name: &str, files: &[(&str, Vec<u8>)]) -> Value {
+    let data: BTreeMap<&str, k8s_openapi::ByteString> =
+        files.iter().map(|(k, v)| (*k, k8s_openapi::ByteString(v.clone()))).collect();
+    json!({ "apiVersion": "v1", "kind": "Secret", "metadata": meta(name, json!({}), json!({})), "data": data })
+}
+
+/// What the chart installs, as far as podctl and the controller read it.
+fn install(api: &MockApi, tls: &coordinator::TlsFiles) {
+    let selector = json!({
+        "app.kubernetes.io/name": "podctl",
+        "app.kubernetes.io/instance": "podctl",
+        "app.kubernetes.io/component": "coordinator"
+    });
+    api.put(
+        "services",
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": meta(
+                "podctl",
+                json!({ "app.kubernetes.io/name": "podctl", "app.kubernetes.io/component": "client" }),
+                json!({
+                    "podctl.dev/peers-service": "podctl-peers",
+                    "podctl.dev/tls-secret": "podctl-tls",
+                    "podctl.dev/admin-token-secret": "podctl-admin-token"
+                }),
+            ),
+            "spec": { "selector": selector, "ports": [{ "name": "grpc", "port": 7001 }] }
+        }),
+    );
+    api.put(
+        "pods",
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": meta("podctl-0", selector, json!({})),
+            "status": { "phase": "Running", "conditions": [{ "type": "Ready", "status": "True" }] }
+        }),
+    );
+    let read = |p: &Path| std::fs::read(p).unwrap();
+    api.put(
+        "secrets",
+        secret(
+            "podctl-tls",
+            &[
+                ("ca.pem", read(&tls.ca)),
+                ("client.pem", read(&tls.client_cert)),
+                ("client.key", read(&tls.client_key)),
+            ],
+        ),
+    );
+    api.put("secrets", secret("podctl-admin-token", &[("token", ADMIN.as_bytes().to_vec())]));
+}
+
+/// Runs each pod's container as a process, as a kubelet would: Secret volumes become files,
+/// `fieldRef` variables are filled in, a pod being deleted gets SIGTERM and is removed once its
+/// process has exited; a process that exits on its own ends its pod (Succeeded or Failed).
+struct Kubelet {
+    api: Arc<MockApi>,
+    dir: PathBuf,
+    s3: u16,
+    running: BTreeMap<String, (Child, bool)>,
+    started: Vec<String>,
+}
+
+impl Kubelet {
+    fn tick(&mut self) {
+        let pods = self.api.list("pods", NS);
+        for (name, pod) in &pods {
+            let worker = pod["metadata"]["labels"]["app.kubernetes.io/component"] == "worker";
+            if !worker || self.started.contains(name) || !pod["metadata"]["deletionTimestamp"].is_null() {
+                continue;
+            }
+            let child = self.start(name, pod);
+            self.api.set_pod_status(NS, name, "Running", None);
+            self.running.insert(name.clone(), (child, false));
+            self.started.push(name.clone());
+        }
+        let mut ended = Vec::new();
+        for (name, (child, terminated)) in self.running.iter_mut() {
+            let deleting = pods.get(name).is_some_and(|p| !p["metadata"]["deletionTimestamp"].is_null());
+            if deleting && !*terminated {
+                let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+                *terminated = true;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                ended.push((name.clone(), deleting, status.success()));
+            }
+        }
+        for (name, deleting, success) in ended {
+            self.running.remove(&name);
+            if deleting || !pods.contains_key(&name) {
+                self.api.remove("pods", NS, &name);
+            } else {
+                let phase = if success { "Succeeded" } else { "Failed" };
+                self.api.set_pod_status(NS, &name, phase, None);
+            }
+        }
+    }
+
+    fn start(&self, name: &str, pod: &Value) -> Child {
+        let here = self.dir.join(name);
+        let secrets = self.api.list("secrets", NS);
+        let mut mounts = BTreeMap::new();
+        for volume in pod["spec"]["volumes"].as_array().unwrap() {
+            let secret: k8s_openapi::api::core::v1::Secret =
+                serde_json::from_value(secrets[volume["secret"]["secretName"].as_str().unwrap()].clone())
+                    .unwrap();
+            let dir = here.join(volume["name"].as_str().unwrap());
+            std::fs::create_dir_all(&dir).unwrap();
+            for (key, value) in secret.data.unwrap() {
+                std::fs::write(dir.join(key), value.0).unwrap();
+            }
+            mounts.insert(volume["name"].as_str().unwrap().to_string(), dir);
+        }
+        let container = &pod["spec"]["containers"][0];
+        assert_eq!(container["command"], json!(["podctl"]));
+        let mut args: Vec<String> =
+            container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect();
+        for mount in container["volumeMounts"].as_array().unwrap() {
+            let path = mount["mountPath"].as_str().unwrap();
+            let local = mounts[mount["name"].as_str().unwrap()].display().to_string();
+            for arg in &mut args {
+                if let Some(rest) = arg.strip_prefix(path) {
+                    *arg = format!("{local}{rest}");
+                }
+            }
+        }
+        let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_podctl"));
+        command.arg("--log").arg("info").args(&args).env_clear().env("PATH", std::env::var("PATH").unwrap());
+        for var in container["env"].as_array().unwrap() {
+            let value = match var["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some("metadata.name") => name.to_string(),
+                Some("metadata.namespace") => NS.to_string(),
+                Some("status.podIP") => "127.0.0.1".to_string(),
+                Some(other) => panic!("the test kubelet does not know fieldRef {other}"),
+                None => var["value"].as_str().unwrap().to_string(),
+            };
+            command.env(var["name"].as_str().unwrap(), value);
+        }
+        // What the worker image sets, and an empty bundle cache per pod (each fetches it).
+        command.env("PODCTL_PJRT_PLUGIN", plugin()).env("PODCTL_CACHE", here.join("cache"));
+        aws_env(&mut command, self.s3);
+        command.stdout(log.try_clone().unwrap()).stderr(log).spawn().unwrap()
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        for (child, _) in self.running.values_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn podctl(kubeconfig: &Path, s3: u16) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_podctl"));
+    command
+        .env("PODCTL_HOME", root())
+        .env("PODCTL_CACHE", root().join("target/test-cache"))
+        .env("KUBECONFIG", kubeconfig)
+        .env_remove("PODCTL_COORDINATOR")
+        .env_remove("PODCTL_TOKEN");
+    aws_env(&mut command, s3);
+    command
+}
+
+fn output(command: &mut Command) -> (bool, String, String) {
+    let out = command.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let s3 = free_port();
+    let _moto = moto(s3);
+    let tls = coordinator::tls::create_dev_ca(&dir.join("tls"), &[COORDINATOR_NAME.into()]).unwrap();
+    let api = Arc::new(MockApi::start().await);
+    install(&api, &tls);
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, api.kubeconfig_yaml(CONTEXT, NS)).unwrap();
+
+    // One coordinator, as the chart runs it (the controller on), told about the API server by
+    // the kubeconfig instead of a service account.
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut coordinator = Command::new(coordinator_bin());
+    coordinator
+        .args(["--id", "1", "--listen", &addr, "--peers", &format!("1={addr}"), "--data-dir"])
+        .arg(dir.join("raft"))
+        .arg("--tls-dir")
+        .arg(dir.join("tls"))
+        .args(["--kubernetes", "--kube-namespace", NS, "--kube-instance", "podctl"])
+        .args(["--kube-worker-image", "podctl-worker:test", "--kube-coordinator-address", &addr])
+        .args(["--kube-worker-subdomain", "podctl-workers", "--kube-worker-tls-secret", "podctl-tls"])
+        .args(["--kube-tpu-accelerator", "tpu-v6e-slice", "--kube-tpu-topology", "1x2", "--kube-spot"])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("PODCTL_ADMIN_TOKEN", ADMIN)
+        .env("RUST_LOG", "info,openraft=warn,h2=warn,hyper=warn,tower=warn,kube=warn")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.join("coordinator.log")).unwrap());
+    aws_env(&mut coordinator, s3);
+    let mut coordinator = Killed(coordinator.spawn().unwrap());
+    let mut line = String::new();
+    BufReader::new(coordinator.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert!(line.starts_with("listening on "), "the coordinator printed {line:?}");
+    api.forward(NS, "podctl-0", addr.parse().unwrap());
+
+    let kubelet = Arc::new(std::sync::Mutex::new(Kubelet {
+        api: api.clone(),
+        dir: dir.join("pods"),
+        s3,
+        running: BTreeMap::new(),
+        started: Vec::new(),
+    }));
+    let stop = Arc::new(AtomicBool::new(false));
+    let ticking = {
+        let (kubelet, stop) = (kubelet.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                kubelet.lock().unwrap().tick();
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+
+    // A context that is not there names the ones that are.
+    let (ok, _, err) = output(podctl(&kubeconfig, s3).args(["status", "--kube-context", "nope"]));
+    assert!(!ok && err.contains("no context 'nope'") && err.contains(CONTEXT), "{err}");
+    // Kubernetes workers cannot read a bundle on this machine: the checkpoint root must be a bucket.
+    let local = dir.join("local.yaml");
+    std::fs::write(
+        &local,
+        "name: local\nmodel: tiny\nmesh: { dcn: 2, ici: { fsdp: 2, tp: 1 } }\nbatch: { global: 16, micro: 4 }\n\
+         seq_len: 128\nsteps: 5\ndata: { kind: arithmetic }\n",
+    )
+    .unwrap();
+    let (ok, _, err) =
+        output(podctl(&kubeconfig, s3).arg("launch").arg(&local).args(["--kube-context", CONTEXT]));
+    assert!(!ok && err.contains("job spec field `checkpoint`") && err.contains("gs://"), "{err}");
+
+    let spec = dir.join("kube.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "name: kube\nmodel: tiny\nmesh: {{ dcn: 2, ici: {{ fsdp: 2, tp: 1 }} }}\n\
+             batch: {{ global: 16, micro: 4 }}\nseq_len: 128\nsteps: {STEPS}\nseed: 3\n\
+             data: {{ kind: arithmetic }}\ncheckpoint: {{ every: 10, uri: s3://ckpt/runs/kube }}\noutput: {}\n",
+            dir.join("run").display()
+        ),
+    )
+    .unwrap();
+    let mut launch = podctl(&kubeconfig, s3)
+        .args(["launch"])
+        .arg(&spec)
+        .args(["--kube-context", CONTEXT])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.join("launch.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(launch.stdout.take().unwrap());
+    let mut printed = String::new();
+    let job = loop {
+        let mut line = String::new();
+        assert!(stdout.read_line(&mut line).unwrap() > 0, "launch printed no job line:\n{printed}");
+        printed.push_str(&line);
+        if line.starts_with("job ") && line.contains(" submitted") {
+            break line.split_whitespace().nth(1).unwrap().to_string();
+        }
+    };
+    assert!(printed.contains("bundle uploaded to s3://ckpt/runs/kube/bundles/"), "{printed}");
+
+    // The test watches the job directly (mutual TLS, the admin token).
+    let admin = Client::new(ClientConfig::new(
+        vec![addr.clone()],
+        ADMIN,
+        Some(ClientTls::with_identity(&tls).unwrap()),
+    ))
+    .unwrap();
+    let started = Instant::now();
+    while admin.get_job(&job).await.map(|s| s.step).unwrap_or(0) < 6 {
+        assert!(started.elapsed() < Duration::from_secs(300), "the pods' workers did not reach step 6");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Spot preemption: GKE deletes the pod of slice 1.
+    api.delete("pods", NS, &format!("{job}-s1-a0-h0"));
+
+    let status = tokio::task::spawn_blocking(move || {
+        let mut rest = String::new();
+        stdout.read_to_string(&mut rest).unwrap();
+        (launch.wait().unwrap(), rest)
+    });
+    let (status, rest) = tokio::time::timeout(Duration::from_secs(400), status).await.unwrap().unwrap();
+    let launch_err = std::fs::read_to_string(dir.join("launch.err")).unwrap();
+    assert!(status.success(), "launch failed:\n{printed}{rest}\n{launch_err}");
+    assert!(rest.contains(&format!("done: {STEPS} steps")), "{rest}");
+    assert!(launch_err.contains("preemption"), "{launch_err}");
+
+    // Every pod was created once: two slices, then the preempted slice's next attempt.
+    let created: Vec<String> =
+        api.requests().into_iter().filter(|r| r.starts_with("POST pods/") && r.ends_with(" 201")).collect();
+    assert_eq!(
+        created,
+        [
+            format!("POST pods/{job}-s0-a0-h0 201"),
+            format!("POST pods/{job}-s1-a0-h0 201"),
+            format!("POST pods/{job}-s1-a1-h0 201")
+        ]
+    );
+
+    let context = ["--kube-context", CONTEXT];
+    let (ok, out, err) = output(podctl(&kubeconfig, s3).args(["status", &job, "--json"]).args(context));
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!((v["state"].as_str(), v["step"].as_u64()), (Some("completed"), Some(STEPS)), "{v}");
+    let (ok, out, err) = output(podctl(&kubeconfig, s3).args(["logs", &job, "--slice", "1"]).args(context));
+    assert!(ok, "{err}");
+    // Slice 1's lines only, the replacement's (a third worker) among them.
+    assert!(out.contains(&format!(" s1 {job}.w3 g")) && !out.contains(" s0 "), "{out}");
+    // Every pod fetched the bundle from the bucket (its own output, as `kubectl logs` shows it;
+    // the coordinator's copy of worker logs is best effort).
+    for pod in ["s0-a0-h0", "s1-a0-h0", "s1-a1-h0"] {
+        let log = std::fs::read_to_string(dir.join(format!("pods/{job}-{pod}.log"))).unwrap();
+        assert!(log.contains("fetched the bundle from s3://ckpt/runs/kube/bundles/"), "{pod}:\n{log}");
+    }
+    let (ok, out, err) = output(podctl(&kubeconfig, s3).args(["stop", &job]).args(context));
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), format!("{job}: completed"));
+
+    stop.store(true, Ordering::SeqCst);
+    ticking.join().unwrap();
+}
