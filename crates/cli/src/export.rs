@@ -46,7 +46,7 @@ pub fn export_args(job: &JobSpec, platform: &str) -> Vec<String> {
     .chain(levers)
     .flat_map(|(flag, value)| [flag.to_string(), value])
     .collect();
-    if t.optimizer_offload {
+    if t.offload() {
         args.push("--offload-optimizer".into());
     }
     args

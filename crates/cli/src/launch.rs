@@ -56,7 +56,7 @@ pub fn run(
             (path, Some(plugin))
         }
     };
-    if job.train.optimizer_offload && !connect.is_remote() {
+    if job.train.offload() && !connect.is_remote() {
         bail!(
             "train.optimizer_offload keeps AdamW state in TPU host memory (pinned_host), and this launch runs on \
              the CPU plugin, which has none; drop optimizer_offload to run here, or launch on TPU hosts \

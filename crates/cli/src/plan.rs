@@ -34,6 +34,10 @@ pub struct PlanArgs {
     /// Show every candidate, not only the measured ones and the best of each mesh and remat.
     #[arg(long)]
     all: bool,
+    /// With --exact, also compile the best candidate of every mesh, not only the ones the
+    /// choice rests on (slower: a training-program compile per mesh).
+    #[arg(long)]
+    every_mesh: bool,
 }
 
 pub fn run(args: &PlanArgs) -> Result<()> {
@@ -49,7 +53,7 @@ pub fn run(args: &PlanArgs) -> Result<()> {
     };
     let hosts = args.hosts.map_or(job.mesh.dcn, |h| h as usize);
     let target = Target::new(accelerator, hosts);
-    let options = PlanOptions::default();
+    let options = PlanOptions { every_layout: args.every_mesh, ..PlanOptions::default() };
     let mut out = String::new();
     let plan = if args.exact {
         let (plan, summary) = exact_plan(&job, &workload, &target, &options)?;

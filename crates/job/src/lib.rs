@@ -142,15 +142,25 @@ pub struct TrainOptions {
     /// Matmuls and activations.
     pub compute_dtype: mesh::DType,
     /// How each layer attends: `xla` (plain, `[T, T]` scores), `blockwise` (online softmax over
-    /// key blocks, any platform) or `pallas` (TPU flash attention; blockwise on the CPU plugin).
+    /// key blocks, any platform) or `pallas` (TPU flash attention; blockwise on the CPU plugin);
+    /// `auto` (the default) lets `mesh: auto` choose, and is `xla` with any other mesh.
     pub attention: String,
     /// Keys per block of `blockwise` attention.
     pub attention_block: u64,
     /// LoRA adapters instead of full fine-tuning; absent trains every parameter.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lora: Option<LoraSpec>,
-    /// Keep AdamW's moments in host memory between steps (TPU only: `pinned_host`).
-    pub optimizer_offload: bool,
+    /// Keep AdamW's moments in host memory between steps (TPU only: `pinned_host`). Absent:
+    /// `mesh: auto` may turn it on for a TPU runtime; off with any other mesh.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub optimizer_offload: Option<bool>,
+}
+
+impl TrainOptions {
+    /// Whether AdamW state is offloaded to host memory.
+    pub fn offload(&self) -> bool {
+        self.optimizer_offload == Some(true)
+    }
 }
 
 impl Default for TrainOptions {
@@ -160,10 +170,10 @@ impl Default for TrainOptions {
             loss_chunk: 64,
             param_dtype: mesh::DType::Float32,
             compute_dtype: mesh::DType::Float32,
-            attention: "xla".into(),
+            attention: "auto".into(),
             attention_block: 512,
             lora: None,
-            optimizer_offload: false,
+            optimizer_offload: None,
         }
     }
 }
@@ -333,6 +343,10 @@ impl JobSpec {
         if self.train.remat == "auto" {
             self.train.remat = "none".into();
         }
+        if self.train.attention == "auto" {
+            self.train.attention = "xla".into();
+        }
+        self.train.optimizer_offload.get_or_insert(false);
         Ok(())
     }
 
@@ -545,10 +559,11 @@ impl JobSpec {
                 ),
             );
         }
-        if self.train.remat == "auto" {
+        if self.train.remat == "auto" || self.train.attention == "auto" {
             return invalid(
-                "train.remat",
-                "auto is resolved when the spec is parsed; load it with from_yaml".into(),
+                "train",
+                "remat and attention `auto` are resolved when the spec is parsed; load it with from_yaml"
+                    .into(),
             );
         }
         Ok(())

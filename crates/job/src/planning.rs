@@ -3,7 +3,10 @@
 
 use crate::mesh_spec::{IciSpec, MeshRequest, MeshSpec};
 use crate::{JobError, JobSpec};
-use planner::{Accelerator, Candidate, Kind, Layout, PlanOptions, Platform, Remat, Target, Workload};
+use planner::{
+    Accelerator, Attention, Candidate, Kind, Layout, LoraShape, PlanOptions, Platform, Remat, Target,
+    Workload,
+};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -107,10 +110,10 @@ impl JobSpec {
     /// and optimizer offload only where there is host memory to offload to (a TPU).
     pub(crate) fn check_levers(&self) -> Result<(), JobError> {
         let t = &self.train;
-        if !["xla", "blockwise", "pallas"].contains(&t.attention.as_str()) {
+        if !["auto", "xla", "blockwise", "pallas"].contains(&t.attention.as_str()) {
             return Err(invalid(
                 "train.attention",
-                format!("'{}' is not one of xla, blockwise, pallas", t.attention),
+                format!("'{}' is not one of auto, xla, blockwise, pallas", t.attention),
             ));
         }
         if t.attention_block == 0 {
@@ -156,7 +159,7 @@ impl JobSpec {
                 ));
             }
         }
-        if t.optimizer_offload {
+        if t.offload() {
             let tpu = self
                 .runtime
                 .accelerator
@@ -229,6 +232,12 @@ impl JobSpec {
             param_dtype: self.train.param_dtype,
             compute_dtype: self.train.compute_dtype,
             loss_chunk: self.train.loss_chunk,
+            lora: self.train.lora.as_ref().map(|lora| LoraShape {
+                rank: lora.rank,
+                targets: lora.targets.clone(),
+                base_dtype: lora.base_dtype,
+            }),
+            attention_block: self.train.attention_block,
         })
     }
 
@@ -240,7 +249,15 @@ impl JobSpec {
     /// The configuration this job runs, as a planner candidate.
     pub fn candidate(&self) -> Result<Candidate, JobError> {
         let remat = Remat::parse(&self.train.remat).map_err(|e| invalid("train.remat", e.to_string()))?;
-        Ok(Candidate { layout: self.layout(), micro_batch: self.batch.micro, remat })
+        let attention =
+            Attention::parse(&self.train.attention).map_err(|e| invalid("train.attention", e.to_string()))?;
+        Ok(Candidate {
+            layout: self.layout(),
+            micro_batch: self.batch.micro,
+            remat,
+            attention,
+            offload: self.train.offload(),
+        })
     }
 
     /// The layout in words (the mesh explained), then which device of which host holds which
@@ -265,6 +282,15 @@ impl JobSpec {
             options.remats =
                 vec![Remat::parse(&self.train.remat).map_err(|e| invalid("train.remat", e.to_string()))?];
         }
+        if self.train.attention != "auto" {
+            options.attentions = vec![
+                Attention::parse(&self.train.attention)
+                    .map_err(|e| invalid("train.attention", e.to_string()))?,
+            ];
+        }
+        if let Some(offload) = self.train.optimizer_offload {
+            options.offloads = vec![offload];
+        }
         let plan = planner::plan_analytic(&workload, &target, &options)
             .map_err(|e| invalid("mesh", format!("auto: {e}")))?;
         let Some(row) = plan.chosen() else {
@@ -278,10 +304,10 @@ impl JobSpec {
         };
         let c = row.candidate;
         let choice = format!(
-            "the planner chose micro-batch {} and remat {} ({} accumulation steps): {} per device of the {} \
+            "the planner chose micro-batch {} and {} ({} accumulation steps): {} per device of the {} \
              a {} device may use, by the analytic model",
             c.micro_batch,
-            c.remat,
+            c.levers(),
             c.accum_steps(&workload),
             planner::format_bytes(row.peak()),
             planner::format_bytes(plan.limit()),
@@ -294,6 +320,8 @@ impl JobSpec {
         };
         self.batch.micro = c.micro_batch;
         self.train.remat = c.remat.name().into();
+        self.train.attention = c.attention.name().into();
+        self.train.optimizer_offload = Some(c.offload);
         Ok(())
     }
 }

@@ -30,7 +30,15 @@ fn parses_the_tiny_example_with_defaults() {
     assert_eq!(spec.accum_steps(), 4);
     assert_eq!(spec.seed, 0);
     // `auto` remat is `none` with a fixed mesh.
-    assert_eq!(spec.train, TrainOptions { remat: "none".into(), ..TrainOptions::default() });
+    assert_eq!(
+        spec.train,
+        TrainOptions {
+            remat: "none".into(),
+            attention: "xla".into(),
+            optimizer_offload: Some(false),
+            ..TrainOptions::default()
+        }
+    );
     assert_eq!(spec.output_dir(), PathBuf::from("runs/tiny-arith"));
     assert_eq!(spec.optimizer.lr, 3e-3);
     assert_eq!(spec.optimizer.b2, 0.95);
@@ -195,6 +203,39 @@ fn auto_mesh_over_two_v6e_hosts() {
 }
 
 #[test]
+fn auto_mesh_chooses_the_levers_unless_the_spec_pins_them() {
+    let v6e = |train: &str| {
+        parse(
+            &with(&format!(
+                "mesh: auto
+runtime: {{ accelerator: v6e-1 }}{train}"
+            ))
+            .replace("model: tiny", "model: qwen3-1.7b")
+            .replace("seq_len: 128", "seq_len: 2048")
+            .replace("batch: { global: 32, micro: 8 }", "batch: { global: 8 }"),
+        )
+    };
+    // Qwen3-1.7B with f32 AdamW state does not fit one v6e chip; offloading the state does.
+    let spec = v6e("").unwrap();
+    assert!(spec.train.offload(), "{:?}", spec.train);
+    assert!(["xla", "blockwise", "pallas"].contains(&spec.train.attention.as_str()));
+    let MeshRequest::Auto { choice: Some(choice), .. } = &spec.mesh.request else { panic!() };
+    assert!(choice.contains("optimizer offload"), "{choice}");
+    // Pinned, the planner keeps them: offload off does not fit, and says what would.
+    let e = v6e("
+train: { optimizer_offload: false }")
+    .unwrap_err();
+    assert!(e.contains("optimizer offload (AdamW state in host memory) would fit"), "{e}");
+    let pinned = v6e("
+train: { attention: blockwise }")
+    .unwrap();
+    assert_eq!(pinned.train.attention, "blockwise");
+    // A fixed mesh means plain attention and no offload unless the spec says otherwise.
+    let fixed = parse(TINY).unwrap();
+    assert_eq!((fixed.train.attention.as_str(), fixed.train.optimizer_offload), ("xla", Some(false)));
+}
+
+#[test]
 fn grpo_jobs_are_planned_not_run() {
     let grpo =
         TINY.replace("seq_len: 128\n", "grpo: { prompt_len: 32, max_new_tokens: 96, generations: 8 }\n");
@@ -263,7 +304,10 @@ fn memory_levers_parse_with_defaults_and_named_errors() {
     assert_eq!(spec.train.lora.unwrap().targets, ["q_proj", "v_proj"]);
 
     for (line, expected) in [
-        ("train: { attention: flash }", "`train.attention`: 'flash' is not one of xla, blockwise, pallas"),
+        (
+            "train: { attention: flash }",
+            "`train.attention`: 'flash' is not one of auto, xla, blockwise, pallas",
+        ),
         ("train: { attention_block: 0 }", "`train.attention_block`: is 0"),
         ("train: { lora: { rank: 0 } }", "`train.lora.rank`: is 0"),
         ("train: { lora: { rank: 4, alpha: -1 } }", "`train.lora.alpha`: -1 must be positive"),
@@ -292,5 +336,5 @@ fn memory_levers_parse_with_defaults_and_named_errors() {
     }
     // On a TPU host, offload is a setting like any other.
     let tpu = "mesh: { ici: { fsdp: 4, tp: 2 } }\ntrain: { optimizer_offload: true }\nruntime: { accelerator: v6e-8 }";
-    assert!(parse(&with(tpu)).unwrap().train.optimizer_offload);
+    assert!(parse(&with(tpu)).unwrap().train.offload());
 }

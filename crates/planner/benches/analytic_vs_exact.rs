@@ -36,6 +36,8 @@ fn workload(preset: &str, kind: Kind, global_batch: u64, dtypes: (DType, DType),
         param_dtype: dtypes.0,
         compute_dtype: dtypes.1,
         loss_chunk: chunk,
+        lora: None,
+        attention_block: 512,
     }
 }
 
@@ -49,7 +51,7 @@ fn config(
     Config {
         workload: w,
         accelerator,
-        candidate: Candidate { layout: Layout { dcn: 1, fsdp, tp }, micro_batch, remat },
+        candidate: Candidate::new(Layout { dcn: 1, fsdp, tp }, micro_batch, remat),
     }
 }
 

@@ -36,6 +36,7 @@ struct Args {
     cpu_limit: u64,
     slices: usize,
     exact: bool,
+    every_mesh: bool,
     all: bool,
     param_dtype: DType,
     compute_dtype: DType,
@@ -64,6 +65,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         cpu_limit: 4 * GIB,
         slices: 1,
         exact: false,
+        every_mesh: false,
         all: false,
         param_dtype: DType::Float32,
         compute_dtype: DType::Bfloat16,
@@ -87,6 +89,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--param-dtype" => a.param_dtype = dtype(&value()?)?,
             "--compute-dtype" => a.compute_dtype = dtype(&value()?)?,
             "--exact" => a.exact = true,
+            "--every-mesh" => a.every_mesh = true,
             "--all" => a.all = true,
             other => return Err(format!("unknown flag {other}")),
         }
@@ -114,11 +117,13 @@ fn run(args: Args) -> Result<(), String> {
         param_dtype: args.param_dtype,
         compute_dtype: args.compute_dtype,
         loss_chunk: args.chunk,
+        lora: None,
+        attention_block: 512,
     };
     let accelerator = Accelerator::parse(&args.accelerator, args.cpu_limit).map_err(|e| e.to_string())?;
     let plugin = if accelerator.topology.is_some() { common::libtpu() } else { common::cpu_plugin() };
     let target = Target::new(accelerator, args.slices);
-    let options = PlanOptions::default();
+    let options = PlanOptions { every_layout: args.every_mesh, ..PlanOptions::default() };
     let plan = if args.exact {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let compiler = ProcessCompiler::new(exe, vec![CHILD.to_string()], plugin);

@@ -52,6 +52,13 @@ pub struct Accelerator {
     pub memory_bandwidth: f64,
     /// Bandwidth of one device's links inside the slice (ICI), bytes/s, for collectives.
     pub ici_bandwidth: f64,
+    /// Bandwidth between one device and its host's memory, bytes/s, for optimizer offload.
+    #[serde(default = "default_host_bandwidth")]
+    pub host_bandwidth: f64,
+}
+
+fn default_host_bandwidth() -> f64 {
+    16e9
 }
 
 /// The TPU v6e slices of one host podctl knows: (name, chips, libtpu topology).
@@ -75,6 +82,9 @@ impl Accelerator {
             peak_flops: 918e12,
             memory_bandwidth: 1.6e12,
             ici_bandwidth: 448e9,
+            // PCIe between a chip and its host, shared by the host's chips: a conservative
+            // 16 GB/s per chip for offloaded optimizer state.
+            host_bandwidth: 16e9,
         }
     }
 
@@ -91,6 +101,7 @@ impl Accelerator {
             peak_flops: 50e9,
             memory_bandwidth: 10e9,
             ici_bandwidth: 10e9,
+            host_bandwidth: 10e9,
         }
     }
 

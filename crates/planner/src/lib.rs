@@ -32,22 +32,22 @@ mod hardware;
 mod layout;
 mod memory;
 mod report;
-mod search;
+pub(crate) mod search;
 mod shapes;
 mod time;
 mod workload;
 
 pub use hardware::{Accelerator, GIB, Platform, Target, V6E_HBM_LIMIT};
 pub use layout::render_layout;
-pub use memory::{MemoryEstimate, ProgramEstimate, Term, TermKind, estimate, peak_programs};
-pub use report::{format_bytes, render_breakdown, render_plan};
+pub use memory::{MemoryEstimate, ProgramEstimate, Term, TermKind, block_size, estimate, peak_programs};
+pub use report::{format_bytes, render_breakdown, render_levers, render_plan};
 pub use search::{
     Cliff, CliffSide, Exact, Measured, Oracle, Plan, PlanOptions, Row, candidates, layouts, plan,
     plan_analytic,
 };
-pub use shapes::{ParamShape, laid_out_bytes, param_bytes, param_shapes};
+pub use shapes::{ParamShape, laid_out_bytes, lora_bytes, lora_shapes, param_bytes, param_shapes};
 pub use time::{StepTime, step_time};
-pub use workload::{Candidate, Kind, Layout, Remat, Workload};
+pub use workload::{Attention, Candidate, Kind, Layout, LoraShape, Remat, Workload};
 
 /// Why a plan cannot be made. Messages name the input at fault and what would work instead.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -7,8 +7,8 @@
 //! (docs/PLANNER.md lists them with the evidence); nothing here is fitted per configuration.
 
 use crate::hardware::{Accelerator, Platform};
-use crate::shapes::{laid_out_bytes, param_bytes};
-use crate::workload::{Candidate, Remat, Workload};
+use crate::shapes::{laid_out_bytes, largest_param_bytes, lora_bytes, param_bytes};
+use crate::workload::{Attention, Candidate, Remat, Workload};
 use mesh::DType;
 use serde::{Deserialize, Serialize};
 
@@ -110,8 +110,15 @@ struct Dims {
     vocab: u64,
     chunk: u64,
     compute: DType,
-    param: DType,
+    /// The dtype the embedding and layer weights are stored in: the parameters', or LoRA's
+    /// frozen base's.
+    weights: DType,
     fsdp: u64,
+    attention: Attention,
+    /// Keys per pass of blockwise attention.
+    block: u64,
+    /// Query heads per device times the head width, per head.
+    head_dim: u64,
 }
 
 impl Dims {
@@ -131,8 +138,56 @@ impl Dims {
             vocab: m.vocab_size / t,
             chunk: workload.chunk(),
             compute: workload.compute_dtype,
-            param: workload.param_dtype,
+            weights: workload.lora.as_ref().map_or(workload.param_dtype, |l| l.base_dtype),
             fsdp: candidate.layout.fsdp as u64,
+            attention: candidate.attention,
+            block: block_size(workload.seq_len(), workload.attention_block),
+            head_dim: m.head_dim,
+        }
+    }
+
+    /// Bytes of a `[rows, heads, seq, cols]` per-head array in `dtype`.
+    fn per_head(&self, cols: u64, dtype: DType) -> u64 {
+        laid_out_bytes(&[self.b, self.heads, self.seq, cols], dtype, self.platform)
+    }
+
+    /// What the backward needs of the attention itself when nothing is rematerialized: plain
+    /// attention's f32 softmax output and probabilities; blockwise's per-query running max and
+    /// denominator (f32); the Pallas kernel's max and denominator (f32, 128 lanes each) and the
+    /// key/value heads it repeated to the query heads.
+    fn attention_residuals(&self) -> u64 {
+        match self.attention {
+            Attention::Xla => self.scores(self.seq, DType::Float32) + self.scores(self.seq, self.compute),
+            Attention::Blockwise => {
+                2 * laid_out_bytes(&[self.b, self.heads, self.seq], DType::Float32, self.platform)
+            }
+            Attention::Pallas => {
+                2 * self.per_head(128, DType::Float32) + 2 * self.per_head(self.head_dim, self.compute)
+            }
+        }
+    }
+
+    /// The attention's own working set in the backward pass: plain attention's score
+    /// cotangents (f32 probabilities' and scores', and on TPU the scores' again in the compute
+    /// dtype for the matmuls); one key block's scores, probabilities and their cotangents plus
+    /// the f32 query-gradient accumulator for blockwise; the Pallas kernels' f32 gradients of the
+    /// query, key and value heads.
+    fn attention_backward(&self) -> u64 {
+        let f32 = DType::Float32;
+        match self.attention {
+            Attention::Xla => {
+                let scores = 2 * self.scores(self.seq, f32);
+                match self.platform {
+                    Platform::Tpu => scores + self.scores(self.seq, self.compute),
+                    Platform::Cpu => scores,
+                }
+            }
+            Attention::Blockwise => {
+                3 * self.per_head(self.block, f32)
+                    + self.per_head(self.block, self.compute)
+                    + self.rows(self.seq, self.q_width, f32)
+            }
+            Attention::Pallas => 3 * self.per_head(self.head_dim, f32),
         }
     }
 
@@ -158,8 +213,7 @@ impl Dims {
         let s = self.seq;
         match remat {
             Remat::None => {
-                self.scores(s, f32)
-                    + self.scores(s, c)
+                self.attention_residuals()
                     + 2 * self.rows(s, self.hidden, f32)
                     + 4 * self.rows(s, self.hidden, c)
                     + self.rows(s, self.q_width, f32)
@@ -183,8 +237,7 @@ impl Dims {
     fn attention_saved(&self) -> u64 {
         let (c, f32) = (self.compute, DType::Float32);
         let s = self.seq;
-        self.scores(s, f32)
-            + self.scores(s, c)
+        self.attention_residuals()
             + self.rows(s, self.hidden, f32)
             + 2 * self.rows(s, self.hidden, c)
             + self.rows(s, self.q_width, f32)
@@ -199,17 +252,12 @@ impl Dims {
     /// matmuls). XLA:TPU recomputes the whole layer before its backward starts; XLA:CPU
     /// recomputes as the backward goes, so only the attention half is live at once there.
     fn layer_backward(&self, remat: Remat) -> u64 {
-        let f32_scores = self.scores(self.seq, DType::Float32);
-        match self.platform {
-            Platform::Tpu => {
-                let recomputed = self.saved_per_layer(Remat::None) - self.saved_per_layer(remat);
-                recomputed + 2 * f32_scores + self.scores(self.seq, self.compute)
-            }
-            Platform::Cpu => {
-                let recomputed = if remat == Remat::None { 0 } else { self.attention_saved() };
-                recomputed + 2 * f32_scores
-            }
-        }
+        let recomputed = match self.platform {
+            Platform::Tpu => self.saved_per_layer(Remat::None) - self.saved_per_layer(remat),
+            Platform::Cpu if remat == Remat::None => 0,
+            Platform::Cpu => self.attention_saved(),
+        };
+        recomputed + self.attention_backward()
     }
 
     /// The chunked loss (or log-prob) scan's working set: one chunk's f32 logits, their
@@ -232,25 +280,39 @@ impl Dims {
     /// mask and the f32 fill value to the scores' shape once for the forward pass, which stays
     /// live beside the saved scores when nothing is rematerialized.
     fn attention_mask(&self, per_row: bool, remat: Remat) -> u64 {
-        match self.platform {
-            Platform::Cpu if remat == Remat::None => {
+        let rows = if per_row { self.b } else { 1 };
+        match (self.attention, self.platform) {
+            (Attention::Xla, Platform::Cpu) if remat == Remat::None => {
                 self.scores(self.seq, DType::Float32) + self.scores(self.seq, DType::Bool)
             }
-            _ => {
-                let rows = if per_row { self.b } else { 1 };
-                laid_out_bytes(&[rows, self.seq, self.seq], DType::Bool, self.platform)
+            (Attention::Xla, _) => laid_out_bytes(&[rows, self.seq, self.seq], DType::Bool, self.platform),
+            // One key block's visibility at a time.
+            (Attention::Blockwise, _) => {
+                laid_out_bytes(&[rows, self.seq, self.block], DType::Bool, self.platform)
             }
+            // Segment ids per row, inside the kernel's blocks.
+            (Attention::Pallas, _) => 0,
         }
     }
 
     /// The embedding gathered over `fsdp` in the compute dtype, for the logits matmul.
     fn gathered_embedding(&self) -> u64 {
-        if self.fsdp == 1 && self.compute == self.param {
+        if self.fsdp == 1 && self.compute == self.weights {
             0
         } else {
             laid_out_bytes(&[self.vocab, self.hidden], self.compute, self.platform)
         }
     }
+}
+
+/// The largest divisor of `seq` not above `block`: the keys per pass of blockwise attention
+/// (the exporter's `attention.block_size`).
+pub fn block_size(seq: u64, block: u64) -> u64 {
+    let mut b = block.min(seq).max(1);
+    while seq % b != 0 {
+        b -= 1;
+    }
+    b
 }
 
 /// The analytic estimate of every program of `candidate`'s step that can be its peak.
@@ -259,24 +321,57 @@ pub fn estimate(workload: &Workload, candidate: &Candidate, accelerator: &Accele
     let d = Dims::new(workload, candidate, platform);
     let layout = &candidate.layout;
     let m = &workload.model;
-    let (params, layer_params) = param_bytes(m, layout, workload.param_dtype, platform);
     let devices = layout.devices_per_slice();
-    let share = format!("{}, {} params over {devices} devices", workload.param_dtype, m.num_params());
+    let pdtype = workload.param_dtype;
     let term = |name: &str, detail: String, kind, bytes| Term { name: name.into(), detail, kind, bytes };
 
-    let resident = |args_hold_params: bool, args_hold_grads: bool| {
+    // What trains (every parameter, or LoRA's adapters) and, for LoRA, the frozen base.
+    let (params, layer_params, largest, share) = match &workload.lora {
+        None => {
+            let (all, layers) = param_bytes(m, layout, pdtype, platform);
+            let share = format!("{pdtype}, {} params over {devices} devices", m.num_params());
+            (all, layers, largest_param_bytes(m, layout, pdtype, platform), share)
+        }
+        Some(lora) => {
+            let (all, largest) = lora_bytes(m, lora, layout, pdtype, platform);
+            let share = format!("{pdtype}, LoRA rank {} adapters on {}", lora.rank, lora.targets.join(","));
+            (all, all, largest, share)
+        }
+    };
+    let frozen = workload.lora.as_ref().map(|lora| {
+        let (all, layers) = param_bytes(m, layout, lora.base_dtype, platform);
+        let detail = format!(
+            "{}, {} params over {devices} devices, no gradient or moments",
+            lora.base_dtype,
+            m.num_params()
+        );
+        (all, layers, detail)
+    });
+    let moments = if candidate.offload {
+        term(
+            "optimizer state",
+            format!(
+                "AdamW mu + nu in host memory (offload): {} per device off the chip",
+                crate::report::format_bytes(2 * params)
+            ),
+            TermKind::Resident,
+            0,
+        )
+    } else {
+        term("optimizer state", format!("AdamW mu + nu, {share}"), TermKind::Resident, 2 * params)
+    };
+
+    let resident = |args_hold_params: bool, args_hold_grads: bool, args_hold_base: bool| {
         let mut terms = Vec::new();
         if !args_hold_params {
             terms.push(term("parameters", share.clone(), TermKind::Resident, params));
         }
-        terms.push(term(
-            "optimizer state",
-            format!("AdamW mu + nu, {share}"),
-            TermKind::Resident,
-            2 * params,
-        ));
+        terms.push(moments.clone());
         if !args_hold_grads {
             terms.push(term("gradients", format!("accumulator, {share}"), TermKind::Resident, params));
+        }
+        if let (Some((base, _, detail)), false) = (&frozen, args_hold_base) {
+            terms.push(term("frozen base", format!("LoRA base, {detail}"), TermKind::Resident, *base));
         }
         if workload.is_grpo() {
             terms.push(term("reference model", format!("frozen copy, {share}"), TermKind::Resident, params));
@@ -293,14 +388,21 @@ pub fn estimate(workload: &Workload, candidate: &Candidate, accelerator: &Accele
         };
         term("program code", "compiled program".into(), TermKind::Code, bytes)
     };
-    let weight_copies = if workload.compute_dtype == workload.param_dtype {
-        0
-    } else {
-        layer_params / workload.param_dtype.size() as u64 * workload.compute_dtype.size() as u64
+    // The layer weights cast to the compute dtype inside the layer body (saved for the backward).
+    let cast = |bytes: u64, from: DType| {
+        if from == workload.compute_dtype {
+            0
+        } else {
+            bytes / from.size() as u64 * workload.compute_dtype.size() as u64
+        }
+    };
+    let weight_copies = match &frozen {
+        None => cast(layer_params, pdtype),
+        Some((_, base_layers, _)) => cast(*base_layers, d.weights) + cast(layer_params, pdtype),
     };
 
     // The local shard of the embedding cast to the compute dtype (before it is gathered).
-    let embedding_copy = if workload.compute_dtype == workload.param_dtype {
+    let embedding_copy = if workload.compute_dtype == d.weights {
         0
     } else {
         laid_out_bytes(&[d.vocab, m.hidden_size / d.fsdp], workload.compute_dtype, platform)
@@ -309,7 +411,10 @@ pub fn estimate(workload: &Workload, candidate: &Candidate, accelerator: &Accele
 
     // The training program: grad_step (SFT) or grpo_grad_step.
     let train_name = if workload.is_grpo() { "grpo_grad_step" } else { "grad_step" };
-    let mut train = resident(true, true);
+    let mut train = resident(true, true, true);
+    if let Some((base, _, detail)) = &frozen {
+        train.push(term("frozen base", format!("LoRA base, {detail}"), TermKind::Argument, *base));
+    }
     train.push(term("parameters", share.clone(), TermKind::Argument, params));
     train.push(term("gradients", format!("accumulator (donated), {share}"), TermKind::Argument, params));
     let batch_row_bytes = if workload.is_grpo() { 4 * 5 } else { 4 * 3 };
@@ -321,7 +426,10 @@ pub fn estimate(workload: &Workload, candidate: &Candidate, accelerator: &Accele
     ));
     train.push(term(
         "saved activations",
-        format!("remat {}: {} layers x {} rows x {} tokens", candidate.remat, d.layers, d.b, d.seq),
+        format!(
+            "remat {}, attention {}: {} layers x {} rows x {} tokens",
+            candidate.remat, candidate.attention, d.layers, d.b, d.seq
+        ),
         TermKind::Temporary,
         d.layers * d.saved_per_layer(candidate.remat),
     ));
@@ -333,36 +441,47 @@ pub fn estimate(workload: &Workload, candidate: &Candidate, accelerator: &Accele
             weight_copies,
         ));
     }
-    train.push(term(
-        "attention mask",
-        format!("{} x {} causal mask{}", d.seq, d.seq, if workload.is_grpo() { " per row" } else { "" }),
-        TermKind::Temporary,
-        d.attention_mask(workload.is_grpo(), candidate.remat),
-    ));
+    let mask = d.attention_mask(workload.is_grpo(), candidate.remat);
+    if mask > 0 {
+        let cols = if candidate.attention == Attention::Xla { d.seq } else { d.block };
+        train.push(term(
+            "attention mask",
+            format!("{} x {cols} causal mask{}", d.seq, if workload.is_grpo() { " per row" } else { "" }),
+            TermKind::Temporary,
+            mask,
+        ));
+    }
     // The backward pass has two phases, and the larger one sets the peak: the loss (or
     // log-prob) scan's backward, with the embedding gradient and a chunk of logits live, then
     // the scan over layers, with the stacked f32 gradient of the layer weights it fills and one
     // layer's working set. GRPO's log-prob scan emits a value per token instead of summing into
     // one, and the compiled grpo_grad_step holds a second f32 embedding-gradient buffer through
     // it (measured: exactly one more [vocab/tp, hidden] f32 than grad_step with the same shapes).
+    // LoRA's embedding is frozen: no embedding gradient, only the gathered embedding.
     let gradient_buffers = if workload.is_grpo() { 2 } else { 1 };
     let f32_gradient = laid_out_bytes(&[d.vocab, d.hidden], DType::Float32, platform);
-    let embedding = d.embedding_gradient() + (gradient_buffers - 1) * f32_gradient + d.gathered_embedding();
+    let embedding = match frozen {
+        None => d.embedding_gradient() + (gradient_buffers - 1) * f32_gradient + d.gathered_embedding(),
+        Some(_) => d.gathered_embedding(),
+    };
     let logits = d.logits_working_set();
-    let layer_gradients = layer_params / workload.param_dtype.size() as u64 * 4;
+    let layer_gradients = layer_params / pdtype.size() as u64 * 4;
     let layer_backward = d.layer_backward(candidate.remat);
     let loss_chunk =
         if workload.loss_chunk == 0 { "unchunked".to_string() } else { format!("chunks of {}", d.chunk) };
     let (loss_total, layers_total) = (embedding + logits, layer_gradients + layer_backward);
     if loss_total >= layers_total {
+        let what = match frozen {
+            None => format!(
+                "loss backward: {gradient_buffers} x f32 [{} x {}] partial sums, {} copy, gathered embedding",
+                d.vocab, d.hidden, workload.compute_dtype
+            ),
+            Some(_) => format!("loss backward: the frozen embedding gathered in {}", workload.compute_dtype),
+        };
         train.push(term(
             "embedding gradient",
             format!(
-                "loss backward: {gradient_buffers} x f32 [{} x {}] partial sums, {} copy, gathered embedding \
-                 (the layer backward needs {} instead)",
-                d.vocab,
-                d.hidden,
-                workload.compute_dtype,
+                "{what} (the layer backward needs {} instead)",
                 crate::report::format_bytes(layers_total)
             ),
             TermKind::Temporary,
@@ -378,7 +497,8 @@ pub fn estimate(workload: &Workload, candidate: &Candidate, accelerator: &Accele
         train.push(term(
             "layer gradients",
             format!(
-                "layer backward: stacked f32 gradient of the layer weights (the loss backward needs {} instead)",
+                "layer backward: stacked f32 gradient of the {} (the loss backward needs {} instead)",
+                if frozen.is_some() { "adapters" } else { "layer weights" },
                 crate::report::format_bytes(loss_total)
             ),
             TermKind::Temporary,
@@ -386,7 +506,10 @@ pub fn estimate(workload: &Workload, candidate: &Candidate, accelerator: &Accele
         ));
         train.push(term(
             "layer backward",
-            format!("layer backward: one layer under remat {} + score cotangents", candidate.remat),
+            format!(
+                "layer backward: one layer under remat {} + attention {}'s working set",
+                candidate.remat, candidate.attention
+            ),
             TermKind::Temporary,
             layer_backward,
         ));
@@ -395,7 +518,7 @@ pub fn estimate(workload: &Workload, candidate: &Candidate, accelerator: &Accele
     programs.push(ProgramEstimate { program: train_name.into(), terms: train });
 
     if let crate::workload::Kind::Grpo { prompt_len, max_new_tokens, .. } = workload.kind {
-        let mut rollout = resident(true, false);
+        let mut rollout = resident(true, false, false);
         rollout.push(term("parameters", share.clone(), TermKind::Argument, params));
         let total = prompt_len + max_new_tokens;
         let cache =
@@ -443,8 +566,27 @@ pub fn estimate(workload: &Workload, candidate: &Candidate, accelerator: &Accele
 
     let mut apply = Vec::new();
     apply.push(term("parameters", share.clone(), TermKind::Argument, params));
-    apply.push(term("optimizer state", format!("AdamW mu + nu, {share}"), TermKind::Argument, 2 * params));
+    if candidate.offload {
+        apply.push(moments.clone());
+        // One parameter's moments on the device at a time, in and out (programs.OffloadChain).
+        apply.push(term(
+            "moments in flight",
+            "the largest parameter's mu + nu brought in and sent back".into(),
+            TermKind::Temporary,
+            4 * largest,
+        ));
+    } else {
+        apply.push(term(
+            "optimizer state",
+            format!("AdamW mu + nu, {share}"),
+            TermKind::Argument,
+            2 * params,
+        ));
+    }
     apply.push(term("gradients", format!("accumulator, {share}"), TermKind::Argument, params));
+    if let Some((base, _, detail)) = &frozen {
+        apply.push(term("frozen base", format!("LoRA base, {detail}"), TermKind::Resident, *base));
+    }
     if workload.is_grpo() {
         apply.push(term("reference model", format!("frozen copy, {share}"), TermKind::Resident, params));
     }

@@ -7,10 +7,10 @@
 //! on both sides of the chosen layout's memory cliff. The choice is the fastest candidate that
 //! fits, exactly when measured.
 
-use crate::hardware::Target;
+use crate::hardware::{Platform, Target};
 use crate::memory::{MemoryEstimate, estimate};
 use crate::time::{StepTime, step_time};
-use crate::workload::{Candidate, Layout, Remat, Workload};
+use crate::workload::{Attention, Candidate, Layout, Remat, Workload};
 use crate::{PlanError, report::format_bytes};
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +23,10 @@ pub struct Measured {
     /// Whether a compiler refused a program for exceeding the device memory; its bytes are then
     /// the compiler's own count of what it would have needed.
     pub compiler_out_of_memory: bool,
+    /// Programs not compiled because the analytic model puts them far below the training
+    /// program (it sets the peak): (name, analytic peak bytes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_compiled: Vec<(String, u64)>,
 }
 
 impl Measured {
@@ -116,6 +120,10 @@ pub struct Cliff {
     pub layout: Layout,
     /// The remat policy searched.
     pub remat: Remat,
+    /// The attention implementation searched.
+    pub attention: Attention,
+    /// Whether optimizer offload was on.
+    pub offload: bool,
     /// The largest micro-batch that fits, if any does.
     pub fits: Option<CliffSide>,
     /// The next micro-batch, which does not fit; `None` when the largest allowed one fits.
@@ -133,11 +141,18 @@ pub struct PlanOptions {
     pub micro_batches: Option<Vec<u64>>,
     /// The remat policies to consider.
     pub remats: Vec<Remat>,
+    /// The attention implementations to consider (Pallas only on TPU targets).
+    pub attentions: Vec<Attention>,
+    /// Optimizer offload off and/or on (on only on TPU targets).
+    pub offloads: Vec<bool>,
     /// Measure a candidate exactly only if its analytic peak is at most this multiple of the
     /// limit (the analytic model's error budget).
     pub exact_slack: f64,
-    /// Rounds of exact measurements per layout when its best candidate does not fit.
+    /// Rounds of exact measurements until a candidate fits exactly.
     pub max_rounds: usize,
+    /// Also measure the best candidate of every layout exactly, not only the ones the choice
+    /// rests on (slower: one training-program compile per layout at least).
+    pub every_layout: bool,
     /// Search the memory cliff of the chosen layout.
     pub cliff: bool,
 }
@@ -148,8 +163,11 @@ impl Default for PlanOptions {
             layouts: None,
             micro_batches: None,
             remats: Remat::ALL.to_vec(),
+            attentions: Attention::ALL.to_vec(),
+            offloads: vec![false, true],
             exact_slack: 1.3,
-            max_rounds: 2,
+            max_rounds: 6,
+            every_layout: false,
             cliff: true,
         }
     }
@@ -234,6 +252,18 @@ pub fn layouts(workload: &Workload, target: &Target) -> Vec<(Layout, Option<Stri
         .collect()
 }
 
+/// Every micro-batch a plan considers for `layout`.
+pub fn micro_batches_of(workload: &Workload, layout: &Layout) -> Vec<u64> {
+    micro_batches(workload, layout, None)
+}
+
+/// `v` sorted, without repeats.
+fn sorted<T: Ord>(mut v: Vec<T>) -> Vec<T> {
+    v.sort();
+    v.dedup();
+    v
+}
+
 /// The micro-batches of `layout`: multiples of `fsdp` that split a slice's rows per step evenly.
 fn micro_batches(workload: &Workload, layout: &Layout, only: Option<&[u64]>) -> Vec<u64> {
     let per_slice = workload.global_batch / layout.dcn as u64;
@@ -245,25 +275,41 @@ fn micro_batches(workload: &Workload, layout: &Layout, only: Option<&[u64]>) -> 
         .collect()
 }
 
-/// Every candidate of `layout` under `options`, ordered by remat, then micro-batch.
-pub fn candidates(workload: &Workload, layout: &Layout, options: &PlanOptions) -> Vec<Candidate> {
-    let mut remats = options.remats.clone();
-    remats.sort();
-    remats.dedup();
+/// Every candidate of `layout` under `options` that `platform` can run (Pallas attention and
+/// optimizer offload are TPU levers), ordered by remat, attention, offload, then micro-batch.
+pub fn candidates(
+    workload: &Workload,
+    layout: &Layout,
+    options: &PlanOptions,
+    platform: Platform,
+) -> Vec<Candidate> {
+    let remats = sorted(options.remats.clone());
+    let attentions: Vec<Attention> = sorted(options.attentions.clone())
+        .into_iter()
+        .filter(|&a| a != Attention::Pallas || platform == Platform::Tpu)
+        .collect();
+    let offloads: Vec<bool> =
+        sorted(options.offloads.clone()).into_iter().filter(|&o| !o || platform == Platform::Tpu).collect();
     let mbs = micro_batches(workload, layout, options.micro_batches.as_deref());
-    remats
-        .iter()
-        .flat_map(|&remat| {
-            mbs.iter().map(move |&micro_batch| Candidate { layout: *layout, micro_batch, remat })
-        })
-        .collect()
+    let mut out = Vec::new();
+    for &remat in &remats {
+        for &attention in &attentions {
+            for &offload in &offloads {
+                for &micro_batch in &mbs {
+                    out.push(Candidate { layout: *layout, micro_batch, remat, attention, offload });
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The order of preference among candidates that fit: fastest first, then the cheaper remat,
-/// then the larger margin. Step times are compared at microsecond resolution so that float
-/// noise never decides.
-fn preference(row: &Row, limit: u64) -> (u64, Remat, i64) {
-    ((row.time.total() * 1e6).round() as u64, row.candidate.remat, -row.margin(limit))
+/// no offload, the plainer attention, then the larger margin. Step times are compared at
+/// microsecond resolution so that float noise never decides.
+fn preference(row: &Row, limit: u64) -> (u64, Remat, bool, Attention, i64) {
+    let c = &row.candidate;
+    ((row.time.total() * 1e6).round() as u64, c.remat, c.offload, c.attention, -row.margin(limit))
 }
 
 /// The analytic plan: no compiles.
@@ -334,7 +380,7 @@ pub fn plan(
     let limit = target.accelerator.memory_limit;
     let mut rows: Vec<Row> = chosen_layouts
         .iter()
-        .flat_map(|layout| candidates(workload, layout, options))
+        .flat_map(|layout| candidates(workload, layout, options, target.accelerator.platform))
         .map(|candidate| Row {
             candidate,
             analytic: estimate(workload, &candidate, &target.accelerator),
@@ -351,11 +397,14 @@ pub fn plan(
 
     let mut cliff = None;
     if let Some(oracle) = oracle {
-        measure_per_layout(&mut rows, &chosen_layouts, limit, options, oracle);
+        if options.every_layout {
+            measure_per_layout(&mut rows, &chosen_layouts, limit, options, oracle);
+        }
+        measure_deciding(&mut rows, limit, options, oracle);
     }
     let mut choice = choose(&rows, limit, oracle.is_some());
     if let (Some(oracle), Some(index), true) = (oracle, choice, options.cliff) {
-        let found = search_cliff(&mut rows, index, limit, oracle);
+        let found = search_cliff(&mut rows, index, limit, options.exact_slack, oracle);
         cliff = Some(found);
         choice = choose(&rows, limit, true);
     }
@@ -391,10 +440,58 @@ fn unmeasured_in_slack(rows: &[Row], layout: &Layout, limit: u64, slack: f64) ->
         let fits = row.analytic.peak() <= limit;
         (
             !fits,
-            if fits { preference(row, limit) } else { (0, row.candidate.remat, row.analytic.peak() as i64) },
+            if fits {
+                preference(row, limit)
+            } else {
+                (
+                    0,
+                    row.candidate.remat,
+                    row.candidate.offload,
+                    row.candidate.attention,
+                    row.analytic.peak() as i64,
+                )
+            },
         )
     });
     ids
+}
+
+/// The row of the next micro-batch above `row` with the same layout and levers.
+fn next_on_ladder(rows: &[Row], row: usize) -> Option<usize> {
+    let c = rows[row].candidate;
+    (0..rows.len())
+        .filter(|&i| {
+            let o = rows[i].candidate;
+            Candidate { micro_batch: 0, ..o } == Candidate { micro_batch: 0, ..c }
+                && o.micro_batch > c.micro_batch
+        })
+        .min_by_key(|&i| rows[i].candidate.micro_batch)
+}
+
+/// Measures what the choice rests on: the fastest candidate the analytic model says fits,
+/// together with the next micro-batch of its mesh and levers (the far side of its memory cliff,
+/// compiled in parallel); when that candidate does not fit exactly, the next fastest, and so on
+/// for up to `max_rounds` rounds. Nothing slower than a candidate that fits exactly can be
+/// chosen, so nothing slower is compiled: the other meshes keep their analytic numbers.
+fn measure_deciding(rows: &mut [Row], limit: u64, options: &PlanOptions, oracle: &dyn Oracle) {
+    for _ in 0..options.max_rounds.max(1) {
+        let fitting = choose(rows, limit, true).map(|i| preference(&rows[i], limit));
+        let best = (0..rows.len())
+            .filter(|&i| rows[i].exact == Exact::NotMeasured && rows[i].analytic.peak() <= limit)
+            .filter(|&i| fitting.is_none_or(|f| preference(&rows[i], limit) < f))
+            .min_by_key(|&i| preference(&rows[i], limit));
+        let Some(best) = best else { break };
+        let mut batch = vec![best];
+        if let Some(next) =
+            next_on_ladder(rows, best).filter(|&n| options.cliff && rows[n].exact == Exact::NotMeasured)
+        {
+            batch.push(next);
+        }
+        record(rows, &batch, oracle);
+        if rows[best].exact_peak().is_some_and(|p| p <= limit) {
+            break;
+        }
+    }
 }
 
 /// Measures the best candidate of every layout; where it does not fit exactly, the next best,
@@ -438,12 +535,14 @@ fn record(rows: &mut [Row], ids: &[usize], oracle: &dyn Oracle) {
 /// Walks the chosen layout and remat's micro-batches by exact measurement until one fits and
 /// the next does not. Starts from the chosen row (which fits), and moves up; if the largest
 /// micro-batch fits, there is no cliff above it.
-fn search_cliff(rows: &mut [Row], chosen: usize, limit: u64, oracle: &dyn Oracle) -> Cliff {
-    let Candidate { layout, remat, .. } = rows[chosen].candidate;
+fn search_cliff(rows: &mut [Row], chosen: usize, limit: u64, slack: f64, oracle: &dyn Oracle) -> Cliff {
+    let chosen_candidate = rows[chosen].candidate;
+    let Candidate { layout, remat, attention, offload, .. } = chosen_candidate;
     let ladder: Vec<usize> = {
-        let mut ids: Vec<usize> = (0..rows.len())
-            .filter(|&i| rows[i].candidate.layout == layout && rows[i].candidate.remat == remat)
-            .collect();
+        let same_levers = |c: &Candidate| {
+            Candidate { micro_batch: 0, ..*c } == Candidate { micro_batch: 0, ..chosen_candidate }
+        };
+        let mut ids: Vec<usize> = (0..rows.len()).filter(|&i| same_levers(&rows[i].candidate)).collect();
         ids.sort_by_key(|&i| rows[i].candidate.micro_batch);
         ids
     };
@@ -455,27 +554,46 @@ fn search_cliff(rows: &mut [Row], chosen: usize, limit: u64, oracle: &dyn Oracle
         })
     };
     let mut at = ladder.iter().position(|&i| i == chosen).expect("the chosen row is on its ladder");
-    // Measure the next two micro-batches at once: the analytic model is usually right to within
-    // one step, and both compiles run in parallel.
+    // Measure the next micro-batch, and the one after it at the same time (the compiles run in
+    // parallel) when the next one may well fit: then the walk probably goes on. When the
+    // analytic model puts the next one past the limit by more than its error budget, it is the
+    // cliff's far side and the one after it would be a wasted compile.
     loop {
-        let ahead: Vec<usize> = ladder[at + 1..]
-            .iter()
-            .copied()
-            .take(2)
-            .filter(|&i| rows[i].exact == Exact::NotMeasured)
-            .collect();
+        let mut ahead: Vec<usize> = ladder[at + 1..].iter().copied().take(2).collect();
+        if ahead.first().is_some_and(|&i| rows[i].analytic.peak() as f64 > limit as f64 * slack) {
+            ahead.truncate(1);
+        }
+        ahead.retain(|&i| rows[i].exact == Exact::NotMeasured);
         if !ahead.is_empty() {
             record(rows, &ahead, oracle);
         }
         match ladder.get(at + 1) {
-            None => return Cliff { layout, remat, fits: side(&rows[ladder[at]]), next: None },
+            None => {
+                return Cliff { layout, remat, attention, offload, fits: side(&rows[ladder[at]]), next: None };
+            }
             Some(&next) => match rows[next].exact_peak() {
                 Some(peak) if peak <= limit => at += 1,
                 Some(_) => {
-                    return Cliff { layout, remat, fits: side(&rows[ladder[at]]), next: side(&rows[next]) };
+                    return Cliff {
+                        layout,
+                        remat,
+                        attention,
+                        offload,
+                        fits: side(&rows[ladder[at]]),
+                        next: side(&rows[next]),
+                    };
                 }
                 // The next one failed to export or compile: the cliff cannot be placed exactly.
-                None => return Cliff { layout, remat, fits: side(&rows[ladder[at]]), next: None },
+                None => {
+                    return Cliff {
+                        layout,
+                        remat,
+                        attention,
+                        offload,
+                        fits: side(&rows[ladder[at]]),
+                        next: None,
+                    };
+                }
             },
         }
     }
@@ -487,6 +605,16 @@ fn does_not_fit(workload: &Workload, target: &Target, rows: &[Row]) -> PlanError
     let smallest = rows.iter().min_by_key(|r| r.analytic.peak()).expect("rows is not empty");
     let limit = acc.memory_limit;
     let mut advice = Vec::new();
+    if acc.platform == Platform::Tpu && !smallest.candidate.offload {
+        let offloaded = Candidate { offload: true, ..smallest.candidate };
+        let peak = estimate(workload, &offloaded, acc).peak();
+        if peak <= limit {
+            advice.push(format!(
+                "optimizer offload (AdamW state in host memory) would fit ({} per device)",
+                format_bytes(peak)
+            ));
+        }
+    }
     if workload.param_dtype != mesh::DType::Bfloat16 {
         let bf16 = Workload {
             param_dtype: mesh::DType::Bfloat16,
@@ -504,7 +632,7 @@ fn does_not_fit(workload: &Workload, target: &Target, rows: &[Row]) -> PlanError
         let smaller = Workload { model: (*m).clone(), ..workload.clone() };
         layouts(&smaller, target).iter().any(|(layout, why)| {
             why.is_none()
-                && candidates(&smaller, layout, &PlanOptions::default())
+                && candidates(&smaller, layout, &PlanOptions::default(), acc.platform)
                     .iter()
                     .any(|c| estimate(&smaller, c, acc).peak() <= limit)
         })

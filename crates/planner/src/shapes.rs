@@ -3,7 +3,7 @@
 //! how many bytes one device's shard of an array takes once the compiler has laid it out.
 
 use crate::hardware::Platform;
-use crate::workload::Layout;
+use crate::workload::{Layout, LoraShape};
 use bundle::ModelConfig;
 use mesh::{DType, IciMesh, Sharding};
 
@@ -106,6 +106,59 @@ pub fn param_bytes(model: &ModelConfig, layout: &Layout, dtype: DType, platform:
         let bytes = shard_bytes(&p.shape, &p.sharding, &mesh, dtype, platform);
         (all + bytes, layers + if p.per_layer { bytes } else { 0 })
     })
+}
+
+/// LoRA's adapters in canonical order: for each target projection `layers/P` `[L, in, out]`,
+/// `layers/P.lora_a` `[L, in, r]` split like its input and `layers/P.lora_b` `[L, r, out]` split
+/// like its output (mirroring `qwen3.lora_specs`).
+pub fn lora_shapes(model: &ModelConfig, lora: &LoraShape) -> Vec<(String, Vec<u64>, Sharding)> {
+    let mut out = Vec::new();
+    for p in param_shapes(model) {
+        let Some(name) = p.path.strip_prefix("layers/") else { continue };
+        if p.shape.len() != 3 || !lora.targets.iter().any(|t| t == name) {
+            continue;
+        }
+        let (l, fan_in, fan_out) = (p.shape[0], p.shape[1], p.shape[2]);
+        let dims = p.sharding.dims();
+        let axis = |d: &[String]| d.to_vec();
+        out.push((
+            format!("{}.lora_a", p.path),
+            vec![l, fan_in, lora.rank],
+            Sharding::new(vec![vec![], axis(&dims[1]), vec![]]),
+        ));
+        out.push((
+            format!("{}.lora_b", p.path),
+            vec![l, lora.rank, fan_out],
+            Sharding::new(vec![vec![], vec![], axis(&dims[2])]),
+        ));
+    }
+    out
+}
+
+/// Per-device bytes of one set of LoRA adapters in `dtype` (all of them are stacked layer
+/// tensors), and of the largest one.
+pub fn lora_bytes(
+    model: &ModelConfig,
+    lora: &LoraShape,
+    layout: &Layout,
+    dtype: DType,
+    platform: Platform,
+) -> (u64, u64) {
+    let mesh = layout.ici_mesh();
+    lora_shapes(model, lora).iter().fold((0, 0), |(all, largest), (_, shape, sharding)| {
+        let bytes = shard_bytes(shape, sharding, &mesh, dtype, platform);
+        (all + bytes, largest.max(bytes))
+    })
+}
+
+/// Per-device bytes of the largest parameter's shard in `dtype`.
+pub fn largest_param_bytes(model: &ModelConfig, layout: &Layout, dtype: DType, platform: Platform) -> u64 {
+    let mesh = layout.ici_mesh();
+    param_shapes(model)
+        .iter()
+        .map(|p| shard_bytes(&p.shape, &p.sharding, &mesh, dtype, platform))
+        .max()
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

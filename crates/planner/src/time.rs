@@ -3,7 +3,7 @@
 //! waits for the slower of the two. It ranks candidates; it does not promise a number.
 
 use crate::hardware::Target;
-use crate::workload::{Candidate, Kind, Remat, Workload};
+use crate::workload::{Attention, Candidate, Kind, Remat, Workload};
 use serde::{Deserialize, Serialize};
 
 /// Seconds of one optimizer step, by phase.
@@ -20,12 +20,15 @@ pub struct StepTime {
     pub dcn_bytes: u64,
     /// FLOPs of the whole step over all devices.
     pub flops: f64,
+    /// Optimizer offload: AdamW state to the chips and back once per step.
+    #[serde(default)]
+    pub offload: f64,
 }
 
 impl StepTime {
     /// The whole step.
     pub fn total(&self) -> f64 {
-        self.train + self.rollout + self.dcn
+        self.train + self.rollout + self.dcn + self.offload
     }
 }
 
@@ -46,15 +49,30 @@ pub fn step_time(workload: &Workload, candidate: &Candidate, target: &Target) ->
     let p = workload.param_dtype.size() as f64;
 
     // Per token: 2 FLOPs per weight (the tied embedding's only matmul is the logits), plus the
-    // two S x S attention matmuls over the full (masked) square.
-    let forward_per_token = 2.0 * n + 4.0 * layers * seq * attn_width;
+    // two S x S attention matmuls. Plain and blockwise attention compute the full (masked)
+    // square; the Pallas kernel skips the key blocks above the diagonal (about half). Blockwise
+    // and Pallas recompute the scores in the backward (flash attention's backward).
     let attention_per_token = 4.0 * layers * seq * attn_width;
+    let (attention_share, backward_recompute) = match candidate.attention {
+        Attention::Xla => (1.0, 0.0),
+        Attention::Blockwise => (1.0, 0.5),
+        Attention::Pallas => (0.5, 0.5),
+    };
+    let attention = attention_share * attention_per_token;
+    let forward_per_token = 2.0 * n + attention;
     let recompute_per_token = match candidate.remat {
         Remat::None => 0.0,
-        Remat::Dots => attention_per_token,
-        Remat::Full => 2.0 * layer_params + attention_per_token,
-    } + 2.0 * embed; // the chunked loss recomputes each chunk's logits
-    let train_per_token = 3.0 * forward_per_token + recompute_per_token;
+        Remat::Dots => attention,
+        Remat::Full => 2.0 * layer_params + attention,
+    } + backward_recompute * attention
+        + 2.0 * embed; // the chunked loss recomputes each chunk's logits
+    // The backward computes each weight matmul's input gradient (2 FLOPs per weight) and its
+    // weight gradient (2 more); LoRA's frozen weights need only the first, the adapters both.
+    let trained = match &workload.lora {
+        None => n,
+        Some(lora) => lora_params(m, lora) as f64,
+    };
+    let train_per_token = 3.0 * attention + 2.0 * n + 2.0 * n + 2.0 * trained + recompute_per_token;
     let rows = workload.global_batch as f64;
     let tokens = rows * seq;
     let mut flops = tokens * train_per_token;
@@ -66,7 +84,7 @@ pub fn step_time(workload: &Workload, candidate: &Candidate, target: &Target) ->
     let per_device_flops = flops / (slices * devices);
     let accum = candidate.accum_steps(workload).max(1) as f64;
     // Every micro-batch also reads and writes the gradient accumulator once.
-    let accumulator = 2.0 * n * p / devices / acc.memory_bandwidth;
+    let accumulator = 2.0 * trained * p / devices / acc.memory_bandwidth;
     let compute = per_device_flops / (acc.peak_flops * target.mfu) + accum * accumulator;
 
     // ICI per micro-batch: FSDP gathers the weights for the forward and the backward (again for
@@ -74,7 +92,7 @@ pub fn step_time(workload: &Workload, candidate: &Candidate, target: &Target) ->
     // layer forward and two backward.
     let gathered = (n * c / t) * (f - 1.0) / f;
     let gathers = if candidate.remat == Remat::Full { 3.0 } else { 2.0 };
-    let fsdp_bytes = gathers * gathered + (n * p / t) * (f - 1.0) / f;
+    let fsdp_bytes = gathers * gathered + (trained * p / t) * (f - 1.0) / f;
     let rows_per_device = candidate.rows_per_device() as f64;
     let activation = rows_per_device * seq * m.hidden_size as f64 * c;
     let tp_bytes = 4.0 * layers * 2.0 * (t - 1.0) / t * activation;
@@ -104,11 +122,21 @@ pub fn step_time(workload: &Workload, candidate: &Candidate, target: &Target) ->
 
     // A ring all-reduce of the slice's whole gradient between slices: each host sends
     // 2 (dcn - 1) / dcn of it.
-    let gradient_per_host = n * p;
+    let gradient_per_host = trained * p;
     let dcn_bytes =
         if layout.dcn > 1 { (2.0 * (slices - 1.0) / slices * gradient_per_host) as u64 } else { 0 };
     let dcn = dcn_bytes as f64 / target.dcn_bandwidth;
-    StepTime { train, rollout, dcn, dcn_bytes, flops }
+    // Offload: both moments of every trained parameter to the chips and back, once per step.
+    let offload = match candidate.offload {
+        true => 2.0 * 2.0 * trained * p / devices / acc.host_bandwidth,
+        false => 0.0,
+    };
+    StepTime { train, rollout, dcn, dcn_bytes, flops, offload }
+}
+
+/// Parameters LoRA trains: `r x (in + out)` per layer of each target projection.
+fn lora_params(model: &bundle::ModelConfig, lora: &crate::workload::LoraShape) -> u64 {
+    crate::shapes::lora_shapes(model, lora).iter().map(|(_, shape, _)| shape.iter().product::<u64>()).sum()
 }
 
 #[cfg(test)]
@@ -126,11 +154,13 @@ mod tests {
             param_dtype: DType::Float32,
             compute_dtype: DType::Bfloat16,
             loss_chunk: 256,
+            lora: None,
+            attention_block: 512,
         }
     }
 
     fn candidate(dcn: usize, fsdp: usize, tp: usize, micro_batch: u64, remat: Remat) -> Candidate {
-        Candidate { layout: Layout { dcn, fsdp, tp }, micro_batch, remat }
+        Candidate::new(Layout { dcn, fsdp, tp }, micro_batch, remat)
     }
 
     #[test]

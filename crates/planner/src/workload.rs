@@ -44,6 +44,68 @@ pub struct Workload {
     /// Time steps per chunk of the loss (SFT) or of the log-probs (GRPO); 0 = unchunked (GRPO
     /// only), which materializes `[rows, seq, vocab]` float32 logits.
     pub loss_chunk: u64,
+    /// LoRA adapters instead of full fine-tuning. The job's choice (it changes what trains), so
+    /// a plan never turns it on; `podctl plan` shows what it would buy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraShape>,
+    /// Keys per block of blockwise attention.
+    #[serde(default = "default_attention_block")]
+    pub attention_block: u64,
+}
+
+fn default_attention_block() -> u64 {
+    512
+}
+
+/// What LoRA changes in memory: the adapters' rank and projections, the frozen base's dtype.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoraShape {
+    /// Inner dimension of each adapter pair.
+    pub rank: u64,
+    /// The projections carrying adapters (`q_proj`, ..., `down_proj`).
+    pub targets: Vec<String>,
+    /// The frozen base's dtype.
+    pub base_dtype: DType,
+}
+
+/// How each layer attends, as the exporter names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Attention {
+    /// Plain XLA attention: `[rows, heads, T, T]` float32 scores.
+    Xla,
+    /// Online softmax over blocks of keys, pure JAX: `[rows, heads, T, block]` at a time.
+    Blockwise,
+    /// The Pallas TPU flash-attention kernel (TPU only).
+    Pallas,
+}
+
+impl Attention {
+    /// All implementations.
+    pub const ALL: [Attention; 3] = [Attention::Xla, Attention::Blockwise, Attention::Pallas];
+
+    /// The exporter's `--attention` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Attention::Xla => "xla",
+            Attention::Blockwise => "blockwise",
+            Attention::Pallas => "pallas",
+        }
+    }
+
+    /// Parses `xla`, `blockwise` or `pallas`.
+    pub fn parse(text: &str) -> Result<Self, PlanError> {
+        Self::ALL.into_iter().find(|a| a.name() == text).ok_or_else(|| PlanError::Invalid {
+            field: "attention",
+            reason: format!("'{text}' is not one of xla, blockwise, pallas"),
+        })
+    }
+}
+
+impl fmt::Display for Attention {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 impl Workload {
@@ -121,6 +183,17 @@ impl Workload {
                     self.seq_len()
                 ),
             );
+        }
+        if let Some(lora) = &self.lora {
+            if lora.rank == 0 || lora.targets.is_empty() {
+                return invalid("lora", "needs a positive rank and at least one target projection".into());
+            }
+            if self.is_grpo() {
+                return invalid("lora", "LoRA bundles are SFT only".into());
+            }
+        }
+        if self.attention_block == 0 {
+            return invalid("attention_block", "is 0; use a number of keys per block, e.g. 512".into());
         }
         for (field, dtype) in [("param_dtype", self.param_dtype), ("compute_dtype", self.compute_dtype)] {
             if !matches!(dtype, DType::Float32 | DType::Bfloat16) {
@@ -219,9 +292,27 @@ pub struct Candidate {
     pub micro_batch: u64,
     /// The layer body's rematerialization.
     pub remat: Remat,
+    /// How each layer attends.
+    pub attention: Attention,
+    /// AdamW state in host memory between steps (TPU).
+    pub offload: bool,
 }
 
 impl Candidate {
+    /// `layout`, `micro_batch` and `remat` with plain attention and no offload.
+    pub fn new(layout: Layout, micro_batch: u64, remat: Remat) -> Self {
+        Self { layout, micro_batch, remat, attention: Attention::Xla, offload: false }
+    }
+
+    /// The memory levers in words: `remat dots, attention blockwise, offload`.
+    pub fn levers(&self) -> String {
+        let mut text = format!("remat {}, attention {}", self.remat, self.attention);
+        if self.offload {
+            text.push_str(", optimizer offload");
+        }
+        text
+    }
+
     /// Rows each device holds in one call.
     pub fn rows_per_device(&self) -> u64 {
         self.micro_batch / self.layout.fsdp as u64
@@ -235,7 +326,14 @@ impl Candidate {
 
 impl fmt::Display for Candidate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} mb={} remat={}", self.layout, self.micro_batch, self.remat)
+        write!(f, "{} mb={} remat={}", self.layout, self.micro_batch, self.remat)?;
+        if self.attention != Attention::Xla {
+            write!(f, " attention={}", self.attention)?;
+        }
+        if self.offload {
+            write!(f, " offload")?;
+        }
+        Ok(())
     }
 }
 
@@ -251,6 +349,8 @@ mod tests {
             param_dtype: DType::Float32,
             compute_dtype: DType::Float32,
             loss_chunk,
+            lora: None,
+            attention_block: 512,
         }
     }
 

@@ -15,6 +15,8 @@ fn grpo_seed_000() -> Workload {
         param_dtype: DType::Float32,
         compute_dtype: DType::Bfloat16,
         loss_chunk: 256,
+        lora: None,
+        attention_block: 512,
     }
 }
 
@@ -51,8 +53,7 @@ fn unsharded_vocabulary_costs_what_the_seed_saw() {
     let w = grpo_seed_000();
     let acc = Accelerator::v6e_8();
     let term = |fsdp, tp, name: &str| {
-        let c =
-            Candidate { layout: Layout { dcn: 1, fsdp, tp }, micro_batch: fsdp as u64, remat: Remat::Full };
+        let c = Candidate::new(Layout { dcn: 1, fsdp, tp }, fsdp as u64, Remat::Full);
         let e = estimate(&w, &c, &acc);
         let program = e.program("grpo_grad_step").unwrap();
         program
@@ -73,7 +74,7 @@ fn estimates_grow_with_rows_and_shrink_with_remat() {
     let w = grpo_seed_000();
     let acc = Accelerator::v6e_8();
     let peak = |micro_batch, remat| {
-        let c = Candidate { layout: Layout { dcn: 1, fsdp: 4, tp: 2 }, micro_batch, remat };
+        let c = Candidate::new(Layout { dcn: 1, fsdp: 4, tp: 2 }, micro_batch, remat);
         estimate(&w, &c, &acc).peak()
     };
     assert!(peak(8, Remat::None) < peak(16, Remat::None));
@@ -107,6 +108,8 @@ fn a_mesh_that_does_not_divide_the_heads_names_the_ones_that_do() {
         param_dtype: DType::Float32,
         compute_dtype: DType::Float32,
         loss_chunk: 64,
+        lora: None,
+        attention_block: 512,
     };
     let target = Target::new(Accelerator::cpu(8, GIB), 1);
     let options =
@@ -132,14 +135,22 @@ fn a_model_larger_than_the_pod_says_what_would_fit() {
         param_dtype: DType::Float32,
         compute_dtype: DType::Bfloat16,
         loss_chunk: 256,
+        lora: None,
+        attention_block: 512,
     };
     let target = Target::new(Accelerator::parse("v6e-1", 0).unwrap(), 1);
-    let e = plan_analytic(&w, &target, &PlanOptions::default()).unwrap_err();
+    let no_offload = PlanOptions { offloads: vec![false], ..PlanOptions::default() };
+    let e = plan_analytic(&w, &target, &no_offload).unwrap_err();
     let text = e.to_string();
     assert!(matches!(e, PlanError::DoesNotFit { .. }), "{text}");
     assert!(text.starts_with("qwen3-1.7b does not fit: the smallest configuration"), "{text}");
+    assert!(text.contains("optimizer offload (AdamW state in host memory) would fit"), "{text}");
     assert!(text.contains("the largest preset that fits is qwen3-0.6b"), "{text}");
     assert!(text.contains("devices per slice"), "{text}");
+    // With the lever allowed, the plan takes it: 16 bytes per f32 parameter do not fit one chip,
+    // 8 do.
+    let plan = plan_analytic(&w, &target, &PlanOptions::default()).unwrap();
+    assert!(plan.chosen().unwrap().candidate.offload, "{}", render_plan(&plan, false));
 }
 
 #[test]

@@ -24,7 +24,7 @@ use crate::hardware::Target;
 use crate::memory::peak_programs;
 use crate::search::{Measured, Oracle};
 use crate::shapes::laid_out_bytes;
-use crate::workload::{Candidate, Kind, Workload};
+use crate::workload::{Attention, Candidate, Kind, Workload};
 use bundle::Bundle;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -134,6 +134,16 @@ impl BundleRequest {
             ("--compute-dtype", w.compute_dtype.to_string()),
             ("--platform", self.platform.to_string()),
         ];
+        // Levers only when set, so plain candidates keep the bundles (and caches) they had.
+        if c.attention != Attention::Xla {
+            args.push(("--attention", c.attention.to_string()));
+            args.push(("--attention-block", w.attention_block.to_string()));
+        }
+        if let Some(lora) = &w.lora {
+            args.push(("--lora-rank", lora.rank.to_string()));
+            args.push(("--lora-targets", lora.targets.join(",")));
+            args.push(("--lora-base-dtype", lora.base_dtype.to_string()));
+        }
         match w.kind {
             Kind::Sft { seq_len } => {
                 args.push(("--seq-len", seq_len.to_string()));
@@ -146,7 +156,12 @@ impl BundleRequest {
                 args.push(("--logprob-chunk", w.loss_chunk.to_string()));
             }
         }
-        args.into_iter().flat_map(|(flag, value)| [flag.to_string(), value]).collect()
+        let mut args: Vec<String> =
+            args.into_iter().flat_map(|(flag, value)| [flag.to_string(), value]).collect();
+        if c.offload {
+            args.push("--offload-optimizer".into());
+        }
+        args
     }
 }
 
@@ -209,6 +224,9 @@ pub struct ExactOracle<'a> {
     compiler: &'a dyn Compiler,
     cache: Option<DiskCache>,
     parallelism: usize,
+    /// A program other than the training program and `apply_step` is compiled only if its
+    /// analytic peak is at least this share of the training program's (see `needs_compile`).
+    skip_below: f64,
     progress: Option<&'a (dyn Fn(&Progress) + Sync)>,
     stats: Mutex<ExactStats>,
 }
@@ -230,9 +248,33 @@ impl<'a> ExactOracle<'a> {
             compiler,
             cache: None,
             parallelism: parallelism.max(1),
+            skip_below: 0.75,
             progress: None,
             stats: Mutex::new(ExactStats::default()),
         }
+    }
+
+    /// Compiles every program of the step, even those the analytic model puts far below the
+    /// training program.
+    pub fn compile_every_program(mut self) -> Self {
+        self.skip_below = 0.0;
+        self
+    }
+
+    /// Whether `program` of `candidate` needs a compile: the training program sets the peak of
+    /// nearly every step and `apply_step` is cheap to compile, so both always do; another
+    /// program (GRPO's rollout) only when the analytic model puts it within reach of the
+    /// training program (its error is about 10%, the margin here 25%). Otherwise its analytic
+    /// bytes are reported as not compiled.
+    fn needs_compile(&self, candidate: &Candidate, program: &str) -> Result<(), u64> {
+        if program == "apply_step" || program == "grad_step" || program == "grpo_grad_step" {
+            return Ok(());
+        }
+        let estimate = crate::memory::estimate(&self.workload, candidate, &self.target.accelerator);
+        let train = if self.workload.is_grpo() { "grpo_grad_step" } else { "grad_step" };
+        let bytes = |name| estimate.program(name).map_or(0, |p| p.bytes());
+        let (this, training) = (bytes(program), bytes(train));
+        if this as f64 >= self.skip_below * training as f64 { Ok(()) } else { Err(this) }
     }
 
     /// Caches compiled statistics in `cache`.
@@ -349,8 +391,9 @@ fn run_parallel<T: Sync, R: Send>(tasks: &[T], threads: usize, work: impl Fn(&T)
 }
 
 /// `(resident, arguments)` on one device during `program`: bytes of train state resident that
-/// it does not take as arguments (the parameters, both AdamW moments, the gradient accumulator
-/// and, for GRPO, the reference model, minus what its inputs hold), and bytes of its inputs.
+/// it does not take as arguments (the parameters, both AdamW moments unless offloaded to host
+/// memory, the gradient accumulator, LoRA's frozen base and, for GRPO, the reference model,
+/// minus what its inputs hold), and device bytes of its inputs.
 pub fn resident_outside(
     bundle: &Bundle,
     program: &str,
@@ -363,7 +406,8 @@ pub fn resident_outside(
     let spec = bundle.program(program).map_err(|e| e.to_string())?;
     let laid_out =
         |t: &bundle::TensorSpec| laid_out_bytes(&t.sharding.shard_shape(&t.shape, mesh), t.dtype, platform);
-    let arguments = spec.inputs.iter().map(laid_out).sum();
+    // Inputs in host memory (offloaded AdamW state) take no device memory.
+    let arguments = spec.inputs.iter().filter(|t| t.memory_kind.is_none()).map(laid_out).sum();
     let per_param = |prefix: &str| -> u64 {
         manifest
             .params
@@ -375,7 +419,17 @@ pub fn resident_outside(
             .map(laid_out)
             .sum()
     };
-    let mut bytes = per_param("params/") + per_param("opt/mu/") + per_param("opt/nu/") + per_param("grads/");
+    let mut bytes = per_param("params/") + per_param("grads/");
+    if !manifest.train.optimizer_offload {
+        bytes += per_param("opt/mu/") + per_param("opt/nu/");
+    }
+    // LoRA's frozen base, where the program does not take it.
+    bytes += manifest
+        .frozen
+        .iter()
+        .filter(|f| !spec.inputs.iter().any(|t| t.name == f.name))
+        .map(laid_out)
+        .sum::<u64>();
     if workload.is_grpo() {
         // The reference model is never an argument under its own name: `logprobs` takes it in
         // place of the parameters.
@@ -402,9 +456,14 @@ impl Oracle for ExactOracle<'_> {
         let programs = peak_programs(&self.workload);
         let mut needs: Vec<(usize, &str, Result<String, String>)> = Vec::new();
         let mut unique: BTreeMap<String, (usize, &str, CompileJob)> = BTreeMap::new();
+        let mut not_compiled: Vec<Vec<(String, u64)>> = vec![Vec::new(); candidates.len()];
         for (i, bundle) in bundles.iter().enumerate() {
             let Ok(bundle) = bundle else { continue };
             for &program in programs {
+                if let Err(bytes) = self.needs_compile(&candidates[i], program) {
+                    not_compiled[i].push((program.to_string(), bytes));
+                    continue;
+                }
                 match self.job(&candidates[i], bundle, program) {
                     Ok((job, key)) => {
                         unique.entry(key.clone()).or_insert((i, program, job));
@@ -435,7 +494,11 @@ impl Oracle for ExactOracle<'_> {
                     continue;
                 }
             };
-            let mut measured = Measured { programs: Vec::new(), compiler_out_of_memory: false };
+            let mut measured = Measured {
+                programs: Vec::new(),
+                compiler_out_of_memory: false,
+                not_compiled: std::mem::take(&mut not_compiled[i]),
+            };
             let mut failure = None;
             for (owner, program, key) in &needs {
                 if *owner != i {
