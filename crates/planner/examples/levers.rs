@@ -201,12 +201,11 @@ fn run(args: Args) -> Result<(), String> {
     );
     let plain = lines.iter().find(|l| l.name == "xla").and_then(|l| l.exact);
     println!(
-        "{:<20} {:>22} {:>13}   {:<52} {}",
-        format!("setting"),
+        "{:<20} {:>22} {:>13}   {:<52} next, which does not",
+        "setting",
         format!("peak @ mb {} (analytic)", args.micro_batch),
         "saving",
         "largest micro-batch that fits (exact peak; analytic)",
-        "next, which does not"
     );
     for l in &lines {
         let peak = match l.exact {

@@ -569,7 +569,14 @@ fn search_cliff(rows: &mut [Row], chosen: usize, limit: u64, slack: f64, oracle:
         }
         match ladder.get(at + 1) {
             None => {
-                return Cliff { layout, remat, attention, offload, fits: side(&rows[ladder[at]]), next: None };
+                return Cliff {
+                    layout,
+                    remat,
+                    attention,
+                    offload,
+                    fits: side(&rows[ladder[at]]),
+                    next: None,
+                };
             }
             Some(&next) => match rows[next].exact_peak() {
                 Some(peak) if peak <= limit => at += 1,
