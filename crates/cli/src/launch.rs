@@ -169,6 +169,20 @@ pub fn run(
     Ok(())
 }
 
+/// `podctl launch --render`: the job as a declaration (a ConfigMap) for the install `release`,
+/// its bundle uploaded under the job's checkpoint root first. Only the manifest goes to stdout.
+pub fn render(job_path: &Path, release: &str) -> Result<()> {
+    let job = JobSpec::load(job_path)?;
+    let tools = Toolchain::discover()?;
+    let bundle = resolve_bundle(&tools, &job)?;
+    let bundle_uri = crate::status::runtime()?.block_on(crate::local::publish_bundle(&job, &bundle, true))?;
+    let declaration =
+        controller::Declaration { spec_yaml: job.to_yaml(), bundle_uri, bundle_id: bundle.id().to_string() };
+    let config_map = declaration.config_map(&format!("{release}-job-{}", job.name), None, release);
+    println!("{}", serde_json::to_string_pretty(&config_map)?);
+    Ok(())
+}
+
 /// The job's bundle: the one it names, or the cached export of its model and shapes.
 fn resolve_bundle(tools: &Toolchain, job: &JobSpec) -> Result<Bundle> {
     let dir = match &job.bundle {

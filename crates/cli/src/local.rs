@@ -83,7 +83,7 @@ fn write_private(path: &Path, text: &str) -> Result<()> {
 /// Where a cluster's workers find the bundle. With a checkpoint root in object storage, the
 /// bundle is uploaded under it once (`<root>/bundles/<bundle id>`, named by content); otherwise
 /// the workers must share this machine's filesystem, which pods in Kubernetes do not.
-async fn publish_bundle(job: &JobSpec, bundle: &Bundle, kubernetes: bool) -> Result<String> {
+pub async fn publish_bundle(job: &JobSpec, bundle: &Bundle, kubernetes: bool) -> Result<String> {
     let root = job.checkpoint_uri().filter(|uri| uri.contains("://") && !uri.starts_with("file://"));
     let Some(root) = root else {
         if kubernetes {
@@ -102,7 +102,7 @@ async fn publish_bundle(job: &JobSpec, bundle: &Bundle, kubernetes: bool) -> Res
         .with_context(|| format!("uploading the bundle to {root}/{prefix}"))?;
     let uri = format!("{}/{prefix}", root.trim_end_matches('/'));
     if copied.files > 0 {
-        println!("bundle uploaded to {uri} ({} files, {} bytes)", copied.files, copied.bytes);
+        eprintln!("bundle uploaded to {uri} ({} files, {} bytes)", copied.files, copied.bytes);
     }
     Ok(uri)
 }

@@ -47,6 +47,14 @@ enum Command {
         /// root (default: the newest under the job's own checkpoint root, if any).
         #[arg(long)]
         resume: Option<String>,
+        /// Print the job as a Kubernetes manifest instead of running it (for GitOps): export
+        /// and upload the bundle, then print a ConfigMap that the coordinators of the install
+        /// submit once applied, and whose deletion stops the job (docs/gke.md).
+        #[arg(long, conflicts_with_all = ["dry_run", "resume", "coordinator", "kube_context"])]
+        render: bool,
+        /// With --render: the Helm release of the install the job is declared to.
+        #[arg(long, default_value = "podctl", requires = "render")]
+        release: String,
         /// Submit to this coordinator cluster instead of running one here (see `podctl worker`).
         #[command(flatten)]
         connect: connect::ConnectArgs,
@@ -80,9 +88,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log, cli.log_json);
     let result = match cli.command {
-        Command::Launch { job, dry_run, out, resume, connect } => {
-            launch::run(&job, dry_run, out, resume, &connect)
-        }
+        Command::Launch { job, dry_run, out, resume, render, release, connect } => match render {
+            true => launch::render(&job, &release),
+            false => launch::run(&job, dry_run, out, resume, &connect),
+        },
         Command::Ckpt { command } => ckpt::run(command),
         Command::Worker(args) => match worker::run(args) {
             Ok(code) => return ExitCode::from(code),

@@ -9,7 +9,8 @@
 //! port-forwards through the API server, reads the CA and the admin token from the Secrets,
 //! uploads the bundle to the job's checkpoint root, and the pods fetch it from there. One pod is
 //! deleted mid-run (a Spot preemption): its slice is replaced under the next attempt and the job
-//! completes.
+//! completes. Then the GitOps path: `podctl launch --render` prints a declaration that validates
+//! against the Kubernetes schemas; applied, the controller submits it once; deleted, the job stops.
 
 use coordinator::client::{Client, ClientConfig};
 use coordinator::tls::ClientTls;
@@ -272,6 +273,35 @@ fn podctl(kubeconfig: &Path, s3: u16) -> Command {
     command
 }
 
+/// A 2-slice job whose checkpoints (and bundle) go to the bucket.
+fn job_spec(dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(format!("{name}.yaml"));
+    let text = format!(
+        "name: {name}\nmodel: tiny\nmesh: {{ dcn: 2, ici: {{ fsdp: 2, tp: 1 }} }}\n\
+         batch: {{ global: 16, micro: 4 }}\nseq_len: 128\nsteps: {STEPS}\nseed: 3\n\
+         data: {{ kind: arithmetic }}\ncheckpoint: {{ every: 10, uri: s3://ckpt/runs/kube }}\noutput: {}\n",
+        dir.join(name).display()
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `kubernetes-validate --strict` of manifests, as the chart's tests do (crates/controller).
+fn validate(manifests: &str) -> String {
+    let mut child = Command::new(root().join(".venv/bin/kubernetes-validate"))
+        .args(["--strict", "--kubernetes-version", "1.32", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubernetes-validate is in .venv: run scripts/setup.sh");
+    child.stdin.take().unwrap().write_all(manifests.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "kubernetes-validate:\n{text}");
+    text
+}
+
 fn output(command: &mut Command) -> (bool, String, String) {
     let out = command.output().unwrap();
     (
@@ -352,17 +382,7 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
         output(podctl(&kubeconfig, s3).arg("launch").arg(&local).args(["--kube-context", CONTEXT]));
     assert!(!ok && err.contains("job spec field `checkpoint`") && err.contains("gs://"), "{err}");
 
-    let spec = dir.join("kube.yaml");
-    std::fs::write(
-        &spec,
-        format!(
-            "name: kube\nmodel: tiny\nmesh: {{ dcn: 2, ici: {{ fsdp: 2, tp: 1 }} }}\n\
-             batch: {{ global: 16, micro: 4 }}\nseq_len: 128\nsteps: {STEPS}\nseed: 3\n\
-             data: {{ kind: arithmetic }}\ncheckpoint: {{ every: 10, uri: s3://ckpt/runs/kube }}\noutput: {}\n",
-            dir.join("run").display()
-        ),
-    )
-    .unwrap();
+    let spec = job_spec(dir, "kube");
     let mut launch = podctl(&kubeconfig, s3)
         .args(["launch"])
         .arg(&spec)
@@ -381,7 +401,6 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
             break line.split_whitespace().nth(1).unwrap().to_string();
         }
     };
-    assert!(printed.contains("bundle uploaded to s3://ckpt/runs/kube/bundles/"), "{printed}");
 
     // The test watches the job directly (mutual TLS, the admin token).
     let admin = Client::new(ClientConfig::new(
@@ -407,6 +426,7 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
     let launch_err = std::fs::read_to_string(dir.join("launch.err")).unwrap();
     assert!(status.success(), "launch failed:\n{printed}{rest}\n{launch_err}");
     assert!(rest.contains(&format!("done: {STEPS} steps")), "{rest}");
+    assert!(launch_err.contains("bundle uploaded to s3://ckpt/runs/kube/bundles/"), "{launch_err}");
     assert!(launch_err.contains("preemption"), "{launch_err}");
 
     // Every pod was created once: two slices, then the preempted slice's next attempt.
@@ -439,6 +459,55 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
     let (ok, out, err) = output(podctl(&kubeconfig, s3).args(["stop", &job]).args(context));
     assert!(ok, "{err}");
     assert_eq!(out.trim(), format!("{job}: completed"));
+
+    // GitOps: the job as a manifest (its bundle is in the bucket already: nothing is uploaded),
+    // valid against the Kubernetes schemas like the chart's; applied, the leader submits it once
+    // and creates its pods; deleted, its job stops and the pods go.
+    let (ok, manifest, err) =
+        output(podctl(&kubeconfig, s3).arg("launch").arg(job_spec(dir, "gitops")).arg("--render"));
+    assert!(ok, "{err}");
+    assert!(!err.contains("bundle uploaded"), "{err}");
+    let report = validate(&manifest);
+    assert!(report.contains("passed for resource configmap/podctl-job-gitops"), "{report}");
+    let mut declaration: Value = serde_json::from_str(&manifest).unwrap();
+    declaration["metadata"]["namespace"] = json!(NS);
+    api.put("configmaps", declaration);
+    let started = Instant::now();
+    let declared = loop {
+        let jobs = admin.list_jobs().await.unwrap();
+        if let Some(job) = jobs.iter().find(|j| j.name == "gitops") {
+            break job.clone();
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "the declaration was not submitted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        declared.events.iter().any(
+            |e| e.kind == "submitted" && e.detail.starts_with("declared by configmap/podctl-job-gitops/")
+        ),
+        "{declared:?}"
+    );
+    let gitops = declared.job_id.clone();
+    let first_pod = format!("POST pods/{gitops}-s0-a0-h0 201");
+    while !api.requests().contains(&first_pod) {
+        assert!(started.elapsed() < Duration::from_secs(60), "no pods for the declared job");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    api.delete("configmaps", NS, "podctl-job-gitops");
+    while admin.get_job(&gitops).await.unwrap().state() != proto::v1::JobState::Stopped {
+        assert!(started.elapsed() < Duration::from_secs(90), "deleting the declaration did not stop its job");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let jobs = admin.list_jobs().await.unwrap();
+    assert_eq!(jobs.iter().filter(|j| j.name == "gitops").count(), 1, "submitted once");
+    while api
+        .list("pods", NS)
+        .iter()
+        .any(|(name, p)| name.starts_with(&gitops) && p["metadata"]["deletionTimestamp"].is_null())
+    {
+        assert!(started.elapsed() < Duration::from_secs(90), "the stopped job's pods stay");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     stop.store(true, Ordering::SeqCst);
     ticking.join().unwrap();

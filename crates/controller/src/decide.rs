@@ -198,6 +198,27 @@ pub enum Action {
         /// Why, with the fix.
         reason: String,
     },
+    /// Submit a declared job ([`crate::declare`]).
+    SubmitJob {
+        /// The declaration it comes from.
+        source: String,
+        /// What it declares.
+        declaration: crate::declare::Declaration,
+    },
+    /// Stop a job (its declaration was deleted).
+    StopJob {
+        /// The job.
+        job_id: String,
+        /// Why.
+        reason: String,
+    },
+    /// A declaration that declares nothing (told once in the log).
+    RefuseDeclaration {
+        /// The declaration.
+        source: String,
+        /// What is wrong, with the fix.
+        reason: String,
+    },
 }
 
 /// The actions that bring the observed pods and secrets to what `desired` asks for.
@@ -401,7 +422,11 @@ mod tests {
                 }
                 Action::CreateSecret(s) => secrets.push(ObservedSecret::from_secret(s).unwrap()),
                 Action::DeleteSecret { name } => secrets.retain(|s| &s.name != name),
-                Action::ReportLost { .. } | Action::FailJob { .. } => {}
+                Action::ReportLost { .. }
+                | Action::FailJob { .. }
+                | Action::SubmitJob { .. }
+                | Action::StopJob { .. }
+                | Action::RefuseDeclaration { .. } => {}
             }
         }
     }

@@ -19,8 +19,8 @@ pub enum Error {
     Api {
         /// What was being done, naming the object.
         what: String,
-        /// The client's error.
-        source: kube::Error,
+        /// The client's error (boxed: it is large, and errors travel in every `Result`).
+        source: Box<kube::Error>,
     },
     /// The cluster does not have what the coordinator needs (no client Service, no ready pod).
     #[error("{0}")]
@@ -34,6 +34,6 @@ impl Error {
     /// Wraps a client error with what was being done.
     pub(crate) fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
         let what = what.into();
-        move |source| Error::Api { what, source }
+        move |source| Error::Api { what, source: Box::new(source) }
     }
 }

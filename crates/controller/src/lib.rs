@@ -10,6 +10,8 @@
 //!   template: names, labels, GKE selectors, tolerations, TPU environment, the job token Secret.
 //! - [`decide`]: **the decision**, a pure function of (desired jobs, observed pods and secrets)
 //!   to actions (create a pod, delete one, report a slice lost, fail a job that cannot fit).
+//! - [`declare`]: jobs declared as ConfigMaps (`podctl launch --render`, for GitOps): submitted
+//!   once, stopped when their declaration is deleted.
 //! - [`reconcile`]: the loop that lists and watches the API server, calls [`decide::decide`]
 //!   and carries the actions out; it asks a [`reconcile::ControlPlane`] (the coordinator) what
 //!   is desired and tells it what was lost.
@@ -21,12 +23,14 @@
 #![deny(missing_docs)]
 
 pub mod decide;
+pub mod declare;
 mod error;
 pub mod reconcile;
 pub mod remote;
 pub mod slice;
 
 pub use decide::{Action, DesiredJob, ObservedPod, ObservedSecret, PodState, Registration, decide};
+pub use declare::{Declaration, DeclaredJob};
 pub use error::Error;
 pub use reconcile::{ControlPlane, Controller, ControllerConfig};
 pub use slice::{TpuSlice, WorkerTemplate};

@@ -1,19 +1,22 @@
 //! The reconcile loop: list, decide, act; then wait for a watch event or the next tick.
 //!
-//! Each pass lists the worker pods and job token Secrets afresh (a consistent read from the API
+//! Each pass lists the worker pods, job token Secrets and job declarations afresh (a consistent read from the API
 //! server, not a cache), so a decision is never made over a stale view; the watch only wakes the
 //! loop early. The loop acts only while [`ControlPlane::leading`] says so: on a coordinator that
 //! is the Raft leader whose state is caught up. Errors of one action are logged and the next pass
 //! tries again; nothing here gives up.
 
 use crate::decide::{Action, ObservedPod, ObservedSecret, decide};
+use crate::declare::{self, Declaration, DeclaredJob, ObservedDeclaration, decide_declarations};
 use crate::{DesiredJob, Error, WorkerTemplate};
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// What the controller needs from the coordinator. Implemented by the coordinator; this crate
@@ -31,6 +34,20 @@ pub trait ControlPlane: Send + Sync + 'static {
 
     /// A job that can never run on this cluster: fail it with `reason`.
     fn fail(&self, job_id: &str, reason: &str) -> impl Future<Output = ()> + Send;
+
+    /// Every job a declaration submitted, ended ones included (they are not submitted again).
+    fn declared(&self) -> Vec<DeclaredJob>;
+
+    /// Submits a declared job; the coordinator refuses a second job from the same `source`.
+    /// The job's id, or why it was refused.
+    fn submit(
+        &self,
+        source: &str,
+        declaration: &Declaration,
+    ) -> impl Future<Output = Result<String, String>> + Send;
+
+    /// Stops a job, saying why.
+    fn stop(&self, job_id: &str, reason: &str) -> impl Future<Output = ()> + Send;
 }
 
 /// How the loop runs.
@@ -48,6 +65,9 @@ pub struct Controller<P> {
     plane: Arc<P>,
     pods: Api<Pod>,
     secrets: Api<Secret>,
+    declarations: Api<ConfigMap>,
+    /// Declarations already refused (told once in the log, not every pass).
+    refused: Mutex<BTreeSet<String>>,
 }
 
 /// What one pass did, for logs and tests.
@@ -59,6 +79,10 @@ pub struct Pass {
     pub deleted: usize,
     /// Workers reported lost.
     pub reported: usize,
+    /// Declared jobs submitted.
+    pub submitted: usize,
+    /// Jobs stopped because their declaration was deleted.
+    pub stopped: usize,
     /// Actions that failed (retried next pass).
     pub failed: usize,
     /// The pods' list version, to watch from.
@@ -73,7 +97,9 @@ impl<P: ControlPlane> Controller<P> {
         let ns = &config.template.namespace;
         Self {
             pods: Api::namespaced(client.clone(), ns),
-            secrets: Api::namespaced(client, ns),
+            secrets: Api::namespaced(client.clone(), ns),
+            declarations: Api::namespaced(client, ns),
+            refused: Mutex::default(),
             config,
             plane,
         }
@@ -149,7 +175,13 @@ impl<P: ControlPlane> Controller<P> {
             .list(&ListParams::default().labels(&template.secret_selector()))
             .await
             .map_err(Error::api(format!("list job token secrets in {ns}")))?;
+        let declarations = self
+            .declarations
+            .list(&ListParams::default().labels(&declare::selector(&template.instance)))
+            .await
+            .map_err(Error::api(format!("list job declarations (configmaps) in {ns}")))?;
         let desired = self.plane.desired();
+        let declared = self.plane.declared();
         let mut pass =
             Pass { resource_version: pods.metadata.resource_version.unwrap_or_default(), ..Pass::default() };
         // The lists took time: act only if this node still leads.
@@ -159,7 +191,11 @@ impl<P: ControlPlane> Controller<P> {
         let observed: Vec<ObservedPod> = pods.items.iter().filter_map(ObservedPod::from_pod).collect();
         let observed_secrets: Vec<ObservedSecret> =
             secrets.items.iter().filter_map(ObservedSecret::from_secret).collect();
-        for action in decide(template, &desired, &observed, &observed_secrets) {
+        let observed_declarations: Vec<ObservedDeclaration> =
+            declarations.items.iter().filter_map(ObservedDeclaration::from_config_map).collect();
+        let mut actions = decide_declarations(&observed_declarations, &declared);
+        actions.extend(decide(template, &desired, &observed, &observed_secrets));
+        for action in actions {
             self.act(action, &mut pass).await;
         }
         Ok(pass)
@@ -219,10 +255,42 @@ impl<P: ControlPlane> Controller<P> {
                 self.plane.fail(&job_id, &reason).await;
                 Ok(())
             }
+            Action::SubmitJob { source, declaration } => {
+                match self.plane.submit(&source, &declaration).await {
+                    Ok(job_id) => {
+                        tracing::info!(job_id, source, "submitted a declared job");
+                        pass.submitted += 1;
+                        Ok(())
+                    }
+                    Err(reason) => {
+                        self.refuse(&source, &format!("cannot submit the job of {source}: {reason}"));
+                        Ok(())
+                    }
+                }
+            }
+            Action::StopJob { job_id, reason } => {
+                tracing::info!(job_id, "stopping the job: {reason}");
+                self.plane.stop(&job_id, &reason).await;
+                pass.stopped += 1;
+                Ok(())
+            }
+            Action::RefuseDeclaration { source, reason } => {
+                self.refuse(&source, &reason);
+                Ok(())
+            }
         };
         if let Err(e) = result {
             tracing::warn!("controller: {e}; retrying on the next pass");
             pass.failed += 1;
+        }
+    }
+}
+
+impl<P> Controller<P> {
+    /// Logs a refused declaration the first time only: the next passes see it again.
+    fn refuse(&self, source: &str, reason: &str) {
+        if self.refused.lock().unwrap_or_else(|e| e.into_inner()).insert(source.to_string()) {
+            tracing::warn!(source, "controller: {reason}");
         }
     }
 }

@@ -108,7 +108,7 @@ impl TpuSlice {
         let chips: u32 = dims.iter().product();
         let single_host = matches!(accelerator, "tpu-v6e-slice" | "tpu-v5-lite-podslice") && chips <= 8;
         let per_host = chips_per_host.unwrap_or(if single_host { chips } else { chips.min(4) });
-        if per_host == 0 || chips % per_host != 0 {
+        if per_host == 0 || !chips.is_multiple_of(per_host) {
             return Err(Error::Slice {
                 field: "chips_per_host",
                 reason: format!("{per_host} does not divide the {chips} chips of a {topology} slice"),
@@ -340,8 +340,9 @@ impl WorkerTemplate {
 
 impl WorkerTemplate {
     /// A job's token Secret and the pods of the first attempt of every slice, as YAML documents
-    /// (each one JSON, which YAML reads): what the controller would create, for review or for
-    /// GitOps (`podctl launch --render`).
+    /// (each one JSON, which YAML reads): what the controller would create, for review (the
+    /// chart's tests validate it against the Kubernetes schemas). GitOps declares the job
+    /// instead ([`crate::declare`]): the pods are the controller's.
     pub fn render(&self, job: &DesiredJob) -> String {
         let mut docs =
             vec![serde_json::to_string_pretty(&self.token_secret(job)).expect("a Secret serializes")];

@@ -4,13 +4,15 @@
 //! [`Plane`] implements [`controller::ControlPlane`] over the node's replicated state and the
 //! leader's memory. A pod the controller reports lost marks its workers `Preempted` in the
 //! leader's memory, exactly as a worker's own SIGTERM notice does, so the recovery path
-//! (`decide::decide_generation`) is the same one. The loop runs on every node but acts only on
-//! the leader whose memory is ready ([`crate::node::Ctx::require_leader`]).
+//! (`decide::decide_generation`) is the same one. A declared job (`controller::declare`) is
+//! submitted as `Jobs.Submit` would, with its source recorded; the state machine keeps one job
+//! per source. The loop runs on every node but acts only on the leader whose memory is ready
+//! ([`crate::node::Ctx::require_leader`]).
 
 use crate::decide::Out;
 use crate::node::Ctx;
 use crate::state::{Command, Job};
-use controller::{ControlPlane, DesiredJob, Registration};
+use controller::{ControlPlane, Declaration, DeclaredJob, DesiredJob, Registration};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::future::Future;
@@ -117,6 +119,57 @@ impl ControlPlane for Plane {
         async move {
             if let Err(status) = ctx.propose(command).await {
                 tracing::warn!("controller: cannot fail the job: {}", status.message());
+            }
+        }
+    }
+
+    fn declared(&self) -> Vec<DeclaredJob> {
+        self.0.shared.read(|s| {
+            s.jobs
+                .values()
+                .filter(|j| !j.source.is_empty())
+                .map(|j| DeclaredJob {
+                    source: j.source.clone(),
+                    job_id: j.id.clone(),
+                    running: !j.state.is_terminal(),
+                })
+                .collect()
+        })
+    }
+
+    fn submit(
+        &self,
+        source: &str,
+        declaration: &Declaration,
+    ) -> impl Future<Output = Result<String, String>> + Send {
+        let ctx = self.0.clone();
+        let request = proto::v1::SubmitJobRequest {
+            spec_yaml: declaration.spec_yaml.clone(),
+            bundle_uri: declaration.bundle_uri.clone(),
+            bundle_id: declaration.bundle_id.clone(),
+            checkpoint_uri: String::new(),
+        };
+        let source = source.to_string();
+        async move {
+            crate::grpc::submit_job(&ctx, request, source)
+                .await
+                .map(|submitted| submitted.job_id)
+                .map_err(|status| status.message().to_string())
+        }
+    }
+
+    fn stop(&self, job_id: &str, reason: &str) -> impl Future<Output = ()> + Send {
+        let ctx = self.0.clone();
+        let job = ctx.shared.read(|s| s.jobs.get(job_id).cloned());
+        let reason = reason.to_string();
+        async move {
+            let Some(job) = job else { return };
+            if let Err(status) = crate::grpc::stop_job(&ctx, &job).await {
+                tracing::warn!(
+                    job_id = job.id,
+                    "controller: cannot stop the job ({reason}): {}",
+                    status.message()
+                );
             }
         }
     }

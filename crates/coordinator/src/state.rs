@@ -213,6 +213,9 @@ pub struct Job {
     pub checkpoint_uri: String,
     /// SHA-256 (hex) of the job token; the token itself is never stored.
     pub token_sha256: String,
+    /// The Kubernetes declaration it came from; empty when submitted through the API.
+    #[serde(default)]
+    pub source: String,
     /// Where it is in its life.
     pub state: JobState,
     /// Why it failed, or what it waits for.
@@ -311,6 +314,10 @@ pub struct SubmitJob {
     pub token_sha256: String,
     /// When.
     pub unix: f64,
+    /// The Kubernetes declaration it comes from (`configmap/<name>/<uid>`); empty for a job
+    /// submitted through the API. At most one job per declaration.
+    #[serde(default)]
+    pub source: String,
 }
 
 /// A registration.
@@ -661,6 +668,12 @@ impl ClusterState {
     }
 
     fn submit(&mut self, submit: SubmitJob) -> Response {
+        // A declaration submits once, whichever leader proposed it and however often.
+        if !submit.source.is_empty()
+            && let Some(job) = self.jobs.values().find(|j| j.source == submit.source)
+        {
+            return Response::JobSubmitted { job_id: job.id.clone() };
+        }
         if self.jobs.len() >= MAX_JOBS {
             return refused(format!("the cluster holds {MAX_JOBS} jobs; remove finished ones first"));
         }
@@ -674,6 +687,7 @@ impl ClusterState {
             bundle_id: submit.bundle_id,
             checkpoint_uri: submit.checkpoint_uri,
             token_sha256: submit.token_sha256,
+            source: submit.source.clone(),
             state: JobState::Pending,
             message: "waiting for workers".into(),
             submitted_unix: submit.unix,
@@ -687,7 +701,11 @@ impl ClusterState {
             checkpoints: Vec::new(),
             events: VecDeque::new(),
         };
-        job.event(submit.unix, "submitted", String::new());
+        let detail = match submit.source.is_empty() {
+            true => String::new(),
+            false => format!("declared by {}", submit.source),
+        };
+        job.event(submit.unix, "submitted", detail);
         self.jobs.insert(id.clone(), job);
         Response::JobSubmitted { job_id: id }
     }
@@ -769,6 +787,7 @@ pub(crate) mod tests {
             checkpoint_uri: "file:///tmp/c".into(),
             token_sha256: "ab".into(),
             unix: 1.0,
+            source: String::new(),
         }));
         match state.apply(command) {
             Response::JobSubmitted { job_id } => job_id,
@@ -843,6 +862,34 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_declaration_submits_one_job_however_often_it_is_proposed() {
+        let mut state = ClusterState::default();
+        let declared = |source: &str| {
+            Command::SubmitJob(Box::new(SubmitJob {
+                shape: shape(1, 2),
+                spec_yaml: String::new(),
+                bundle_uri: String::new(),
+                bundle_id: "00".into(),
+                checkpoint_uri: String::new(),
+                token_sha256: String::new(),
+                unix: 0.0,
+                source: source.into(),
+            }))
+        };
+        let first = state.apply(declared("configmap/a/u1"));
+        assert_eq!(first, Response::JobSubmitted { job_id: "demo-1".into() });
+        // Two leaders, or one retrying after a lost answer: the same job.
+        assert_eq!(state.apply(declared("configmap/a/u1")), first);
+        assert_eq!(state.jobs.len(), 1);
+        assert_eq!(state.jobs["demo-1"].events[0].detail, "declared by configmap/a/u1");
+        // Another declaration, or the same name applied again (a new uid): a new job.
+        assert_eq!(
+            state.apply(declared("configmap/a/u2")),
+            Response::JobSubmitted { job_id: "demo-2".into() }
+        );
+    }
+
+    #[test]
     fn a_checkpointing_job_completes_with_its_final_checkpoint() {
         let mut state = ClusterState::default();
         let mut submit_shape = shape(1, 2);
@@ -855,6 +902,7 @@ pub(crate) mod tests {
             checkpoint_uri: String::new(),
             token_sha256: String::new(),
             unix: 0.0,
+            source: String::new(),
         }))) {
             Response::JobSubmitted { job_id } => job_id,
             other => panic!("{other:?}"),

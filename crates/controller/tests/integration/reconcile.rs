@@ -1,7 +1,8 @@
 //! The reconcile loop against a Kubernetes API server on loopback.
 
 use controller::{
-    ControlPlane, Controller, ControllerConfig, DesiredJob, Registration, TpuSlice, WorkerTemplate,
+    ControlPlane, Controller, ControllerConfig, Declaration, DeclaredJob, DesiredJob, Registration, TpuSlice,
+    WorkerTemplate,
 };
 use kube_mock::MockApi;
 use std::collections::BTreeSet;
@@ -18,6 +19,8 @@ struct Plane {
     jobs: Mutex<Vec<DesiredJob>>,
     lost: Mutex<Vec<(String, Vec<String>, String)>>,
     failed: Mutex<Vec<(String, String)>>,
+    declared: Mutex<Vec<DeclaredJob>>,
+    stopped: Mutex<Vec<(String, String)>>,
 }
 
 impl ControlPlane for Plane {
@@ -33,6 +36,27 @@ impl ControlPlane for Plane {
     async fn fail(&self, job_id: &str, reason: &str) {
         self.failed.lock().unwrap().push((job_id.into(), reason.into()));
         self.jobs.lock().unwrap().iter_mut().filter(|j| j.id == job_id).for_each(|j| j.running = false);
+    }
+    fn declared(&self) -> Vec<DeclaredJob> {
+        self.declared.lock().unwrap().clone()
+    }
+    async fn submit(&self, source: &str, declaration: &Declaration) -> Result<String, String> {
+        if declaration.spec_yaml.contains("refuse me") {
+            return Err("job spec field `steps`: must be at least 1".into());
+        }
+        let mut declared = self.declared.lock().unwrap();
+        let job_id = format!("declared-{}", declared.len() + 1);
+        declared.push(DeclaredJob { source: source.into(), job_id: job_id.clone(), running: true });
+        Ok(job_id)
+    }
+    async fn stop(&self, job_id: &str, reason: &str) {
+        self.stopped.lock().unwrap().push((job_id.into(), reason.into()));
+        self.declared
+            .lock()
+            .unwrap()
+            .iter_mut()
+            .filter(|j| j.job_id == job_id)
+            .for_each(|j| j.running = false);
     }
 }
 
@@ -228,4 +252,40 @@ async fn a_follower_does_nothing_and_a_misfit_job_fails() {
     assert_eq!(failed.len(), 1);
     assert!(failed[0].1.contains("uses 8 devices") && failed[0].1.contains("have 16 chips"), "{failed:?}");
     assert!(api.requests().is_empty(), "{:?}", api.requests());
+}
+
+#[tokio::test]
+async fn declared_jobs_are_submitted_once_and_stopped_when_their_declaration_goes() {
+    let api = MockApi::start().await;
+    let plane = Plane::leading(DesiredJob { running: false, ..job("llm-1", 1) });
+    let controller = Controller::new(api.client(NS), config("2x4"), plane.clone());
+    let declaration = |spec: &str| Declaration {
+        spec_yaml: spec.into(),
+        bundle_uri: "gs://b/runs/bundles/ab12".into(),
+        bundle_id: "ab12".into(),
+    };
+    api.put("configmaps", declaration("name: a\n").config_map("podctl-job-a", Some(NS), "podctl"));
+    // Another install's declaration is not this controller's.
+    api.put("configmaps", declaration("name: b\n").config_map("other-job-b", Some(NS), "other"));
+    api.put("configmaps", declaration("refuse me").config_map("podctl-job-bad", Some(NS), "podctl"));
+
+    let pass = controller.pass().await.unwrap();
+    assert_eq!(pass.submitted, 1);
+    let declared = plane.declared();
+    assert_eq!(declared.len(), 1);
+    assert!(declared[0].source.starts_with("configmap/podctl-job-a/"), "{declared:?}");
+    // Passes after that submit nothing: the job is known (the refused one is retried, quietly).
+    for _ in 0..3 {
+        assert_eq!(controller.pass().await.unwrap().submitted, 0);
+    }
+    assert_eq!(plane.declared().len(), 1);
+
+    api.delete("configmaps", NS, "podctl-job-a");
+    let pass = controller.pass().await.unwrap();
+    assert_eq!(pass.stopped, 1);
+    assert_eq!(
+        plane.stopped.lock().unwrap().clone(),
+        [("declared-1".to_string(), "its declaration, configmap podctl-job-a, was deleted".to_string())]
+    );
+    assert_eq!(controller.pass().await.unwrap().stopped, 0);
 }

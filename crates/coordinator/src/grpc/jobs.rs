@@ -150,6 +150,46 @@ fn status_now(ctx: &Ctx, job_id: &str) -> Option<JobStatus> {
     Some(job_status(ctx, &job, live.as_ref()))
 }
 
+/// Submits a job on the leader: checks the spec, derives its shape, proposes it. `source` is the
+/// Kubernetes declaration it comes from (empty through the API); the state machine keeps one job
+/// per declaration.
+pub(crate) async fn submit_job(
+    ctx: &Ctx,
+    request: SubmitJobRequest,
+    source: String,
+) -> Result<SubmitJobResponse, Status> {
+    let SubmitJobRequest { spec_yaml, bundle_uri, bundle_id, checkpoint_uri } = request;
+    let spec = job::JobSpec::from_yaml(&spec_yaml, std::path::Path::new("<submitted spec>"))
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let checkpoint_uri =
+        if checkpoint_uri.is_empty() { spec.checkpoint_uri().unwrap_or_default() } else { checkpoint_uri };
+    let token = new_token()?;
+    let submit = SubmitJob {
+        shape: shape_of(&spec)?,
+        spec_yaml,
+        bundle_uri,
+        bundle_id,
+        checkpoint_uri,
+        token_sha256: hex::encode(Sha256::digest(token.as_bytes())),
+        unix: unix_now(),
+        source,
+    };
+    match ctx.propose(Command::SubmitJob(Box::new(submit))).await? {
+        Applied::JobSubmitted { job_id } => Ok(SubmitJobResponse { job_id, job_token: token }),
+        Applied::Refused { reason } => Err(Status::resource_exhausted(reason)),
+        other => Err(Status::internal(format!("unexpected answer to a submission: {other:?}"))),
+    }
+}
+
+/// Stops a job on the leader unless it already ended; its state after.
+pub(crate) async fn stop_job(ctx: &Ctx, job: &Job) -> Result<proto::v1::JobState, Status> {
+    if !job.state.is_terminal() {
+        ctx.propose(Command::StopJob { job_id: job.id.clone(), unix: unix_now() }).await?;
+        broadcast_in_force(ctx, &job.id);
+    }
+    Ok(ctx.shared.read(|s| s.jobs.get(&job.id).map(|j| j.state.to_proto())).unwrap_or_default())
+}
+
 #[tonic::async_trait]
 impl Jobs for JobsService {
     async fn submit(
@@ -159,31 +199,7 @@ impl Jobs for JobsService {
         let ctx = &self.0;
         caller(ctx, &request)?.require_admin("submitting a job")?;
         ctx.require_leader()?;
-        let SubmitJobRequest { spec_yaml, bundle_uri, bundle_id, checkpoint_uri } = request.into_inner();
-        let spec = job::JobSpec::from_yaml(&spec_yaml, std::path::Path::new("<submitted spec>"))
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let checkpoint_uri = if checkpoint_uri.is_empty() {
-            spec.checkpoint_uri().unwrap_or_default()
-        } else {
-            checkpoint_uri
-        };
-        let token = new_token()?;
-        let submit = SubmitJob {
-            shape: shape_of(&spec)?,
-            spec_yaml,
-            bundle_uri,
-            bundle_id,
-            checkpoint_uri,
-            token_sha256: hex::encode(Sha256::digest(token.as_bytes())),
-            unix: unix_now(),
-        };
-        match ctx.propose(Command::SubmitJob(Box::new(submit))).await? {
-            Applied::JobSubmitted { job_id } => {
-                Ok(Response::new(SubmitJobResponse { job_id, job_token: token }))
-            }
-            Applied::Refused { reason } => Err(Status::resource_exhausted(reason)),
-            other => Err(Status::internal(format!("unexpected answer to a submission: {other:?}"))),
-        }
+        Ok(Response::new(submit_job(ctx, request.into_inner(), String::new()).await?))
     }
 
     async fn get(&self, request: Request<GetJobRequest>) -> Result<Response<JobStatus>, Status> {
@@ -261,11 +277,7 @@ impl Jobs for JobsService {
         let who = caller(ctx, &request)?;
         ctx.require_leader()?;
         let job = find_job(ctx, &who, &request.get_ref().job_id)?;
-        if !job.state.is_terminal() {
-            ctx.propose(Command::StopJob { job_id: job.id.clone(), unix: unix_now() }).await?;
-            broadcast_in_force(ctx, &job.id);
-        }
-        let state = ctx.shared.read(|s| s.jobs.get(&job.id).map(|j| j.state.to_proto())).unwrap_or_default();
+        let state = stop_job(ctx, &job).await?;
         Ok(Response::new(StopJobResponse { state: state as i32 }))
     }
 

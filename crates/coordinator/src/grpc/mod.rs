@@ -16,6 +16,8 @@ mod kv;
 mod raft_service;
 mod workers;
 
+pub(crate) use jobs::{stop_job, submit_job};
+
 use crate::node::Ctx;
 use crate::state::Job;
 use proto::v1::{

@@ -209,3 +209,70 @@ async fn a_laptop_reaches_the_coordinator_through_port_forwards_with_tls() {
     assert_eq!(laptop.get_job(&submitted.job_id).await.unwrap().job_id, submitted.job_id);
     node.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_job_is_submitted_once_and_its_deletion_stops_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, addr) = embedded(dir.path(), None, false).await;
+    let api = MockApi::start().await;
+    let template = WorkerTemplate {
+        namespace: NS.into(),
+        instance: "podctl".into(),
+        image: "ghcr.io/podctl/podctl-worker:0.1.0".into(),
+        coordinator: addr.clone(),
+        slice: TpuSlice::new("tpu-v6e-slice", "1x1", None).unwrap(),
+        spot: false,
+        grace_period_seconds: 30,
+        service_account: None,
+        subdomain: "podctl-workers".into(),
+        tls_secret: None,
+    };
+    // Two controllers acting at once (a leader and one that still believes it leads) see the
+    // same declaration: the state machine keeps one job per declaration.
+    let mut controllers = Vec::new();
+    let (stop, _) = tokio::sync::watch::channel(false);
+    for _ in 0..2 {
+        let config = ControllerConfig { template: template.clone(), resync: Duration::from_millis(100) };
+        let controller = Controller::new(api.client(NS), config, Arc::new(Plane(node.ctx())));
+        let mut stopped = stop.subscribe();
+        controllers.push(tokio::spawn(controller.run(async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        })));
+    }
+
+    let declaration = controller::Declaration {
+        spec_yaml: spec("declared", 2, 100_000, None, dir.path()),
+        bundle_uri: "gs://bucket/runs/bundles/00ff00ff".into(),
+        bundle_id: "00ff00ff".into(),
+    };
+    api.put("configmaps", declaration.config_map("podctl-job-declared", Some(NS), "podctl"));
+    let admin = client(vec![addr], ADMIN, None);
+    let job = eventually("the declared job", Duration::from_secs(10), || async {
+        admin.list_jobs().await.ok()?.into_iter().find(|j| j.name == "declared")
+    })
+    .await;
+    assert_eq!(job.state(), JobState::Pending);
+    let pods = vec![format!("{}-s0-a0-h0", job.job_id), format!("{}-s1-a0-h0", job.job_id)];
+    eventually("its pods", Duration::from_secs(10), || async { (live_pods(&api) == pods).then_some(()) })
+        .await;
+    // Many passes of both controllers later, still one job.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let jobs = admin.list_jobs().await.unwrap();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+
+    // A GitOps prune: the job stops, its pods go.
+    api.delete("configmaps", NS, "podctl-job-declared");
+    eventually("the job stopped", Duration::from_secs(10), || async {
+        (admin.get_job(&job.job_id).await.ok()?.state() == JobState::Stopped).then_some(())
+    })
+    .await;
+    eventually("the pods deleted", Duration::from_secs(10), || async {
+        live_pods(&api).is_empty().then_some(())
+    })
+    .await;
+    let _ = stop.send(true);
+    for controller in controllers {
+        controller.await.unwrap();
+    }
+    node.stop().await.unwrap();
+}
