@@ -166,6 +166,7 @@ fn preempted_and_killed_workers_change_nothing_in_the_parameters() {
     // Total loss: every worker at once. The launcher starts new ones, which restore the last
     // committed checkpoint; the steps after it are computed again, to the same bits.
     let pids: Vec<i32> = (0..2).map(|s| pid_of(&chaos, s).unwrap()).collect();
+    let total_loss_at = committed_steps(&chaos) as u64;
     for &pid in &pids {
         signal(pid, "KILL");
     }
@@ -188,17 +189,24 @@ fn preempted_and_killed_workers_change_nothing_in_the_parameters() {
     }
     assert_eq!(final_digest(&calm, STEPS), final_digest(&chaos, STEPS), "the final states differ");
     let events = jsonl(&run_dir(&chaos).join("events.jsonl"));
-    let generations: Vec<_> = events.iter().filter(|e| e["kind"] == "generation").collect();
-    for g in &generations {
-        println!("generation event at step {}: {}", g["step"], g["detail"]);
+    for e in &events {
+        println!("event at step {}: {} {}", e["step"], e["kind"], e["detail"]);
     }
+    let generations: Vec<_> = events.iter().filter(|e| e["kind"] == "generation").collect();
     assert!(generations.len() >= 4, "a generation for the start and for each failure: {generations:?}");
     // What an operator reads afterwards: each failure, how long until the job re-formed, and
-    // how many committed steps it cost.
-    let kinds: Vec<&str> = events.iter().map(|e| e["kind"].as_str().unwrap()).collect();
-    for kind in ["preemption", "lease_expired"] {
-        assert!(kinds.contains(&kind), "events.jsonl names no {kind}: {kinds:?}");
-    }
+    // how many committed steps it cost. The SIGKILL is found by its lease or, sooner, by a
+    // peer whose all-reduce broke off; which comes first depends on timing.
+    let reasons: Vec<String> = events
+        .iter()
+        .filter(|e| ["preemption", "lease_expired", "recovery"].contains(&e["kind"].as_str().unwrap()))
+        .map(|e| e["detail"]["reason"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(reasons.iter().any(|r| r.contains("preempted")), "no preemption in events.jsonl: {reasons:?}");
+    assert!(
+        reasons.iter().any(|r| r.contains("lease expired") || r.contains("named lost")),
+        "no silent loss found in events.jsonl: {reasons:?}"
+    );
     for (i, failure) in events.iter().enumerate() {
         let kind = failure["kind"].as_str().unwrap();
         if !["preemption", "lease_expired", "recovery"].contains(&kind) {
@@ -216,7 +224,11 @@ fn preempted_and_killed_workers_change_nothing_in_the_parameters() {
     for plot in ["loss.png", "step_time.png", "timeline.png"] {
         assert!(run_dir(&chaos).join(plot).exists(), "no {plot} in the run directory");
     }
-    let last = generations.last().unwrap();
-    let restart = last["detail"]["start_step"].as_u64().unwrap();
-    assert!(restart > 0 && restart % 5 == 0, "the restart resumed from a checkpoint: {last}");
+    // After the total loss the job re-formed from a checkpoint (a replacement that joins later
+    // may form further generations from a live peer, at any step).
+    let restored = generations.iter().any(|g| {
+        let start = g["detail"]["start_step"].as_u64().unwrap();
+        g["step"].as_u64().unwrap() >= total_loss_at && start > 0 && start % 5 == 0
+    });
+    assert!(restored, "no generation after step {total_loss_at} resumed from a checkpoint: {generations:?}");
 }
