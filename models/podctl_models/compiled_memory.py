@@ -64,8 +64,9 @@ def compile_stats(bundle: Path, program: str, topology_name: str = "v6e:2x4",
     mesh = Mesh(np.array(topology.devices).reshape(sizes), names)
 
     def sharding(tensor):
-        return NamedSharding(mesh, P(*[axes[0] if axes else None for axes in tensor["sharding"]]),
-                             memory_kind=tensor.get("memory_kind"))
+        spec = [None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
+                for axes in tensor["sharding"]]
+        return NamedSharding(mesh, P(*spec), memory_kind=tensor.get("memory_kind"))
 
     inputs, outputs = entry["inputs"], entry["outputs"]
     jitted = jax.jit(exported.call, in_shardings=tuple(sharding(t) for t in inputs),

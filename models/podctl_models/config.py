@@ -14,6 +14,10 @@ from dataclasses import dataclass
 # The names of the ICI mesh axes the model shards over; a bundle's mesh always has both, major
 # first, so every sharding in the manifest names axes the mesh has.
 MESH_AXES = ("fsdp", "tp")
+# An optional sequence axis (a bundle has it only when asked for): activations split their time
+# dimension over it, parameters are split over `fsdp` and `sp` together. SFT only, for measuring
+# what it buys (models/scripts/sequence_axis.py); podctl does not run such bundles.
+SEQUENCE_AXIS = "sp"
 
 DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "dots", "full")
@@ -267,7 +271,7 @@ class MeshConfig:
         return n
 
     def size(self, name: str) -> int:
-        return dict(self.axes)[name]
+        return dict(self.axes).get(name, 1)
 
     def to_json(self) -> list:
         return [{"name": name, "size": size} for name, size in self.axes]
@@ -281,9 +285,10 @@ def parse_mesh(text: str) -> MeshConfig:
         name = name.strip()
         if not sep:
             raise ConfigError(f"mesh = {text!r}: write axes as name=size, e.g. fsdp=2,tp=2")
-        if name not in MESH_AXES:
+        if name not in MESH_AXES + (SEQUENCE_AXIS,):
             raise ConfigError(
-                f"mesh = {text!r}: axis {name!r} is unknown; the axes are {', '.join(MESH_AXES)}")
+                f"mesh = {text!r}: axis {name!r} is unknown; the axes are "
+                f"{', '.join(MESH_AXES + (SEQUENCE_AXIS,))}")
         if any(name == seen for seen, _ in axes):
             raise ConfigError(f"mesh = {text!r}: axis {name!r} appears twice")
         try:
@@ -302,15 +307,19 @@ def parse_mesh(text: str) -> MeshConfig:
 
 def check_mesh_fits(model: ModelConfig, train: TrainConfig, mesh: MeshConfig) -> None:
     """Refuses a mesh that does not split every sharded dimension into equal shards."""
-    fsdp, tp = mesh.size("fsdp"), mesh.size("tp")
+    fsdp, tp, sp = mesh.size("fsdp"), mesh.size("tp"), mesh.size(SEQUENCE_AXIS)
     checks = [
         ("model.num_heads", model.num_heads, "tp", tp),
         ("model.num_kv_heads", model.num_kv_heads, "tp", tp),
         ("model.intermediate_size", model.intermediate_size, "tp", tp),
         ("model.vocab_size", model.vocab_size, "tp", tp),
-        ("model.hidden_size", model.hidden_size, "fsdp", fsdp),
+        ("model.hidden_size", model.hidden_size, "fsdp x sp", fsdp * sp),
         ("train.micro_batch", train.micro_batch, "fsdp", fsdp),
+        ("train.seq_len", train.seq_len, "sp", sp),
     ]
+    if SEQUENCE_AXIS in mesh.names and (train.kind != "sft" or train.lora_rank):
+        raise ConfigError(f"mesh axis {SEQUENCE_AXIS!r}: only plain SFT bundles take a sequence "
+                          f"axis (it is for measurement); drop it")
     for field, value, axis, size in checks:
         if value % size:
             raise ConfigError(

@@ -175,7 +175,7 @@ def export_programs(cfg: BundleConfig) -> dict[str, ExportedProgram]:
 
 
 def manifest(cfg: BundleConfig, programs: dict[str, ExportedProgram]) -> dict:
-    param_specs = trainable_specs(cfg.model, cfg.train)
+    param_specs = trainable_specs(cfg.model, cfg.train, cfg.mesh.names)
     params = [TensorSpec(f"params/{s.path}", s.shape, cfg.train.param_dtype, s.spec).manifest()
               for s in param_specs]
     frozen = [t.manifest() for t in frozen_tensors(cfg.model, cfg.train)]
@@ -246,7 +246,8 @@ def summary(cfg: BundleConfig, document: dict) -> str:
              + ",".join(f"{n}={s}" for n, s in cfg.mesh.axes) + f", platform {cfg.platform}"]
     for name, entry in document["programs"].items():
         tensors = [TensorSpec(t["name"], tuple(t["shape"]), t["dtype"],
-                              tuple(a[0] if a else None for a in t["sharding"]))
+                              tuple(None if not a else a[0] if len(a) == 1 else tuple(a)
+                                    for a in t["sharding"]))
                    for t in entry["inputs"]]
         total = sum(t.nbytes for t in tensors)
         per_device = sum(t.shard_bytes(sizes) for t in tensors)

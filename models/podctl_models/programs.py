@@ -44,12 +44,15 @@ class TensorSpec:
 
     def shard_bytes(self, mesh_sizes: dict[str, int]) -> int:
         """Bytes of one device's shard."""
-        shards = math.prod(mesh_sizes[axis] for axis in self.spec if axis is not None)
+        axes = [a for axis in self.spec if axis is not None
+                for a in (axis if isinstance(axis, tuple) else (axis,))]
+        shards = math.prod(mesh_sizes[a] for a in axes)
         return self.nbytes // shards
 
     def manifest(self, donated: bool | None = None) -> dict:
         entry = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
-                 "sharding": [[] if axis is None else [axis] for axis in self.spec]}
+                 "sharding": [[] if axis is None else list(axis) if isinstance(axis, tuple)
+                              else [axis] for axis in self.spec]}
         if donated is not None:
             entry["donated"] = donated
         if self.memory_kind is not None:
@@ -79,7 +82,7 @@ def build_programs(model: ModelConfig, train: TrainConfig, opt: OptimizerConfig,
     `mesh` (a Mesh or AbstractMesh) enables activation sharding constraints; None is for plain
     single-device use.
     """
-    specs = trainable_specs(model, train)
+    specs = trainable_specs(model, train, () if mesh is None else mesh.axis_names)
     paths = [s.path for s in specs]
     decay = {s.path: s.decays for s in specs}
     pdtype = train.param_dtype
@@ -181,9 +184,12 @@ class OffloadChain:
         return m, v
 
 
-def trainable_specs(model: ModelConfig, train: TrainConfig) -> list[qwen3.ParamSpec]:
-    """What gets gradients and AdamW state: every parameter, or only LoRA's adapters."""
-    return qwen3.lora_specs(model, train) if train.lora_rank else qwen3.param_specs(model)
+def trainable_specs(model: ModelConfig, train: TrainConfig,
+                    mesh_names=()) -> list[qwen3.ParamSpec]:
+    """What gets gradients and AdamW state: every parameter, or only LoRA's adapters (split over
+    `fsdp` and `sp` together on a mesh with a sequence axis)."""
+    specs = qwen3.lora_specs(model, train) if train.lora_rank else qwen3.param_specs(model)
+    return qwen3.with_sequence_axis(specs, mesh_names)
 
 
 def frozen_tensors(model: ModelConfig, train: TrainConfig) -> tuple[TensorSpec, ...]:

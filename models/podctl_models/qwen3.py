@@ -127,16 +127,32 @@ def init_params(model: ModelConfig, seed: jax.Array, dtype: Any) -> Params:
     return params
 
 
+# The time dimension of an activation: split over the mesh's sequence axis when it has one.
+SEQ = "seq"
+
+
 class Sharder:
-    """Applies activation sharding constraints on `mesh`; does nothing without a mesh."""
+    """Applies activation sharding constraints on `mesh`; does nothing without a mesh. A `SEQ`
+    entry is the sequence axis (`sp`) when the mesh has one, unsplit otherwise."""
 
     def __init__(self, mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh | None):
         self.mesh = mesh
+        self.seq = "sp" if mesh is not None and "sp" in mesh.axis_names else None
 
     def __call__(self, x: jax.Array, *spec: str | None) -> jax.Array:
         if self.mesh is None:
             return x
+        spec = tuple(self.seq if axis == SEQ else axis for axis in spec)
         return lax.with_sharding_constraint(x, NamedSharding(self.mesh, P(*spec)))
+
+
+def with_sequence_axis(specs: list[ParamSpec], mesh_names) -> list[ParamSpec]:
+    """`specs` with every `fsdp` split over `fsdp` and `sp` together when the mesh has `sp`."""
+    if "sp" not in mesh_names:
+        return specs
+    joint = ("fsdp", "sp")
+    return [ParamSpec(s.path, s.shape, tuple(joint if a == "fsdp" else a for a in s.spec),
+                      s.init_std, s.layer_rank) for s in specs]
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -191,7 +207,8 @@ def project_qkv(x, layer, cos, sin, model: ModelConfig, shard: Sharder):
     q = project(x, layer, "layers/q_proj").reshape(batch, seq, kv, group, hd)
     k = project(x, layer, "layers/k_proj").reshape(batch, seq, kv, hd)
     v = project(x, layer, "layers/v_proj").reshape(batch, seq, kv, hd)
-    q = shard(q, "fsdp", None, "tp", None, None)
+    # Queries keep their time split over the sequence axis; keys and values are gathered whole.
+    q = shard(q, "fsdp", SEQ, "tp", None, None)
     k = shard(k, "fsdp", None, "tp", None)
     v = shard(v, "fsdp", None, "tp", None)
     q = apply_rope(rms_norm(q, layer["layers/q_norm"], model.rms_norm_eps), cos, sin)
@@ -231,8 +248,8 @@ def attend(q, k, v, mask, layer):
 
 
 def mlp(x, layer, shard: Sharder):
-    gate = shard(project(x, layer, "layers/gate_proj"), "fsdp", None, "tp")
-    up = shard(project(x, layer, "layers/up_proj"), "fsdp", None, "tp")
+    gate = shard(project(x, layer, "layers/gate_proj"), "fsdp", SEQ, "tp")
+    up = shard(project(x, layer, "layers/up_proj"), "fsdp", SEQ, "tp")
     return project(jax.nn.silu(gate) * up, layer, "layers/down_proj")
 
 
@@ -277,7 +294,7 @@ def hidden_states(params: Params, tokens: jax.Array, model: ModelConfig, train: 
     shard = Sharder(mesh)
     dtype = jnp.dtype(train.compute_dtype)
     x = jnp.take(params["embed"], tokens, axis=0).astype(dtype)
-    x = shard(x, "fsdp", None, None)
+    x = shard(x, "fsdp", SEQ, None)
     seq = tokens.shape[1]
     impl = train.attention
     if impl == "xla":
@@ -305,9 +322,9 @@ def hidden_states(params: Params, tokens: jax.Array, model: ModelConfig, train: 
         q, k, v = project_qkv(h, layer, cos, sin, model, shard)
         out = attention(q, k, v)
         out = project(out.reshape(*out.shape[:2], -1), layer, "layers/o_proj")
-        x = shard(x + out, "fsdp", None, None)
+        x = shard(x + out, "fsdp", SEQ, None)
         h = rms_norm(x, layer["layers/post_norm"], model.rms_norm_eps)
-        x = shard(x + mlp(h, layer, shard), "fsdp", None, None)
+        x = shard(x + mlp(h, layer, shard), "fsdp", SEQ, None)
         return x, ((k, v) if return_kv else None)
 
     if train.remat != "none":

@@ -16,7 +16,7 @@ from podctl_models.config import ConfigError, OptimizerConfig, TrainConfig, pres
 from podctl_models.export import BundleConfig, export_programs, manifest, resolve, write_bundle
 from podctl_models.programs import TensorSpec, build_programs
 
-from conftest import MESH_2X2, arithmetic_batch
+from conftest import MESH_2X2, arithmetic_batch, assert_close_to_scale
 
 
 def _qkv(seed, b=2, t=24, kv=2, g=3, hd=8):
@@ -225,3 +225,25 @@ def test_optimizer_offload_is_refused_on_cpu():
     cfg = BundleConfig(preset("tiny"), TrainConfig(optimizer_offload=True), mesh=MESH_2X2)
     with pytest.raises(ConfigError, match="train.optimizer_offload on platform 'cpu'"):
         cfg.validate()
+
+
+def test_a_sequence_axis_computes_the_same_step():
+    """A mesh with a sequence axis (fsdp=2, sp=2: activations split over time, parameters over
+    fsdp and sp together) gives the grad step of the plain (fsdp=2, tp=2) mesh."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    model, train = preset("tiny"), TrainConfig(micro_batch=4, seq_len=32, loss_chunk=16)
+    tokens, targets, mask = arithmetic_batch(4, 32, seed=9)
+    params = qwen3.init_params(model, jnp.uint32(3), jnp.float32)
+    results = []
+    for axes in (("fsdp", "tp", "sp"), ("fsdp", "sp", "tp")):
+        mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2, 1), axes)
+        program = build_programs(model, train, OptimizerConfig(), mesh)["grad_step"]
+        shardings = tuple(NamedSharding(mesh, P(*t.spec)) for t in program.inputs)
+        flat = [params[s.path] for s in qwen3.param_specs(model)]
+        zeros = [jnp.zeros_like(p) for p in flat]
+        out = jax.jit(program.fn, in_shardings=shardings)(*flat, *zeros, tokens, targets, mask)
+        results.append([np.asarray(x) for x in out])
+    assert any("sp" in str(t.spec) for t in program.inputs)
+    for plain, split in zip(*results):
+        assert_close_to_scale(split, plain, 1e-5)
