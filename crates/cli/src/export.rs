@@ -26,13 +26,28 @@ pub fn export_args(job: &JobSpec, platform: &str) -> Vec<String> {
             ("--lora-base-dtype", lora.base_dtype.to_string()),
         ]);
     }
-    let mut args: Vec<String> = [
+    let mut args = vec![
         ("--preset", job.model.clone()),
         ("--mesh", format!("fsdp={},tp={}", job.mesh.ici.fsdp, job.mesh.ici.tp)),
         ("--micro-batch", job.batch.micro.to_string()),
-        ("--seq-len", job.seq_len.to_string()),
-        ("--remat", t.remat.clone()),
-        ("--loss-chunk", t.loss_chunk.to_string()),
+    ];
+    match &job.grpo {
+        None => args.extend([
+            ("--seq-len", job.seq_len.to_string()),
+            ("--remat", t.remat.clone()),
+            ("--loss-chunk", t.loss_chunk.to_string()),
+        ]),
+        // A GRPO row is prompt + completion (seq_len derived); its log-probs are chunked as
+        // SFT's loss is.
+        Some(g) => args.extend([
+            ("--kind", "grpo".to_string()),
+            ("--prompt-len", g.prompt_len.to_string()),
+            ("--max-new-tokens", g.max_new_tokens.to_string()),
+            ("--remat", t.remat.clone()),
+            ("--logprob-chunk", t.loss_chunk.min(job.seq_len).to_string()),
+        ]),
+    }
+    args.extend([
         ("--param-dtype", t.param_dtype.to_string()),
         ("--compute-dtype", t.compute_dtype.to_string()),
         ("--platform", platform.to_string()),
@@ -41,11 +56,9 @@ pub fn export_args(job: &JobSpec, platform: &str) -> Vec<String> {
         ("--eps", o.eps.to_string()),
         ("--weight-decay", o.weight_decay.to_string()),
         ("--max-grad-norm", o.max_grad_norm.to_string()),
-    ]
-    .into_iter()
-    .chain(levers)
-    .flat_map(|(flag, value)| [flag.to_string(), value])
-    .collect();
+    ]);
+    args.extend(levers);
+    let mut args: Vec<String> = args.into_iter().flat_map(|(flag, value)| [flag.to_string(), value]).collect();
     if t.offload() {
         args.push("--offload-optimizer".into());
     }

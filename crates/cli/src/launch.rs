@@ -63,6 +63,9 @@ pub fn run(
              with --coordinator"
         );
     }
+    if !dry_run {
+        crate::grpo::resolve_init_from(&mut job, connect)?;
+    }
     let bundle = resolve_bundle(&tools, &job)?;
     let manifest = bundle.manifest();
     let count = |tensors: &[bundle::TensorSpec]| -> u64 {
@@ -113,6 +116,9 @@ pub fn run(
         return crate::local::run(&job, &bundle, cluster);
     }
     let plugin = plugin.expect("loaded above: not remote");
+    if job.grpo.is_some() {
+        return crate::grpo::run_local(&job, &bundle, plugin, resume, parameters);
+    }
 
     let spinner =
         spinner(format!("compiling for {} {} devices", job.ici_mesh().num_devices(), manifest.platform));
@@ -221,7 +227,7 @@ fn resolve_bundle(tools: &Toolchain, job: &JobSpec) -> Result<Bundle> {
     Ok(bundle)
 }
 
-fn spinner(message: String) -> ProgressBar {
+pub(crate) fn spinner(message: String) -> ProgressBar {
     let bar = ProgressBar::new_spinner();
     bar.set_message(message);
     bar.enable_steady_tick(Duration::from_millis(120));

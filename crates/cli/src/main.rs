@@ -4,6 +4,7 @@
 mod ckpt;
 mod connect;
 mod export;
+mod grpo;
 mod launch;
 mod local;
 mod logs;

@@ -4,15 +4,16 @@
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use record::{RecordError, RunRecord};
 use serde::Serialize;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::IsTerminal;
 use std::time::Duration;
 use worker::ckpt::CheckpointEvent;
+use worker::grpo::{EvalObserver, EvalReport};
 use worker::{Observer, StepMetrics};
 
 /// One line of `metrics.jsonl`.
 #[derive(Serialize)]
-struct StepLine {
+struct StepLine<'a> {
     step: u64,
     loss: f64,
     learning_rate: f64,
@@ -22,6 +23,8 @@ struct StepLine {
     step_seconds: f64,
     tokens_per_second: f64,
     truncated_rows: u64,
+    #[serde(flatten)]
+    extra: &'a BTreeMap<String, f64>,
 }
 
 /// Shows progress and records each step.
@@ -100,17 +103,24 @@ impl Observer for Progress {
             step_seconds: m.seconds,
             tokens_per_second,
             truncated_rows: m.truncated_rows,
+            extra: &m.extra,
         };
         let written = self.record.step(&line);
         self.keep_first_error(written);
         self.bar.set_position(m.step);
-        self.bar.set_message(format!("loss {:.4} · {}", m.loss, human_rate(tokens_per_second)));
+        // GRPO's loss hovers around 0 by construction: its reward and accuracy say more.
+        let headline = match (m.extra.get("reward"), m.extra.get("accuracy")) {
+            (Some(reward), Some(accuracy)) => {
+                format!("reward {reward:.3} · accuracy {:.1}% · kl {:.4}", 100.0 * accuracy, m.extra["kl"])
+            }
+            _ => format!("loss {:.4}", m.loss),
+        };
+        self.bar.set_message(format!("{headline} · {}", human_rate(tokens_per_second)));
         if !std::io::stderr().is_terminal() && (m.step % self.plain_every == 0 || m.step == self.total) {
             eprintln!(
-                "step {}/{} loss {:.4} lr {:.2e} grad_norm {:.3} {}",
+                "step {}/{} {headline} lr {:.2e} grad_norm {:.3} {}",
                 m.step,
                 self.total,
-                m.loss,
                 m.learning_rate,
                 m.grad_norm,
                 human_rate(tokens_per_second)
@@ -150,6 +160,27 @@ impl Observer for Progress {
             }
         };
         let written = self.record.event(kind, step, detail);
+        self.keep_first_error(written);
+    }
+}
+
+impl EvalObserver for Progress {
+    fn on_eval(&mut self, step: u64, report: &EvalReport) {
+        let when = if step == 0 { "before training".to_string() } else { format!("after step {step}") };
+        self.say(format!(
+            "held-out accuracy {when}: {:.1}% ({} of {} problems, greedy), mean reward {:.3}",
+            100.0 * report.accuracy(),
+            report.correct,
+            report.problems,
+            report.reward
+        ));
+        let detail = serde_json::json!({
+            "accuracy": report.accuracy(),
+            "correct": report.correct,
+            "problems": report.problems,
+            "reward": report.reward,
+        });
+        let written = self.record.event("eval", step, detail);
         self.keep_first_error(written);
     }
 }

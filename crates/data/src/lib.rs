@@ -46,10 +46,17 @@ pub use config::{
 pub use error::DataError;
 pub use jsonl::JsonlSource;
 pub use permutation::EpochPermutation;
-pub use reward::{Reward, RewardWeights, exact_match, extract_final_answer};
+pub use reward::{Reward, RewardWeights, digit_credit, exact_match, extract_final_answer};
 pub use source::{Example, ExampleSource};
 pub use token_file::{TokenDtype, TokenFile};
 pub use tokenizer::{CharTokenizer, HfTokenizer, SpecialTokens, Tokenizer};
+
+/// A well-mixed hash of `words`, order-sensitive (SplitMix64's finalizer over the sequence; the
+/// first word is conventionally a domain tag): how other crates derive randomness from
+/// `(seed, step, index)` the way this one does, with no generator state.
+pub fn hash_words(words: &[u64]) -> u64 {
+    rng::hash_words(words)
+}
 
 /// The result type of this crate.
 pub type Result<T, E = DataError> = std::result::Result<T, E>;

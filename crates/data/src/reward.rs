@@ -1,9 +1,10 @@
 //! Verifiable rewards for GSM8K-style answers: the final answer is the number after the last
 //! `####`, e.g. `47 + 85 = 132\n#### 132`.
 //!
-//! [`Reward::score`] breaks a completion's reward into terms (correct, has the marker, the answer
-//! is a well-formed number, nothing follows it, length) so GRPO can give partial credit for
-//! format while the model is still learning it, with weights from [`RewardWeights`].
+//! [`Reward::score`] breaks a completion's reward into terms (correct, the digits it got right,
+//! has the marker, the answer is a well-formed number, nothing follows it, length) so GRPO can
+//! give partial credit for near misses and for format while the model is still learning them,
+//! with weights from [`RewardWeights`].
 
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
@@ -61,6 +62,24 @@ fn reference_answer(reference: &str) -> Cow<'_, str> {
     extract_final_answer(reference).unwrap_or_else(|| Cow::Owned(reference.trim().replace(',', "")))
 }
 
+/// The fraction of digit places a well-formed integer `found` gets right against `expected`,
+/// aligned at the units: `132` against `142` is 2/3, `32` against `132` is 2/3, `1132` against
+/// `132` is 3/4. 0 when either is not a plain integer or their signs differ.
+pub fn digit_credit(found: &str, expected: &str) -> f32 {
+    let integer = |s: &str| is_well_formed_number(s) && !s.contains('.');
+    if !integer(found) || !integer(expected) {
+        return 0.0;
+    }
+    let (found, expected) = (canonical_number(found), canonical_number(expected));
+    let (found_negative, expected_negative) = (found.starts_with('-'), expected.starts_with('-'));
+    if found_negative != expected_negative {
+        return 0.0;
+    }
+    let (a, b) = (found.trim_start_matches('-').as_bytes(), expected.trim_start_matches('-').as_bytes());
+    let right = a.iter().rev().zip(b.iter().rev()).filter(|(x, y)| x == y).count();
+    right as f32 / a.len().max(b.len()) as f32
+}
+
 fn answers_match(found: &str, expected: &str) -> bool {
     if is_well_formed_number(found) && is_well_formed_number(expected) {
         canonical_number(found) == canonical_number(expected)
@@ -78,13 +97,17 @@ pub fn exact_match(completion: &str, reference: &str) -> bool {
     }
 }
 
-/// Weights of the reward terms. The total is the weighted sum of the terms that hold, minus
-/// `length_penalty` per character beyond `soft_max_chars`.
+/// Weights of the reward terms. The total is the weighted sum of the terms that hold (and of
+/// the fraction of digits right), minus `length_penalty` per character beyond `soft_max_chars`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RewardWeights {
     /// The final answer is right.
     pub exact_match: f32,
+    /// Times the fraction of the answer's digit places that are right ([`digit_credit`]): a
+    /// near miss earns more than a far one, so a group whose answers are all wrong still has a
+    /// spread to learn from.
+    pub partial_credit: f32,
     /// The completion has a `####` marker.
     pub has_marker: f32,
     /// What follows the last marker is a well-formed number.
@@ -102,6 +125,7 @@ impl Default for RewardWeights {
     fn default() -> Self {
         Self {
             exact_match: 1.0,
+            partial_credit: 0.0,
             has_marker: 0.1,
             well_formed: 0.1,
             stops_cleanly: 0.1,
@@ -116,6 +140,7 @@ impl RewardWeights {
     pub fn validate(&self) -> crate::Result<()> {
         let weights = [
             ("reward.exact_match", self.exact_match),
+            ("reward.partial_credit", self.partial_credit),
             ("reward.has_marker", self.has_marker),
             ("reward.well_formed", self.well_formed),
             ("reward.stops_cleanly", self.stops_cleanly),
@@ -136,6 +161,8 @@ impl RewardWeights {
 pub struct Reward {
     /// The final answer equals the reference's.
     pub exact_match: bool,
+    /// The fraction of the answer's digit places that are right (1 when it matches).
+    pub digits_right: f32,
     /// The completion contains `####`.
     pub has_marker: bool,
     /// The final answer is a well-formed number.
@@ -154,8 +181,13 @@ impl Reward {
         let after_marker = completion.rsplit_once(MARKER).map(|(_, after)| after);
         let final_answer = extract_final_answer(completion);
         let well_formed = final_answer.as_deref().is_some_and(is_well_formed_number);
-        let exact_match =
-            final_answer.as_deref().is_some_and(|found| answers_match(found, &reference_answer(reference)));
+        let expected = reference_answer(reference);
+        let exact_match = final_answer.as_deref().is_some_and(|found| answers_match(found, &expected));
+        let digits_right = match final_answer.as_deref() {
+            _ if exact_match => 1.0,
+            Some(found) => digit_credit(found, &expected),
+            None => 0.0,
+        };
         let stops_cleanly = after_marker
             .is_some_and(|after| after.split_once('\n').is_none_or(|(_, rest)| rest.trim().is_empty()));
         let length_chars = completion.chars().count();
@@ -163,12 +195,14 @@ impl Reward {
         let excess = length_chars.saturating_sub(weights.soft_max_chars as usize) as f32;
         // A fixed order of additions, so the total is bitwise reproducible.
         let total = term(exact_match, weights.exact_match)
+            + weights.partial_credit * digits_right
             + term(after_marker.is_some(), weights.has_marker)
             + term(well_formed, weights.well_formed)
             + term(stops_cleanly, weights.stops_cleanly)
             - weights.length_penalty * excess;
         Reward {
             exact_match,
+            digits_right,
             has_marker: after_marker.is_some(),
             well_formed,
             stops_cleanly,
@@ -241,6 +275,7 @@ mod tests {
             nothing,
             Reward {
                 exact_match: false,
+                digits_right: 0.0,
                 has_marker: false,
                 well_formed: false,
                 stops_cleanly: false,
@@ -248,6 +283,29 @@ mod tests {
                 total: 0.0
             }
         );
+    }
+
+    #[test]
+    fn partial_credit_counts_the_digit_places_that_are_right() {
+        assert_eq!(digit_credit("132", "142"), 2.0 / 3.0);
+        assert_eq!(digit_credit("32", "132"), 2.0 / 3.0);
+        assert_eq!(digit_credit("1132", "132"), 3.0 / 4.0);
+        assert_eq!(digit_credit("0132", "132"), 1.0);
+        assert_eq!(digit_credit("-5", "5"), 0.0);
+        assert_eq!(digit_credit("-15", "-25"), 0.5);
+        assert_eq!(digit_credit("1.5", "15"), 0.0);
+        assert_eq!(digit_credit("x", "1"), 0.0);
+
+        let weights = RewardWeights { partial_credit: 0.5, ..RewardWeights::default() };
+        let reference = "47 + 85 = 132\n#### 132";
+        let near = Reward::score("47 + 85 = 122\n#### 122", reference, &weights);
+        assert_eq!(near.digits_right, 2.0 / 3.0);
+        assert_eq!(near.total, 0.5 * (2.0 / 3.0) + 0.1 + 0.1 + 0.1);
+        let right = Reward::score("#### 132", reference, &weights);
+        assert_eq!((right.digits_right, right.total), (1.0, 1.0 + 0.5 + 0.1 + 0.1 + 0.1));
+        let far = Reward::score("#### 999", reference, &weights);
+        assert!(far.total < near.total && near.total < right.total);
+        assert_eq!(Reward::score("132", reference, &weights).digits_right, 0.0, "no marker, no credit");
     }
 
     #[test]

@@ -12,10 +12,12 @@
 //! gRPC or the bundle format. The planner is used through its pure, analytic side only.
 #![deny(missing_docs)]
 
+mod grpo;
 mod mesh_spec;
 mod planning;
 mod schedule;
 
+pub use grpo::{EvalSpec, GrpoSpec};
 pub use mesh_spec::{IciSpec, MeshRequest, MeshSpec};
 pub use planning::{DEFAULT_DEVICE_MEMORY, MemorySize};
 pub use schedule::{OptimizerSpec, Schedule};
@@ -72,7 +74,7 @@ pub struct JobSpec {
     /// Tokens per row; derived for GRPO (prompt + completion).
     #[serde(default)]
     pub seq_len: u64,
-    /// GRPO's rollout shapes; absent for supervised fine-tuning.
+    /// GRPO's rollouts, objective and rewards; absent for supervised fine-tuning.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grpo: Option<GrpoSpec>,
     /// Optimizer steps to run.
@@ -100,19 +102,6 @@ pub struct JobSpec {
     /// Where the job runs.
     #[serde(default)]
     pub runtime: RuntimeSpec,
-}
-
-/// GRPO's shapes: each prompt is answered `generations` times; a row is the left-padded prompt
-/// followed by the completion. `podctl plan` plans GRPO jobs; training them is not built yet.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GrpoSpec {
-    /// Tokens of the left-padded prompt buffer.
-    pub prompt_len: u64,
-    /// Tokens of the completion buffer (decode steps at most).
-    pub max_new_tokens: u64,
-    /// Completions per prompt (the group); `batch.global` is prompts x this.
-    pub generations: u64,
 }
 
 /// Batch sizes, in rows (sequences).
@@ -250,41 +239,16 @@ pub struct RuntimeSpec {
     pub device_memory: Option<MemorySize>,
 }
 
-/// What a spec is parsed for: running it, or only planning it (GRPO jobs can be planned, not
-/// trained yet).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Purpose {
-    Run,
-    Plan,
-}
-
 impl JobSpec {
-    /// Reads, parses, resolves and validates a spec file to run.
+    /// Reads, parses, resolves and validates a spec file.
     pub fn load(path: &Path) -> Result<Self, JobError> {
-        Self::parse(&read(path)?, path, Purpose::Run)
+        Self::from_yaml(&read(path)?, path)
     }
 
-    /// Parses, resolves and validates spec text to run; `path` only labels errors.
+    /// Parses, resolves and validates spec text; `path` only labels errors.
     pub fn from_yaml(text: &str, path: &Path) -> Result<Self, JobError> {
-        Self::parse(text, path, Purpose::Run)
-    }
-
-    /// Reads a spec file to plan it (`podctl plan`): as [`JobSpec::load`], and GRPO jobs too.
-    pub fn load_for_plan(path: &Path) -> Result<Self, JobError> {
-        Self::parse(&read(path)?, path, Purpose::Plan)
-    }
-
-    fn parse(text: &str, path: &Path, purpose: Purpose) -> Result<Self, JobError> {
         let mut spec: JobSpec = serde_saphyr::from_str(text)
             .map_err(|e| JobError::Yaml { path: path.into(), message: e.to_string() })?;
-        if purpose == Purpose::Run && spec.grpo.is_some() {
-            return Err(JobError::Invalid {
-                field: "grpo",
-                reason: "podctl trains supervised (SFT) jobs only so far; `podctl plan` plans GRPO jobs. \
-                         Drop `grpo:` to train with SFT"
-                    .into(),
-            });
-        }
         spec.resolve()?;
         spec.validate()?;
         Ok(spec)
@@ -379,16 +343,8 @@ impl JobSpec {
             return invalid("batch.global", "is 0; train on at least one row per step".into());
         }
         if let Some(g) = &self.grpo {
-            for (field, value) in [
-                ("grpo.prompt_len", g.prompt_len),
-                ("grpo.max_new_tokens", g.max_new_tokens),
-                ("grpo.generations", g.generations),
-            ] {
-                if value == 0 {
-                    return invalid(field, "is 0; use at least 1".into());
-                }
-            }
-            if self.batch.global % g.generations != 0 {
+            g.validate(&self.data)?;
+            if !self.batch.global.is_multiple_of(g.generations) {
                 return invalid(
                     "batch.global",
                     format!(
@@ -556,6 +512,21 @@ impl JobSpec {
                     "{global} is not a multiple of batch.micro x mesh.dcn = {micro} x {dcn} = {per_step}; \
                      use e.g. {}",
                     (global / per_step).max(1) * per_step
+                ),
+            );
+        }
+        if let Some(g) = &self.grpo
+            && (global / dcn as u64) % g.generations != 0
+        {
+            return invalid(
+                "batch.global",
+                format!(
+                    "{global} rows over mesh.dcn = {dcn} slices is {} per slice, not whole groups of \
+                     grpo.generations = {}: every completion of a prompt stays on its slice; use a global \
+                     batch that is a multiple of {}",
+                    global / dcn as u64,
+                    g.generations,
+                    g.generations * dcn as u64
                 ),
             );
         }

@@ -236,26 +236,49 @@ train: { attention: blockwise }")
 }
 
 #[test]
-fn grpo_jobs_are_planned_not_run() {
+fn grpo_jobs_parse_with_defaults_and_check_their_groups() {
     let grpo =
         TINY.replace("seq_len: 128\n", "grpo: { prompt_len: 32, max_new_tokens: 96, generations: 8 }\n");
-    let e = parse(&grpo).unwrap_err();
-    assert!(e.contains("`grpo`: podctl trains supervised (SFT) jobs only so far"), "{e}");
-    let path = std::env::temp_dir().join(format!("podctl-job-grpo-{}.yaml", std::process::id()));
-    std::fs::write(&path, &grpo).unwrap();
-    let spec = JobSpec::load_for_plan(&path).unwrap();
+    let spec = parse(&grpo).unwrap();
     assert_eq!(spec.seq_len, 128);
     assert_eq!(spec.workload().unwrap().kind_name(), "grpo");
-    std::fs::write(&path, grpo.replace("global: 32", "global: 36").replace("micro: 8", "micro: 4")).unwrap();
-    let e = JobSpec::load_for_plan(&path).unwrap_err().to_string();
+    let g = spec.grpo.as_ref().unwrap();
+    assert_eq!((g.temperature, g.top_p, g.clip_low, g.clip_high, g.kl_beta), (1.0, 1.0, 0.2, 0.2, 0.0));
+    assert!(g.scale_rewards && g.init_from.is_none());
+    assert_eq!(g.eval, EvalSpec { problems: 256, every: 0 });
+    // The spec goes to workers as JSON: it must come back the same.
+    assert_eq!(parse(&spec.to_yaml()).unwrap(), spec);
+
+    let e = parse(&grpo.replace("global: 32", "global: 36").replace("micro: 8", "micro: 4")).unwrap_err();
     assert!(e.contains("`batch.global`: 36 rows are not whole groups of grpo.generations = 8"), "{e}");
-    std::fs::write(&path, format!("{grpo}seq_len: 100\n")).unwrap();
-    let e = JobSpec::load_for_plan(&path).unwrap_err().to_string();
+    let e = parse(&format!("{grpo}seq_len: 100\n")).unwrap_err();
     assert!(
         e.contains("`seq_len`: 100 but a GRPO row is grpo.prompt_len + grpo.max_new_tokens = 128"),
         "{e}"
     );
-    std::fs::remove_file(&path).unwrap();
+    // 32 rows over 4 slices is 8 per slice: one group each. Over 8 slices a group would split.
+    let two = grpo
+        .replace("mesh: { ici: { fsdp: 2, tp: 2 } }", "mesh: { dcn: 4, ici: { fsdp: 2, tp: 2 } }")
+        .replace("micro: 8", "micro: 4");
+    parse(&two).unwrap();
+    let e = parse(&two.replace("global: 32", "global: 48").replace("generations: 8", "generations: 16"))
+        .unwrap_err();
+    assert!(e.contains("12 per slice, not whole groups of grpo.generations = 16"), "{e}");
+    for (field, needle) in [
+        ("temperature: 0", "`grpo.temperature`: 0 must be a positive number"),
+        ("top_p: 1.5", "`grpo.top_p`: 1.5 must lie in (0, 1]"),
+        ("clip_low: 1.0", "`grpo.clip_low`: 1 would allow a ratio of 0"),
+        ("kl_beta: -0.1", "`grpo.kl_beta`: -0.1 must be a non-negative number"),
+        ("generations: 1", "`grpo.generations`: is 1"),
+        ("init_from: ''", "`grpo.init_from`: is empty"),
+        ("reward: { exact_match: .nan }", "reward.exact_match"),
+        ("temprature: 1.0", "unknown field"),
+    ] {
+        let spec = grpo.replace("generations: 8 }", &format!("generations: 8, {field} }}"));
+        let spec = if field.starts_with("generations") { spec.replace("generations: 8, ", "") } else { spec };
+        let e = parse(&spec).unwrap_err();
+        assert!(e.contains(needle), "{field}: {e}");
+    }
 }
 
 #[test]

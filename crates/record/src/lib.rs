@@ -129,8 +129,9 @@ impl RunRecord {
     }
 
     /// Draws the plots the metrics allow: `loss.png` always, `reward.png` when steps carry a
-    /// `reward`, `step_time.png` when they carry `step_seconds`, `timeline.png` when there are
-    /// events. Returns the files written.
+    /// `reward`, `accuracy.png` when they carry an `accuracy` or an `eval_accuracy` (or `eval`
+    /// events carry one), `kl.png` when they carry a `kl`, `step_time.png` when they carry
+    /// `step_seconds`, `timeline.png` when there are events. Returns the files written.
     pub fn plot(&self) -> Result<Vec<PathBuf>, RecordError> {
         let mut written = Vec::new();
         let series = |key: &str| -> Vec<(f64, f64)> {
@@ -140,11 +141,17 @@ impl RunRecord {
                 .filter(|(_, y)| y.is_finite())
                 .collect()
         };
-        let markers: Vec<(f64, String)> =
-            self.events.iter().map(|e| (e.step as f64, e.kind.clone())).collect();
+        // Evaluations are points of a series, not moments worth a marker.
+        let markers: Vec<(f64, String)> = self
+            .events
+            .iter()
+            .filter(|e| e.kind != "eval")
+            .map(|e| (e.step as f64, e.kind.clone()))
+            .collect();
         for (file, key, title, unit) in [
             ("loss.png", "loss", "Loss", "loss per target token"),
             ("reward.png", "reward", "Reward", "mean reward"),
+            ("kl.png", "kl", "KL to the reference", "per token"),
             ("step_time.png", "step_seconds", "Step time", "seconds"),
         ] {
             let points = series(key);
@@ -153,6 +160,21 @@ impl RunRecord {
             }
             let path = self.dir.join(file);
             plot::lines(&path, title, "step", unit, &[(key, points)], &markers)?;
+            written.push(path);
+        }
+        let mut held_out = series("eval_accuracy");
+        for e in self.events.iter().filter(|e| e.kind == "eval") {
+            if let Some(accuracy) = e.detail.get("accuracy").and_then(Value::as_f64)
+                && !held_out.iter().any(|&(step, _)| step == e.step as f64)
+            {
+                held_out.push((e.step as f64, accuracy));
+            }
+        }
+        held_out.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let accuracy = [("sampled (train)", series("accuracy")), ("held-out (greedy)", held_out)];
+        if accuracy.iter().any(|(_, points)| !points.is_empty()) {
+            let path = self.dir.join("accuracy.png");
+            plot::lines(&path, "Exact-match accuracy", "step", "fraction right", &accuracy, &markers)?;
             written.push(path);
         }
         if !self.events.is_empty() {
@@ -183,13 +205,14 @@ mod tests {
                 .step(&json!({"step": step, "loss": loss, "step_seconds": 0.1, "reward": step as f64 / 20.0}))
                 .unwrap();
         }
+        record.event("eval", 0, json!({"accuracy": 0.4})).unwrap();
         record.event("preemption", 7, json!({"slice": 1})).unwrap();
         record.event("recovery", 8, json!({"seconds": 1.5})).unwrap();
         record.summary(&json!({"steps": 20})).unwrap();
         let written = record.plot().unwrap();
         let names: Vec<_> =
             written.iter().map(|p| p.file_name().unwrap().to_str().unwrap().to_string()).collect();
-        assert_eq!(names, ["loss.png", "reward.png", "step_time.png", "timeline.png"]);
+        assert_eq!(names, ["loss.png", "reward.png", "step_time.png", "accuracy.png", "timeline.png"]);
         for path in &written {
             let bytes = std::fs::read(path).unwrap();
             assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{path:?} is a PNG");
@@ -203,9 +226,9 @@ mod tests {
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
-        assert_eq!(events.len(), 2);
-        assert_eq!((events[0].kind.as_str(), events[0].step), ("preemption", 7));
-        assert!(events[1].t >= events[0].t);
+        assert_eq!(events.len(), 3);
+        assert_eq!((events[1].kind.as_str(), events[1].step), ("preemption", 7));
+        assert!(events[2].t >= events[1].t);
     }
 
     #[test]

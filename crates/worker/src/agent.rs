@@ -10,21 +10,21 @@
 
 use crate::WorkerError;
 use crate::ckpt::{self, PendingSave, SaveLayout, SavePoll, SaveStart, StateSaver};
-use crate::dp::{Reduce, run_step};
+use crate::dp::Reduce;
+use crate::grpo::{self, JobSteps};
 use crate::metrics::WorkerMetrics;
 use crate::peer::{self, StateServer};
-use crate::run::init_seed;
 use crate::slice::Slice;
 use crate::trainer::Trainer;
 use checkpoint::{SaveOptions, Storage, StoreOptions};
 use collective::{AbortHandle, Endpoint, GroupSpec};
 use coordinator::client::{Client, ClientConfig, ClientError, Session};
-use data::{BatchSpec, Loader};
 use job::JobSpec;
 use proto::v1::{
     self, Assignment, CheckpointReport, Directive, Heartbeat, LogLine, StepReport, WorkerEvent, directive,
     resume, worker_event,
 };
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -627,11 +627,12 @@ impl TrainerSide {
         spec: &JobSpec,
         group: Option<&collective::Group>,
     ) -> Result<Ended, AssignmentError> {
-        let batch =
-            BatchSpec::new(spec.batch.global as usize, spec.batch.micro as usize, spec.seq_len as usize)
-                .map_err(|e| AssignmentError(e.to_string()))?;
-        let loader =
-            Loader::from_config(&spec.data, batch, spec.seed).map_err(|e| AssignmentError(e.to_string()))?;
+        let steps =
+            JobSteps::new(trainer, spec, &self.runtime).map_err(|e| AssignmentError(e.to_string()))?;
+        let mut eval = BTreeMap::new();
+        if self.steps_done == 0 {
+            self.evaluate(&steps, trainer, "eval_accuracy_initial", &mut eval)?;
+        }
         let ranks: Vec<usize> = a.virtual_ranks.iter().map(|&r| r as usize).collect();
         let accum = spec.micro_batches_per_step() / u64::from(a.dp_size.max(1));
         let mut saves = self.saves(a, spec)?;
@@ -646,25 +647,30 @@ impl TrainerSide {
             let started = Instant::now();
             let learning_rate = spec.optimizer.learning_rate(step, spec.steps);
             let reduce = group.map_or(Reduce::Alone, Reduce::Ring);
-            let outcome = match run_step(trainer, &loader, step, &ranks, accum, learning_rate, reduce) {
-                Ok(outcome) => outcome,
-                Err(e) => {
-                    // The state is still that of `step` steps: apply runs only after the reduce.
-                    trainer.discard_step().map_err(|e| AssignmentError(e.to_string()))?;
-                    if self.shared.interrupted(a.generation) {
-                        return Ok(Ended::Interrupted);
+            let (applied, tokens, mut metrics) =
+                match steps.run(trainer, step, &ranks, accum, learning_rate, reduce) {
+                    Ok(outcome) => outcome,
+                    Err(e) => {
+                        // The state is still that of `step` steps: apply runs only after the reduce.
+                        trainer.discard_step().map_err(|e| AssignmentError(e.to_string()))?;
+                        if self.shared.interrupted(a.generation) {
+                            return Ok(Ended::Interrupted);
+                        }
+                        return Ok(self.step_failed(a, step, e));
                     }
-                    return Ok(self.step_failed(a, step, e));
-                }
-            };
+                };
             let seconds = started.elapsed().as_secs_f64();
             self.steps_done = step + 1;
             self.metrics.steps_total.add(1.0);
-            self.metrics.tokens_total.add(outcome.tokens as f64);
+            self.metrics.tokens_total.add(tokens as f64);
             self.metrics.step_seconds.set(seconds);
-            self.metrics.tokens_per_second.set(outcome.tokens as f64 / seconds.max(1e-9));
+            self.metrics.tokens_per_second.set(tokens as f64 / seconds.max(1e-9));
             self.publish("training");
-            let applied = outcome.applied;
+            if steps.eval_due(self.steps_done, spec.steps) {
+                self.evaluate(&steps, trainer, "eval_accuracy", &mut eval)?;
+            }
+            metrics.append(&mut eval);
+            metrics.insert("learning_rate".to_string(), learning_rate);
             let report = StepReport {
                 job_id: self.config.job_id.clone(),
                 worker_id: self.worker_id.clone(),
@@ -674,8 +680,8 @@ impl TrainerSide {
                 token_count: applied.token_count,
                 grad_norm: f64::from(applied.grad_norm),
                 step_seconds: seconds,
-                tokens: outcome.tokens,
-                metrics: [("learning_rate".to_string(), learning_rate)].into(),
+                tokens,
+                metrics: metrics.into_iter().collect(),
             };
             if self.reports.blocking_send(report).is_err() {
                 return Ok(Ended::Interrupted);
@@ -695,6 +701,35 @@ impl TrainerSide {
             saves.finish(self, trainer, spec.steps)?;
         }
         Ok(Ended::Finished)
+    }
+
+    /// A GRPO job's held-out evaluation: logged, and its accuracy put in `metrics` under `name`
+    /// for the next step report (every member evaluates alike, so the average is the value).
+    fn evaluate(
+        &self,
+        steps: &JobSteps,
+        trainer: &Trainer,
+        name: &str,
+        metrics: &mut BTreeMap<String, f64>,
+    ) -> Result<(), AssignmentError> {
+        let Some(report) =
+            steps.evaluate(trainer).map_err(|e| AssignmentError(format!("evaluation: {e}")))?
+        else {
+            return Ok(());
+        };
+        self.log(
+            "info",
+            format!(
+                "held-out accuracy after step {}: {:.1}% ({} of {} problems, greedy), mean reward {:.3}",
+                self.steps_done,
+                100.0 * report.accuracy(),
+                report.correct,
+                report.problems,
+                report.reward
+            ),
+        );
+        metrics.insert(name.to_string(), report.accuracy());
+        Ok(())
     }
 
     /// This generation's saver, when the job saves checkpoints: the members of the generation
@@ -817,8 +852,12 @@ impl TrainerSide {
         let loaded = self.loaded.as_mut().expect("loaded before resume");
         match source {
             None | Some(resume::Source::Fresh(_)) => {
-                loaded.trainer.init(init_seed(spec.seed)).map_err(|e| AssignmentError(e.to_string()))?;
+                let from = grpo::start_policy(&mut loaded.trainer, spec, &self.runtime)
+                    .map_err(|e| AssignmentError(format!("starting the policy: {e}")))?;
                 self.steps_done = 0;
+                if let Some(from) = from {
+                    self.log("info", format!("the policy starts from {from}"));
+                }
             }
             Some(resume::Source::Keep(_)) => {
                 if self.steps_done != a.start_step {

@@ -28,6 +28,7 @@
 
 use crate::WorkerError;
 use crate::run::Observer;
+use crate::slice::DeviceArray;
 use crate::trainer::Trainer;
 use bytes::Bytes;
 use checkpoint::layout::{dir_name, parse_dir_name};
@@ -440,13 +441,32 @@ pub async fn restore(
     step: u64,
     store: &StoreOptions,
 ) -> Result<Restored, WorkerError> {
+    let (storage, checkpoint) = open_committed(uri, Some(step), store).await?;
+    place(trainer, &checkpoint, &storage).await?;
+    let manifest = checkpoint.manifest();
+    Ok(Restored {
+        step: manifest.step,
+        data_position: manifest.data_position,
+        uri: dir_uri(&storage, &checkpoint.commit().dir()),
+    })
+}
+
+/// Opens the committed checkpoint at `uri`, a checkpoint directory (`<root>/<step:012>-<save_id>`)
+/// whose step must be `step` when given.
+async fn open_committed(
+    uri: &str,
+    step: Option<u64>,
+    store: &StoreOptions,
+) -> Result<(Storage, Checkpoint), WorkerError> {
     let (root, dir) = split_uri(uri);
     let Some((dir_step, save_id)) = dir else {
         return Err(WorkerError::Mismatch(format!(
             "'{uri}' names no checkpoint directory; pass <root>/<step:012>-<save_id>"
         )));
     };
-    if dir_step != step {
+    if let Some(step) = step
+        && dir_step != step
+    {
         return Err(WorkerError::Mismatch(format!(
             "checkpoint {uri} holds step {dir_step}, not the step {step} asked for"
         )));
@@ -454,20 +474,14 @@ pub async fn restore(
     let storage = Storage::open(root, store)?;
     let log = StoreCommitLog::new(storage.clone());
     let commit =
-        log.list().await?.into_iter().find(|c| c.step == step && c.save_id == save_id).ok_or_else(|| {
-            CheckpointError::NotFound {
+        log.list().await?.into_iter().find(|c| c.step == dir_step && c.save_id == save_id).ok_or_else(
+            || CheckpointError::NotFound {
                 what: format!("a commit of checkpoint {uri}"),
                 hint: format!("it was never committed; `podctl ckpt list {root}` shows what is"),
-            }
-        })?;
+            },
+        )?;
     let checkpoint = Checkpoint::open(&storage, &commit, &Limits::default()).await?;
-    place(trainer, &checkpoint, &storage).await?;
-    let manifest = checkpoint.manifest();
-    Ok(Restored {
-        step: manifest.step,
-        data_position: manifest.data_position,
-        uri: dir_uri(&storage, &commit.dir()),
-    })
+    Ok((storage, checkpoint))
 }
 
 /// Restores the newest committed checkpoint under `storage` that restores: its manifest checks
@@ -512,10 +526,10 @@ async fn place(trainer: &mut Trainer, checkpoint: &Checkpoint, root: &Storage) -
     let manifest = checkpoint.manifest();
     let dir = checkpoint.commit().dir();
     let specs = trainer.state_specs();
-    if manifest.arrays.len() != specs.len() {
+    if checkpoint.manifest().arrays.len() != specs.len() {
         return Err(WorkerError::Mismatch(format!(
             "checkpoint {dir} holds {} arrays, this bundle's state has {}; restore a checkpoint of the same model",
-            manifest.arrays.len(),
+            checkpoint.manifest().arrays.len(),
             specs.len()
         )));
     }
@@ -532,7 +546,7 @@ async fn read_arrays(
     trainer: &Trainer,
     checkpoint: &Checkpoint,
     specs: &[bundle::TensorSpec],
-) -> Result<Vec<crate::DeviceArray>, WorkerError> {
+) -> Result<Vec<DeviceArray>, WorkerError> {
     let manifest = checkpoint.manifest();
     let dir = checkpoint.commit().dir();
     for spec in specs {
@@ -566,6 +580,19 @@ async fn read_arrays(
         arrays.push(trainer.slice().upload_shards(spec, &pieces)?);
     }
     Ok(arrays)
+}
+
+/// The parameters (only) of the committed checkpoint at `uri`, a checkpoint directory
+/// (`<root>/<step:012>-<save_id>`), placed on the trainer's devices beside its state: GRPO's
+/// frozen reference. Every chunk read is CRC-checked, as a restore's are.
+pub async fn read_params(
+    trainer: &Trainer,
+    uri: &str,
+    store: &StoreOptions,
+) -> Result<Vec<DeviceArray>, WorkerError> {
+    let (_, checkpoint) = open_committed(uri, None, store).await?;
+    let n = trainer.manifest().params.len();
+    read_arrays(trainer, &checkpoint, &trainer.state_specs()[..n]).await
 }
 
 /// Where the single-process loop's state comes from.

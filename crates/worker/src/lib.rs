@@ -8,6 +8,8 @@
 //!   micro-batches, then apply.
 //! - [`run`]: the loop over steps for a job on one slice, reporting each step to an observer.
 //! - [`dp`]: one global step over the data-parallel ranks this worker hosts.
+//! - [`grpo`]: GRPO's step (rollouts, rewards, group advantages, the clipped objective) over the
+//!   same ranks and reduction, held-out evaluation, and its single-slice loop.
 //! - [`agent`]: the worker process under a coordinator: session, assignments, step reports,
 //!   quiesce and recovery.
 //! - [`peer`]: state transfer from a live peer to a replacement.
@@ -23,6 +25,7 @@
 pub mod agent;
 pub mod ckpt;
 pub mod dp;
+pub mod grpo;
 pub mod metrics;
 pub mod peer;
 pub mod run;

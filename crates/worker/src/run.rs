@@ -6,6 +6,7 @@ use crate::dp::{Reduce, run_step};
 use crate::trainer::Trainer;
 use data::Loader;
 use job::JobSpec;
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 /// What one optimizer step did.
@@ -25,8 +26,10 @@ pub struct StepMetrics {
     pub grad_norm: f32,
     /// Wall time of the step.
     pub seconds: f64,
-    /// Rows whose example was cut at the sequence length.
+    /// Rows whose example was cut at the sequence length (GRPO: prompts cut to the buffer).
     pub truncated_rows: u64,
+    /// Further metrics by name (GRPO's rewards, KL, clipping, evaluations).
+    pub extra: BTreeMap<String, f64>,
 }
 
 /// Receives each step as it completes.
@@ -108,6 +111,7 @@ pub fn train(
             grad_norm: applied.grad_norm,
             seconds: step_started.elapsed().as_secs_f64(),
             truncated_rows: outcome.truncated_rows,
+            extra: BTreeMap::new(),
         });
         checkpoints.after_step(trainer, step + 1, observer)?;
     }

@@ -9,10 +9,15 @@
 //! A LoRA bundle's frozen base (`frozen/*`) is held beside the train state, not in it: `init`
 //! produces it (or a restore places it), `grad_step` reads it, nothing ever writes it, and the
 //! state that checkpoints and peers exchange is the adapters and their moments only.
+//!
+//! A GRPO bundle has `grpo_grad_step` in place of `grad_step`, plus `rollout` and `logprobs`;
+//! the trainer compiles whichever set the bundle's kind has, and `crate::grpo` drives them. The
+//! state, the accumulator, apply, checkpoints and state transfer are the same for both kinds.
 
 use crate::WorkerError;
 use crate::slice::{Arg, DeviceArray, Program, Slice};
 use bundle::{Bundle, Manifest, TensorSpec};
+use std::collections::HashMap;
 
 /// What one optimizer step produced.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -32,42 +37,75 @@ pub struct Trainer {
     bundle_id: String,
     init: Program,
     zero_grads: Program,
-    grad_step: Program,
+    /// `grad_step` (SFT) or `grpo_grad_step` (GRPO): parameters and the donated accumulator
+    /// first, the accumulator plus scalar metrics out.
+    pub(crate) grad_step: Program,
     apply_step: Program,
-    state: Option<State>,
+    /// GRPO's sampling and scoring programs.
+    pub(crate) grpo: Option<GrpoPrograms>,
+    pub(crate) state: Option<State>,
     /// LoRA's frozen base, in the manifest's `frozen` order; empty for full fine-tuning (and
     /// before `init` or a restore of the base).
     frozen: Vec<DeviceArray>,
 }
 
-struct State {
-    params: Vec<DeviceArray>,
+/// The programs a GRPO bundle adds.
+pub(crate) struct GrpoPrograms {
+    pub(crate) rollout: Program,
+    pub(crate) logprobs: Program,
+}
+
+pub(crate) struct State {
+    pub(crate) params: Vec<DeviceArray>,
     mu: Vec<DeviceArray>,
     nu: Vec<DeviceArray>,
-    grads: Vec<DeviceArray>,
-    /// `(loss_sum, token_count)` of the micro-batches since the last apply, read at apply time
-    /// so the host never waits on the device between micro-batches.
-    pending: Vec<(DeviceArray, DeviceArray)>,
+    pub(crate) grads: Vec<DeviceArray>,
+    /// The scalar outputs of the grad steps since the last apply (`loss_sum`, `token_count`,
+    /// and GRPO's metrics), read at apply time so the host never waits on the device between
+    /// micro-batches.
+    pub(crate) pending: Vec<Vec<DeviceArray>>,
 }
 
 impl Trainer {
     /// Compiles the bundle's training programs for the slice (in parallel: compiles dominate
-    /// start-up).
+    /// start-up): SFT's four, or GRPO's six.
     pub fn new(slice: Slice, bundle: &Bundle) -> Result<Self, WorkerError> {
-        let [init, zero_grads, grad_step, apply_step] = std::thread::scope(|scope| {
-            let handles = bundle::TRAIN_PROGRAMS.map(|name| {
-                let slice = &slice;
-                scope.spawn(move || slice.compile(bundle, name))
-            });
-            handles.map(|h| h.join().expect("compile thread panicked"))
+        let names: &[&str] = if bundle.manifest().train.kind == "grpo" {
+            &bundle::GRPO_PROGRAMS
+        } else {
+            &bundle::TRAIN_PROGRAMS
+        };
+        let compiled: Vec<Result<Program, WorkerError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = names
+                .iter()
+                .map(|&name| {
+                    let slice = &slice;
+                    scope.spawn(move || slice.compile(bundle, name))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("compile thread panicked")).collect()
         });
+        let mut programs: HashMap<&str, Program> = HashMap::new();
+        for (name, program) in names.iter().zip(compiled) {
+            programs.insert(name, program?);
+        }
+        let is_grpo = programs.contains_key("grpo_grad_step");
+        let mut take = |name: &str| programs.remove(name).expect("compiled above");
+        let (grad_step, grpo) = match is_grpo {
+            true => (
+                take("grpo_grad_step"),
+                Some(GrpoPrograms { rollout: take("rollout"), logprobs: take("logprobs") }),
+            ),
+            false => (take("grad_step"), None),
+        };
         Ok(Self {
             manifest: bundle.manifest().clone(),
             bundle_id: bundle.id().to_string(),
-            init: init?,
-            zero_grads: zero_grads?,
-            grad_step: grad_step?,
-            apply_step: apply_step?,
+            init: take("init"),
+            zero_grads: take("zero_grads"),
+            apply_step: take("apply_step"),
+            grad_step,
+            grpo,
             slice,
             state: None,
             frozen: Vec::new(),
@@ -89,7 +127,7 @@ impl Trainer {
         &self.bundle_id
     }
 
-    /// Exact per-device memory of the grad step, the largest program.
+    /// Exact per-device memory of the grad step (SFT's or GRPO's), the largest program.
     pub fn grad_step_memory(&self) -> Result<pjrt::MemoryStats, WorkerError> {
         self.grad_step.memory_stats()
     }
@@ -111,6 +149,13 @@ impl Trainer {
     /// Adds one micro-batch's gradient to the accumulator.
     pub fn grad_step(&mut self, batch: &data::Batch) -> Result<(), WorkerError> {
         let train = &self.manifest.train;
+        if self.grpo.is_some() {
+            return Err(WorkerError::Mismatch(
+                "this is a GRPO bundle: it learns from its own rollouts (crate::grpo), not from SFT batches; \
+                 export an SFT bundle for supervised training"
+                    .into(),
+            ));
+        }
         if batch.rows as u64 != train.micro_batch || batch.seq_len as u64 != train.seq_len {
             return Err(WorkerError::Mismatch(format!(
                 "a batch of {}x{} does not fit the bundle's grad_step, lowered for micro_batch {} x seq_len {}",
@@ -135,10 +180,9 @@ impl Trainer {
         args.extend(std::mem::take(&mut state.grads).into_iter().map(Arg::Donate));
         args.extend([Arg::Borrow(&tokens), Arg::Borrow(&targets), Arg::Borrow(&mask)]);
         let mut out = self.grad_step.run(args)?;
-        let token_count = out.pop().expect("signature checked");
-        let loss_sum = out.pop().expect("signature checked");
+        let metrics = out.split_off(n);
         state.grads = out;
-        state.pending.push((loss_sum, token_count));
+        state.pending.push(metrics);
         Ok(())
     }
 
@@ -313,6 +357,26 @@ impl Trainer {
         Ok(())
     }
 
+    /// The parameters `init(seed)` makes, on the devices, apart from the train state.
+    pub fn init_params(&self, seed: u32) -> Result<Vec<DeviceArray>, WorkerError> {
+        let seed = self.slice.scalar(&self.init.spec().inputs[0], seed.to_le_bytes())?;
+        let (f, n) = (self.manifest.frozen.len(), self.manifest.params.len());
+        Ok(self.init.run(vec![Arg::Borrow(&seed)])?.into_iter().skip(f).take(n).collect())
+    }
+
+    /// Replaces AdamW's moments with zeros (`init`'s), keeping the parameters: a run that starts
+    /// from another run's parameters (GRPO from an SFT checkpoint) starts its optimizer afresh,
+    /// as its step count does.
+    pub fn reset_optimizer(&mut self) -> Result<(), WorkerError> {
+        let (f, n) = (self.manifest.frozen.len(), self.manifest.params.len());
+        let seed = self.slice.scalar(&self.init.spec().inputs[0], 0u32.to_le_bytes())?;
+        let mut fresh = self.init.run(vec![Arg::Borrow(&seed)])?.into_iter().skip(f + n);
+        let state = self.state.as_mut().ok_or_else(not_initialized)?;
+        state.mu = fresh.by_ref().take(n).collect();
+        state.nu = fresh.collect();
+        Ok(())
+    }
+
     /// The gradient accumulator's tensors, in parameter order.
     pub fn grad_specs(&self) -> &[TensorSpec] {
         let n = self.manifest.params.len();
@@ -354,16 +418,21 @@ impl Trainer {
 
     /// Micro-batch metrics accumulated since the last apply: `(loss_sum, token_count)`.
     pub fn pending_metrics(&self) -> Result<(f64, f64), WorkerError> {
-        let state = self.state.as_ref().ok_or_else(not_initialized)?;
         let (mut loss_sum, mut token_count) = (0.0f64, 0.0f64);
-        for (loss, tokens) in &state.pending {
-            loss_sum += self.slice.read_f32(loss)? as f64;
-            token_count += self.slice.read_f32(tokens)? as f64;
+        for outputs in self.pending_outputs()? {
+            loss_sum += outputs[0] as f64;
+            token_count += outputs[1] as f64;
         }
         Ok((loss_sum, token_count))
     }
+
+    /// The scalar outputs of each grad step since the last apply, in call order.
+    pub(crate) fn pending_outputs(&self) -> Result<Vec<Vec<f32>>, WorkerError> {
+        let state = self.state.as_ref().ok_or_else(not_initialized)?;
+        state.pending.iter().map(|outputs| outputs.iter().map(|a| self.slice.read_f32(a)).collect()).collect()
+    }
 }
 
-fn not_initialized() -> WorkerError {
+pub(crate) fn not_initialized() -> WorkerError {
     WorkerError::Mismatch("the train state is not initialized; call init first".into())
 }

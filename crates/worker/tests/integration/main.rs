@@ -5,6 +5,7 @@ extern crate podctl_worker as worker;
 
 mod ckpt;
 mod determinism;
+mod grpo;
 mod lora;
 mod multislice;
 mod parity;
