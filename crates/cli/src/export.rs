@@ -58,7 +58,8 @@ pub fn export_args(job: &JobSpec, platform: &str) -> Vec<String> {
         ("--max-grad-norm", o.max_grad_norm.to_string()),
     ]);
     args.extend(levers);
-    let mut args: Vec<String> = args.into_iter().flat_map(|(flag, value)| [flag.to_string(), value]).collect();
+    let mut args: Vec<String> =
+        args.into_iter().flat_map(|(flag, value)| [flag.to_string(), value]).collect();
     if t.offload() {
         args.push("--offload-optimizer".into());
     }

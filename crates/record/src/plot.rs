@@ -29,7 +29,9 @@ fn range(values: impl Iterator<Item = f64>) -> (f64, f64) {
     if !lo.is_finite() {
         return (0.0, 1.0);
     }
-    let pad = ((hi - lo) * 0.05).max(hi.abs() * 1e-3).max(1e-9);
+    // A floor, so that a single point (or a constant series at 0) still spans a range plotters
+    // can put ticks on.
+    let pad = ((hi - lo) * 0.05).max(hi.abs() * 1e-3).max(1e-3);
     (lo - pad, hi + pad)
 }
 

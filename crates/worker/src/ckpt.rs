@@ -523,7 +523,6 @@ pub async fn restore_newest(
 /// Reads every state array's target regions and places them, and a LoRA run's base; replaces
 /// the trainer's state only when all are on the devices.
 async fn place(trainer: &mut Trainer, checkpoint: &Checkpoint, root: &Storage) -> Result<(), WorkerError> {
-    let manifest = checkpoint.manifest();
     let dir = checkpoint.commit().dir();
     let specs = trainer.state_specs();
     if checkpoint.manifest().arrays.len() != specs.len() {
