@@ -87,6 +87,24 @@ fn newest_checkpoint(root: &str) -> Result<Option<String>> {
     })
 }
 
+/// Prints a GRPO job's held-out accuracy before and after from its run's `metrics.jsonl`, when
+/// the run wrote one here (the workers report `eval_accuracy_initial` with the first step and
+/// `eval_accuracy` with the last).
+pub fn print_held_out(run_dir: &Path) {
+    let Ok(text) = std::fs::read_to_string(run_dir.join("metrics.jsonl")) else { return };
+    let lines: Vec<serde_json::Value> = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let find = |key: &str| lines.iter().find_map(|l| l.get(key)?.as_f64());
+    let last = lines.iter().rev().find_map(|l| l.get("eval_accuracy")?.as_f64());
+    if let (Some(before), Some(after)) = (find("eval_accuracy_initial"), last) {
+        println!(
+            "held-out accuracy (greedy): {:.1}% -> {:.1}% ({:+.1} points)",
+            100.0 * before,
+            100.0 * after,
+            100.0 * (after - before)
+        );
+    }
+}
+
 /// `summary.json` of a GRPO run.
 #[derive(Serialize)]
 struct Summary<'a> {
