@@ -109,9 +109,9 @@ fn bad_targets_and_models_that_do_not_fit_say_what_would() {
     let e = fails(&fixed.replace("(2,4)", "(3,3)"), &["plan", "JOB"]);
     assert!(e.contains("(fsdp=3, tp=3) uses 9 devices per slice, but a v6e-8 host has 8"), "{e}");
     assert!(e.contains("choose axes whose product is 8: (1,8), (2,4), (4,2), (8,1)"), "{e}");
-    // A GRPO job is planned, not launched.
-    let e = fails(&fixed, &["launch", "JOB", "--dry-run"]);
-    assert!(e.contains("`grpo`: podctl trains supervised (SFT) jobs only so far"), "{e}");
+    // A GRPO job launches too: the dry run exports its bundle and shows which device holds what.
+    let out = succeeds(&fixed, &["launch", "JOB", "--dry-run"]);
+    assert!(out.starts_with("job seed-000: qwen3-1.7b") && out.contains("64 x 2304 tokens"), "{out}");
 }
 
 #[test]
