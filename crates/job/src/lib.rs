@@ -516,7 +516,7 @@ impl JobSpec {
             );
         }
         if let Some(g) = &self.grpo
-            && (global / dcn as u64) % g.generations != 0
+            && !(global / dcn as u64).is_multiple_of(g.generations)
         {
             return invalid(
                 "batch.global",

@@ -573,7 +573,7 @@ fn rank_step(
 ) -> Result<Tally, WorkerError> {
     let g = task.spec.generations;
     let rows = accum * task.micro as u64;
-    if rows % g != 0 {
+    if !rows.is_multiple_of(g) {
         return Err(WorkerError::Mismatch(format!(
             "a rank's {rows} rows are not whole groups of {g} generations; use a global batch of whole groups per slice"
         )));
@@ -867,7 +867,7 @@ impl JobSteps {
     pub fn eval_due(&self, steps: u64, total: u64) -> bool {
         let JobSteps::Grpo { task, .. } = self else { return false };
         let every = task.spec.eval.every;
-        steps == total || (every > 0 && steps % every == 0)
+        steps == total || (every > 0 && steps.is_multiple_of(every))
     }
 }
 
