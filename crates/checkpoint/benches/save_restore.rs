@@ -129,21 +129,23 @@ fn child_save(dir: &Path, gib: f64) {
     let handed: u64 = buffers.iter().map(|b| b.data.len() as u64).sum();
     let rss_loaded = status_kib("VmRSS:");
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let (stall, save) = runtime.block_on(async {
+    let (stall, uploaded, save) = runtime.block_on(async {
         let storage = Storage::open(dir.to_str().unwrap(), &Default::default()).unwrap();
         let saver = AsyncSaver::new(storage.clone(), SaveOptions::default()).unwrap();
         let start = Instant::now();
         let handle = saver.start(&spec, 0, buffers).unwrap();
         let stall = start.elapsed();
         let report = handle.finish().await.unwrap();
+        let uploaded = start.elapsed();
         finalize(&storage, &spec, &[report], &StoreCommitLog::new(storage.clone())).await.unwrap();
-        (stall, start.elapsed())
+        (stall, uploaded, start.elapsed())
     });
     let hwm = status_kib("VmHWM:");
     println!(
         "{}",
         serde_json::json!({
             "bytes": handed, "stall_s": stall.as_secs_f64(), "save_s": save.as_secs_f64(),
+            "upload_s": uploaded.as_secs_f64(),
             "rss_before_kib": rss_before, "rss_loaded_kib": rss_loaded, "hwm_kib": hwm,
         })
     );
@@ -263,10 +265,12 @@ fn main() {
     let (restore_s, warm_s) = (restore_time.as_secs_f64(), warm_time.as_secs_f64());
     let cache = if cold { "page cache dropped" } else { "drop_caches refused: cache warm" };
     println!(
-        "podctl save (async, fsync) {:>6.3} s  {:>6.2} GiB/s  ({:.0}% of dd)",
+        "podctl save (async, fsync) {:>6.3} s  {:>6.2} GiB/s  ({:.0}% of dd; stream {:.3} s, commit {:.3} s)",
         save_s,
         gib_per_s(bytes, save_s),
-        100.0 * dd_time / save_s
+        100.0 * dd_time / save_s,
+        child["upload_s"].as_f64().unwrap(),
+        save_s - child["upload_s"].as_f64().unwrap()
     );
     println!(
         "podctl restore             {:>6.3} s  {:>6.2} GiB/s  ({cache}, every chunk CRC-checked, bitwise equal)",
