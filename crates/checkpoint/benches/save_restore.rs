@@ -13,7 +13,6 @@ use checkpoint::{
     ArraySpec, AsyncSaver, Checkpoint, DataPosition, SaveOptions, SaveSpec, ShardBuffer, Storage,
     StoreCommitLog, Topology, committed_newest_first, finalize,
 };
-use futures::StreamExt;
 use mesh::{DType, IciMesh, Region, Sharding};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -106,11 +105,6 @@ fn status_kib(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn drop_caches() -> bool {
-    let _ = Command::new("sync").status();
-    std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
-}
-
 /// The child process: allocate the state as a trainer would after copying it off the devices,
 /// hand it to an async save, and report stall, duration and memory.
 fn child_save(dir: &Path, gib: f64) {
@@ -184,50 +178,149 @@ fn dd(dir: &Path, bytes: u64) -> Duration {
     took.mul_f64(bytes as f64 / (count * (16 << 20)) as f64)
 }
 
-/// Restores every array whole, 4 at a time, and checks them bitwise (untimed).
+/// Restores every array whole in one batch (as a worker restores its state), then checks them
+/// bitwise (untimed).
 async fn restore_once(storage: &Storage, commit: &checkpoint::CommitRecord, gib: f64) -> Duration {
     let start = Instant::now();
     let checkpoint = Checkpoint::open(storage, commit, &Default::default()).await.unwrap();
-    let names: Vec<(usize, String, Vec<u64>)> = checkpoint
-        .manifest()
-        .arrays
-        .iter()
-        .enumerate()
-        .map(|(i, a)| (i, a.name.clone(), a.shape.clone()))
-        .collect();
-    let restored: Vec<(usize, Vec<u8>)> = futures::stream::iter(&names)
-        .map(|(i, name, shape)| {
-            let checkpoint = &checkpoint;
-            async move { (*i, checkpoint.read_region(name, &Region::full(shape)).await.unwrap()) }
-        })
-        .buffer_unordered(4)
-        .collect()
-        .await;
+    let wanted: Vec<(&str, Region)> =
+        checkpoint.manifest().arrays.iter().map(|a| (a.name.as_str(), Region::full(&a.shape))).collect();
+    let restored = checkpoint.read_regions(&wanted).await.unwrap();
     let took = start.elapsed();
     let expected = model_arrays(gib);
-    for (i, bytes) in &restored {
-        assert_eq!(checkpoint.manifest().arrays[*i].name, expected[*i].name);
-        assert!(*bytes == contents(*i, bytes.len()), "array {} restored wrong", expected[*i].name);
+    for (i, bytes) in restored.iter().enumerate() {
+        assert_eq!(checkpoint.manifest().arrays[i].name, expected[i].name);
+        assert!(*bytes == contents(i, bytes.len()), "array {} restored wrong", expected[i].name);
     }
     took
 }
 
-/// Restores with the page cache dropped (when the kernel allows it), then again warm.
-fn restore(dir: &Path, gib: f64) -> (Duration, bool, Duration) {
+/// Drops `dir`'s files from the page cache: `sync`, then `posix_fadvise(POSIX_FADV_DONTNEED)` on
+/// every file (orbax_bench.py does the same to its directory). Returns the bytes still resident
+/// afterwards, as `fincore` counts them (None when fincore is missing).
+fn evict(dir: &Path) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    unsafe extern "C" {
+        fn posix_fadvise(fd: i32, offset: i64, len: i64, advice: i32) -> i32;
+    }
+    const POSIX_FADV_DONTNEED: i32 = 4;
+    let _ = Command::new("sync").status();
+    let files = files_under(dir);
+    for path in &files {
+        let file = std::fs::File::open(path).unwrap();
+        // SAFETY: a plain syscall on a descriptor this function owns.
+        let rc = unsafe { posix_fadvise(file.as_raw_fd(), 0, 0, POSIX_FADV_DONTNEED) };
+        assert_eq!(rc, 0, "posix_fadvise of {}", path.display());
+    }
+    let out = Command::new("fincore")
+        .args(["--bytes", "--noheadings", "--output", "RES"])
+        .args(&files)
+        .output()
+        .ok()?;
+    Some(String::from_utf8_lossy(&out.stdout).split_whitespace().filter_map(|v| v.parse::<u64>().ok()).sum())
+}
+
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() { out.extend(files_under(&path)) } else { out.push(path) }
+    }
+    out
+}
+
+/// Restores with the checkpoint's files evicted from the page cache, then again warm.
+fn restore(dir: &Path, gib: f64) -> (Duration, Option<u64>, Duration) {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async {
         let storage = Storage::open(dir.to_str().unwrap(), &Default::default()).unwrap();
         let log = StoreCommitLog::new(storage.clone());
         let commit = committed_newest_first(&log).await.unwrap().remove(0);
-        let cold = drop_caches();
+        let resident = evict(dir);
         let first = restore_once(&storage, &commit, gib).await;
         let warm = restore_once(&storage, &commit, gib).await;
-        (first, cold, warm)
+        (first, resident, warm)
     })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
 }
 
 fn gib_per_s(bytes: u64, took: f64) -> f64 {
     bytes as f64 / MIB / 1024.0 / took
+}
+
+/// One round's numbers, seconds.
+#[derive(Default)]
+struct Round {
+    dd: f64,
+    save: f64,
+    stream: f64,
+    restore: f64,
+    warm: f64,
+    stall: f64,
+    growth: f64,
+    save_overhead_mib: f64,
+    resident: Option<u64>,
+    orbax: Option<(f64, f64, f64, f64, Option<u64>)>,
+}
+
+fn podctl_round(scratch: &Path, gib: f64, round: &mut Round) {
+    let ours_dir = scratch.join("podctl");
+    let _ = std::fs::remove_dir_all(&ours_dir);
+    let child = run_json(Command::new(std::env::current_exe().unwrap()).args([
+        "--child-save",
+        ours_dir.to_str().unwrap(),
+        "--gib",
+        &gib.to_string(),
+    ]));
+    round.save = child["save_s"].as_f64().unwrap();
+    round.stream = child["upload_s"].as_f64().unwrap();
+    round.stall = child["stall_s"].as_f64().unwrap();
+    let kib = |k: &str| child[k].as_u64().unwrap() * 1024;
+    let handed = child["bytes"].as_u64().unwrap();
+    round.growth = kib("hwm_kib").saturating_sub(kib("rss_before_kib")) as f64 / handed as f64;
+    round.save_overhead_mib = kib("hwm_kib").saturating_sub(kib("rss_loaded_kib")) as f64 / MIB;
+    let (restore_time, resident, warm_time) = restore(&ours_dir, gib);
+    (round.restore, round.resident, round.warm) =
+        (restore_time.as_secs_f64(), resident, warm_time.as_secs_f64());
+    std::fs::remove_dir_all(&ours_dir).unwrap();
+}
+
+fn orbax_round(scratch: &Path, list_path: &Path, round: &mut Round) -> String {
+    let venv = std::env::var_os("PODCTL_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv"));
+    let python = venv.join("bin/python");
+    assert!(python.exists(), "{} is missing: run scripts/setup.sh", python.display());
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/orbax_bench.py");
+    let orbax = run_json(Command::new(python).arg(script).args([
+        "--arrays",
+        list_path.to_str().unwrap(),
+        "--dir",
+        scratch.to_str().unwrap(),
+    ]));
+    let f = |k: &str| orbax[k].as_f64().unwrap();
+    round.orbax = Some((
+        f("save_s"),
+        f("restore_s"),
+        f("restore_warm_s"),
+        f("save_stall_s"),
+        orbax["resident_bytes"].as_u64(),
+    ));
+    format!(
+        "orbax-checkpoint {}, jax {}",
+        orbax["orbax"].as_str().unwrap_or("?"),
+        orbax["jax"].as_str().unwrap_or("?")
+    )
+}
+
+fn uptime() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map_or_else(|_| "?".into(), |l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
 }
 
 fn main() {
@@ -238,99 +331,131 @@ fn main() {
         child_save(Path::new(&dir), gib);
         return;
     }
+    let rounds: usize = flag("--rounds").map_or(3, |v| v.parse().expect("--rounds takes a count"));
+    let skip_orbax = args.iter().any(|a| a == "--skip-orbax");
     let base = flag("--dir").map_or_else(std::env::temp_dir, PathBuf::from);
     let scratch = tempfile::Builder::new().prefix("podctl-ckpt-bench").tempdir_in(&base).unwrap();
     let arrays = model_arrays(gib);
     let bytes: u64 = arrays.iter().map(|a| a.num_bytes().unwrap()).sum();
     println!(
-        "state: {} float32 arrays, {:.1} MiB, scratch {}",
+        "state: {} float32 arrays, {:.1} MiB, scratch {}, {rounds} rounds, load average {}",
         arrays.len(),
         bytes as f64 / MIB,
-        scratch.path().display()
+        scratch.path().display(),
+        uptime()
     );
-
-    let dd_time = dd(scratch.path(), bytes).as_secs_f64();
-    println!("dd conv=fdatasync         {:>7.3} s  {:>6.2} GiB/s", dd_time, gib_per_s(bytes, dd_time));
-
-    let ours_dir = scratch.path().join("podctl");
-    let child = run_json(Command::new(std::env::current_exe().unwrap()).args([
-        "--child-save",
-        ours_dir.to_str().unwrap(),
-        "--gib",
-        &gib.to_string(),
-    ]));
-    let save_s = child["save_s"].as_f64().unwrap();
-    let stall_s = child["stall_s"].as_f64().unwrap();
-    let (restore_time, cold, warm_time) = restore(&ours_dir, gib);
-    let (restore_s, warm_s) = (restore_time.as_secs_f64(), warm_time.as_secs_f64());
-    let cache = if cold { "page cache dropped" } else { "drop_caches refused: cache warm" };
-    println!(
-        "podctl save (async, fsync) {:>6.3} s  {:>6.2} GiB/s  ({:.0}% of dd; stream {:.3} s, commit {:.3} s)",
-        save_s,
-        gib_per_s(bytes, save_s),
-        100.0 * dd_time / save_s,
-        child["upload_s"].as_f64().unwrap(),
-        save_s - child["upload_s"].as_f64().unwrap()
-    );
-    println!(
-        "podctl restore             {:>6.3} s  {:>6.2} GiB/s  ({cache}, every chunk CRC-checked, bitwise equal)",
-        restore_s,
-        gib_per_s(bytes, restore_s)
-    );
-    println!(
-        "podctl restore, warm       {:>6.3} s  {:>6.2} GiB/s  (files in page cache)",
-        warm_s,
-        gib_per_s(bytes, warm_s)
-    );
-    println!("podctl training stall      {:>9.3} ms (AsyncSaver::start returning)", stall_s * 1e3);
-    let kib = |k: &str| child[k].as_u64().unwrap() * 1024;
-    let handed = child["bytes"].as_u64().unwrap();
-    let growth = kib("hwm_kib").saturating_sub(kib("rss_before_kib"));
-    let save_overhead = kib("hwm_kib").saturating_sub(kib("rss_loaded_kib"));
-    println!(
-        "podctl peak RSS growth     {:>7.1} MiB = {:.3}x the {:.1} MiB handed over (save itself: +{:.1} MiB)",
-        growth as f64 / MIB,
-        growth as f64 / handed as f64,
-        handed as f64 / MIB,
-        save_overhead as f64 / MIB
-    );
-
-    if args.iter().any(|a| a == "--skip-orbax") {
-        return;
-    }
-    let venv = std::env::var_os("PODCTL_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv"));
-    let python = venv.join("bin/python");
-    assert!(python.exists(), "{} is missing: run scripts/setup.sh", python.display());
     let list: Vec<serde_json::Value> =
         arrays.iter().map(|a| serde_json::json!({"name": a.name, "shape": a.shape})).collect();
     let list_path = scratch.path().join("arrays.json");
     std::fs::write(&list_path, serde_json::to_vec(&list).unwrap()).unwrap();
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/orbax_bench.py");
-    let orbax = run_json(Command::new(python).arg(script).args([
-        "--arrays",
-        list_path.to_str().unwrap(),
-        "--dir",
-        scratch.path().to_str().unwrap(),
-    ]));
-    let (o_save, o_restore) = (orbax["save_s"].as_f64().unwrap(), orbax["restore_s"].as_f64().unwrap());
-    let o_warm = orbax["restore_warm_s"].as_f64().unwrap();
+
+    let gibs = |t: f64| gib_per_s(bytes, t);
+    let mut all = Vec::new();
+    let mut versions = String::new();
+    for r in 0..rounds {
+        let mut round = Round { dd: dd(scratch.path(), bytes).as_secs_f64(), ..Round::default() };
+        // Alternate who goes first, so neither always runs right after dd or on a warmer disk.
+        if skip_orbax {
+            podctl_round(scratch.path(), gib, &mut round);
+        } else if r % 2 == 0 {
+            podctl_round(scratch.path(), gib, &mut round);
+            versions = orbax_round(scratch.path(), &list_path, &mut round);
+        } else {
+            versions = orbax_round(scratch.path(), &list_path, &mut round);
+            podctl_round(scratch.path(), gib, &mut round);
+        }
+        let resident = |r: Option<u64>| {
+            r.map_or("fincore missing".into(), |b| format!("{:.1} MiB resident", b as f64 / MIB))
+        };
+        println!(
+            "round {}: load {}  dd {:.3} s  podctl save {:.3} s (stream {:.3}, commit {:.3})  restore cold {:.3} s ({})  warm {:.3} s",
+            r + 1,
+            uptime(),
+            round.dd,
+            round.save,
+            round.stream,
+            round.save - round.stream,
+            round.restore,
+            resident(round.resident),
+            round.warm
+        );
+        if let Some((save, restore, warm, _, res)) = round.orbax {
+            println!(
+                "         orbax save {save:.3} s  restore cold {restore:.3} s ({})  warm {warm:.3} s  => save {:.2}x, cold {:.2}x, warm {:.2}x",
+                resident(res),
+                save / round.save,
+                restore / round.restore,
+                warm / round.warm
+            );
+        }
+        all.push(round);
+    }
+
+    let m = |f: &dyn Fn(&Round) -> f64| median(all.iter().map(f).collect());
+    let (dd_s, save_s, stream_s, restore_s, warm_s) =
+        (m(&|r| r.dd), m(&|r| r.save), m(&|r| r.stream), m(&|r| r.restore), m(&|r| r.warm));
+    println!("medians over {rounds} rounds (load average now {}):", uptime());
+    println!("dd conv=fdatasync          {:>6.3} s  {:>6.2} GiB/s", dd_s, gibs(dd_s));
     println!(
-        "orbax {} save            {:>6.3} s  {:>6.2} GiB/s  (stall {:.3} s)",
-        orbax["orbax"].as_str().unwrap_or("?"),
-        o_save,
-        gib_per_s(bytes, o_save),
-        orbax["save_stall_s"].as_f64().unwrap()
+        "podctl save (async, fsync) {:>6.3} s  {:>6.2} GiB/s  ({:.0}% of dd, per round median {:.0}%; stream {:.3} s, commit {:.3} s)",
+        save_s,
+        gibs(save_s),
+        100.0 * dd_s / save_s,
+        100.0 * m(&|r| r.dd / r.save),
+        stream_s,
+        save_s - stream_s
     );
-    println!("orbax restore              {:>6.3} s  {:>6.2} GiB/s", o_restore, gib_per_s(bytes, o_restore));
-    println!("orbax restore, warm        {:>6.3} s  {:>6.2} GiB/s", o_warm, gib_per_s(bytes, o_warm));
     println!(
-        "podctl vs orbax: save {:.2}x faster, restore {:.2}x faster ({:.2}x warm) (goals >= 2x); save at {:.0}% of dd (goal >= 70%); RSS growth {:.3}x (goal <= 1.25x + fixed)",
-        o_save / save_s,
-        o_restore / restore_s,
-        o_warm / warm_s,
-        100.0 * dd_time / save_s,
-        growth as f64 / handed as f64
+        "podctl restore, cold       {:>6.3} s  {:>6.2} GiB/s  (files evicted with POSIX_FADV_DONTNEED, every chunk CRC-checked, bitwise equal)",
+        restore_s,
+        gibs(restore_s)
+    );
+    println!(
+        "podctl restore, warm       {:>6.3} s  {:>6.2} GiB/s  (files in page cache)",
+        warm_s,
+        gibs(warm_s)
+    );
+    println!("podctl training stall      {:>9.3} ms (AsyncSaver::start returning)", m(&|r| r.stall) * 1e3);
+    println!(
+        "podctl peak RSS growth     {:.3}x the {:.1} MiB handed over (save itself: +{:.1} MiB)",
+        m(&|r| r.growth),
+        bytes as f64 / MIB,
+        m(&|r| r.save_overhead_mib)
+    );
+    if skip_orbax {
+        return;
+    }
+    let o = |i: usize| {
+        median(
+            all.iter()
+                .map(|r| {
+                    let o = r.orbax.unwrap();
+                    [o.0, o.1, o.2, o.3][i]
+                })
+                .collect(),
+        )
+    };
+    let (o_save, o_restore, o_warm, o_stall) = (o(0), o(1), o(2), o(3));
+    println!("{versions}");
+    println!(
+        "orbax save                 {:>6.3} s  {:>6.2} GiB/s  (stall {:.3} s)",
+        o_save,
+        gibs(o_save),
+        o_stall
+    );
+    println!("orbax restore, cold        {:>6.3} s  {:>6.2} GiB/s", o_restore, gibs(o_restore));
+    println!("orbax restore, warm        {:>6.3} s  {:>6.2} GiB/s", o_warm, gibs(o_warm));
+    let ratio = |f: &dyn Fn(&Round) -> f64| {
+        let v: Vec<f64> = all.iter().map(f).collect();
+        let (lo, hi) = v.iter().fold((f64::MAX, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        format!("{:.2}x (rounds {lo:.2}-{hi:.2})", median(v))
+    };
+    println!(
+        "podctl vs orbax, per-round ratios' medians: save {} faster, cold restore {}, warm restore {} (goals >= 2x); save at {:.0}% of dd (goal >= 70%); RSS growth {:.3}x (goal <= 1.25x + fixed)",
+        ratio(&|r| r.orbax.unwrap().0 / r.save),
+        ratio(&|r| r.orbax.unwrap().1 / r.restore),
+        ratio(&|r| r.orbax.unwrap().2 / r.warm),
+        100.0 * m(&|r| r.dd / r.save),
+        m(&|r| r.growth)
     );
 }

@@ -16,6 +16,8 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use mesh::{IciMesh, Region, Sharding};
 use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Tuning of restore reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,7 +108,7 @@ pub struct VerifyReport {
 pub struct Checkpoint {
     storage: Storage,
     commit: CommitRecord,
-    manifest: Manifest,
+    manifest: Arc<Manifest>,
     read: ReadOptions,
 }
 
@@ -150,7 +152,12 @@ impl Checkpoint {
                 });
             }
         }
-        Ok(Self { storage: storage.clone(), commit: commit.clone(), manifest, read: ReadOptions::default() })
+        Ok(Self {
+            storage: storage.clone(),
+            commit: commit.clone(),
+            manifest: Arc::new(manifest),
+            read: ReadOptions::default(),
+        })
     }
 
     /// Uses `read` for this checkpoint's reads.
@@ -208,102 +215,259 @@ impl Checkpoint {
         Ok(RegionPlan { region: region.clone(), len: region.num_elements() * elem, copies, fetches })
     }
 
-    /// Whole-chunk reads covering `copies`, merged where adjacent and split to the fetch bound.
+    /// Whole-chunk reads covering `copies` (sorted by object and offset): adjacent spans merged,
+    /// then cut where a run of chunks that one copy covers whole begins or ends (those reads land
+    /// straight in the target buffer), and split to the fetch bound.
     fn chunk_cover(&self, copies: &[ByteCopy]) -> Vec<Fetch> {
         let chunk = self.manifest.chunk_size;
-        let mut spans: Vec<Fetch> = Vec::new();
-        for c in copies {
+        // (span, copies touching it) for adjacent or overlapping whole-chunk spans.
+        let mut spans: Vec<(Fetch, Range<usize>)> = Vec::new();
+        for (i, c) in copies.iter().enumerate() {
             let size = self.manifest.objects[c.object].size;
             let start = c.src / chunk * chunk;
             let end = (c.src + c.len).div_ceil(chunk).saturating_mul(chunk).min(size);
             match spans.last_mut() {
-                Some(f) if f.object == c.object && f.range.end >= start => f.range.end = f.range.end.max(end),
-                _ => spans.push(Fetch { object: c.object, range: start..end }),
+                Some((f, touching)) if f.object == c.object && f.range.end >= start => {
+                    f.range.end = f.range.end.max(end);
+                    touching.end = i + 1;
+                }
+                _ => spans.push((Fetch { object: c.object, range: start..end }, i..i + 1)),
             }
         }
         let step = (self.read.max_fetch_bytes / chunk).max(1) * chunk;
-        spans
-            .into_iter()
-            .flat_map(|f| {
-                let pieces = (f.range.start..f.range.end).step_by(step as usize);
-                pieces.map(move |s| Fetch { object: f.object, range: s..(s + step).min(f.range.end) })
-            })
-            .collect()
-    }
-
-    /// Reads one fetch and checks the CRC of every chunk in it.
-    async fn fetch_verified(&self, fetch: &Fetch) -> Result<Bytes> {
-        let object = &self.manifest.objects[fetch.object];
-        let key = self.storage.key(&self.commit.dir(), &object.name);
-        let bytes = self.storage.get_range(&key, fetch.range.clone()).await?;
-        let chunk = self.manifest.chunk_size;
-        let verify = {
-            let bytes = bytes.clone();
-            // Only this span's CRCs travel to the blocking thread.
-            let first = (fetch.range.start / chunk) as usize;
-            let last = fetch.range.end.div_ceil(chunk) as usize;
-            let crcs = object.chunk_crc32c[first..last].to_vec();
-            let (start, key) = (fetch.range.start, key.to_string());
-            // CRCs of a large read are CPU work; keep it off the async workers.
-            move || -> Result<()> {
-                for (i, piece) in bytes.chunks(chunk as usize).enumerate() {
-                    let offset = start + i as u64 * chunk;
-                    let index = offset / chunk;
-                    let actual = crc32c::crc32c(piece);
-                    let expected = crcs[i];
-                    if actual != expected {
-                        return Err(CheckpointError::Corrupt {
-                            key,
-                            chunk: index,
-                            bytes: offset..offset + piece.len() as u64,
-                            expected,
-                            actual,
-                        });
+        let mut fetches = Vec::new();
+        for (span, touching) in spans {
+            let first = span.range.start / chunk;
+            let chunks = (span.range.end - span.range.start).div_ceil(chunk) as usize;
+            // Per chunk of the span: how many copies touch it, and the one that covers it whole.
+            let mut touched = vec![0u32; chunks];
+            let mut whole = vec![usize::MAX; chunks];
+            for i in touching {
+                let c = &copies[i];
+                let (a, b) = (c.src / chunk - first, (c.src + c.len - 1) / chunk - first);
+                for k in a..=b {
+                    let k_start = (first + k) * chunk;
+                    let k_end = (k_start + chunk).min(span.range.end);
+                    touched[k as usize] += 1;
+                    if c.src <= k_start && c.src + c.len >= k_end {
+                        whole[k as usize] = i;
                     }
                 }
-                Ok(())
             }
-        };
-        if bytes.len() as u64 > chunk {
-            tokio::task::spawn_blocking(verify).await.map_err(|e| CheckpointError::Task {
-                what: format!("crc32c check of {}", fetch.range.start),
-                reason: e.to_string(),
-            })??;
-        } else {
-            verify()?;
+            let class = |k: usize| if touched[k] == 1 { whole[k] } else { usize::MAX };
+            let mut k = 0;
+            while k < chunks {
+                let mut end = k + 1;
+                while end < chunks && class(end) == class(k) {
+                    end += 1;
+                }
+                let (a, b) = ((first + k as u64) * chunk, ((first + end as u64) * chunk).min(span.range.end));
+                fetches.extend(
+                    (a..b)
+                        .step_by(step as usize)
+                        .map(|s| Fetch { object: span.object, range: s..(s + step).min(b) }),
+                );
+                k = end;
+            }
         }
-        Ok(bytes)
+        fetches
+    }
+
+    /// Checks the CRC of every chunk in `data`, the bytes of `range` of object `object`.
+    fn check_chunks(&self, object: usize, range: &Range<u64>, data: &[u8]) -> Result<()> {
+        let entry = &self.manifest.objects[object];
+        let chunk = self.manifest.chunk_size;
+        for (i, piece) in data.chunks(chunk as usize).enumerate() {
+            let offset = range.start + i as u64 * chunk;
+            let index = offset / chunk;
+            let (actual, expected) = (crc32c::crc32c(piece), entry.chunk_crc32c[index as usize]);
+            if actual != expected {
+                return Err(CheckpointError::Corrupt {
+                    key: self.object_key(object).to_string(),
+                    chunk: index,
+                    bytes: offset..offset + piece.len() as u64,
+                    expected,
+                    actual,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn object_key(&self, object: usize) -> object_store::path::Path {
+        self.storage.key(&self.commit.dir(), &self.manifest.objects[object].name)
     }
 
     /// Executes a plan into a new buffer.
     pub async fn execute(&self, plan: &RegionPlan) -> Result<Vec<u8>> {
-        let mut out = vec![
-            0u8;
-            usize::try_from(plan.len).map_err(|_| {
+        let mut out = self.execute_many(std::slice::from_ref(plan)).await?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    /// Executes several plans into new buffers, one per plan, reading every chunk once even when
+    /// several plans need it (small arrays share chunks). On `file://` the reads are `pread`s
+    /// straight into the target buffers, with only chunks shared between targets (or with bytes
+    /// no target needs) going through a scratch buffer; other stores get ranged GETs.
+    pub async fn execute_many(&self, plans: &[RegionPlan]) -> Result<Vec<Vec<u8>>> {
+        let mut outs = Vec::with_capacity(plans.len());
+        for plan in plans {
+            let len = usize::try_from(plan.len).map_err(|_| {
                 CheckpointError::invalid("restore region", format!("{} bytes do not fit in memory", plan.len))
-            })?
-        ];
-        let mut fetched = futures::stream::iter(&plan.fetches)
-            .map(|f| async move { self.fetch_verified(f).await.map(|b| (f, b)) })
-            .buffered(self.read.max_fetches_in_flight.max(1));
-        while let Some((fetch, bytes)) = fetched.try_next().await? {
-            let (a, b) = (fetch.range.start, fetch.range.end);
-            let first = plan.copies.partition_point(|c| (c.object, c.src + c.len) <= (fetch.object, a));
-            for c in plan.copies[first..].iter().take_while(|c| c.object == fetch.object && c.src < b) {
-                let start = c.src.max(a);
-                let end = (c.src + c.len).min(b);
-                let dst = (c.dst + (start - c.src)) as usize;
-                let len = (end - start) as usize;
-                out[dst..dst + len].copy_from_slice(&bytes[(start - a) as usize..(end - a) as usize]);
+            })?;
+            outs.push(vec![0u8; len]);
+        }
+        let mut targets: Vec<(ByteCopy, usize)> = plans
+            .iter()
+            .enumerate()
+            .flat_map(|(out, plan)| plan.copies.iter().map(move |c| (*c, out)))
+            .collect();
+        targets.sort_by_key(|(c, _)| (c.object, c.src));
+        let copies: Vec<ByteCopy> = targets.iter().map(|(c, _)| *c).collect();
+        let fetches = self.chunk_cover(&copies);
+        // Every piece of a target that one fetch supplies; pieces never overlap in the targets.
+        let mut pieces: Vec<Piece> = Vec::new();
+        for (c, out) in &targets {
+            let end = c.src + c.len;
+            let first = fetches.partition_point(|f| (f.object, f.range.end) <= (c.object, c.src));
+            for (i, f) in fetches.iter().enumerate().skip(first) {
+                if f.object != c.object || f.range.start >= end {
+                    break;
+                }
+                let (a, b) = (c.src.max(f.range.start), end.min(f.range.end));
+                pieces.push(Piece { fetch: i, out: *out, dst: c.dst + (a - c.src), src: a, len: b - a });
             }
         }
-        Ok(out)
+        self.run(fetches, pieces, outs).await
+    }
+
+    /// Reads `fetches`, checks every chunk, and copies each piece into its target in `outs`.
+    async fn run(
+        &self,
+        fetches: Vec<Fetch>,
+        pieces: Vec<Piece>,
+        mut outs: Vec<Vec<u8>>,
+    ) -> Result<Vec<Vec<u8>>> {
+        if self.storage.is_local() {
+            let this = self.clone();
+            return tokio::task::spawn_blocking(move || {
+                let jobs = split_targets(&fetches, &pieces, &mut outs)?;
+                this.run_local(jobs)?;
+                Ok(outs)
+            })
+            .await
+            .map_err(|e| CheckpointError::Task { what: "restore reads".into(), reason: e.to_string() })?;
+        }
+        let jobs = split_targets(&fetches, &pieces, &mut outs)?;
+        futures::stream::iter(jobs)
+            .map(|job| self.run_remote(job))
+            .buffer_unordered(self.read.max_fetches_in_flight.max(1))
+            .try_collect::<()>()
+            .await?;
+        Ok(outs)
+    }
+
+    /// One ranged GET, its chunks checked off the async workers, then copied into its targets.
+    async fn run_remote(&self, job: Job<'_>) -> Result<()> {
+        let key = self.object_key(job.fetch.object);
+        let bytes = self.storage.get_range(&key, job.fetch.range.clone()).await?;
+        let (this, checked, fetch) = (self.clone(), bytes.clone(), job.fetch.clone());
+        tokio::task::spawn_blocking(move || this.check_chunks(fetch.object, &fetch.range, &checked))
+            .await
+            .map_err(|e| CheckpointError::Task {
+            what: format!("crc32c check of {key} at {}", job.fetch.range.start),
+            reason: e.to_string(),
+        })??;
+        for (src, dst) in job.pieces {
+            let at = (src - job.fetch.range.start) as usize;
+            dst.copy_from_slice(&bytes[at..at + dst.len()]);
+        }
+        Ok(())
+    }
+
+    /// `file://` reads on up to `max_fetches_in_flight` threads; the caller is a blocking thread.
+    fn run_local(&self, jobs: Vec<Job<'_>>) -> Result<()> {
+        let mut files: Vec<Option<std::fs::File>> = (0..self.manifest.objects.len()).map(|_| None).collect();
+        for job in &jobs {
+            let slot = &mut files[job.fetch.object];
+            if slot.is_none() {
+                let key = self.object_key(job.fetch.object);
+                let path = self.storage.local_path(&key).ok_or_else(|| {
+                    CheckpointError::invalid(format!("object key {key}"), "does not map to a local file")
+                })?;
+                *slot = Some(std::fs::File::open(&path).map_err(|e| local_error("open", &key, e))?);
+            }
+        }
+        let threads = self.read.max_fetches_in_flight.clamp(1, jobs.len().max(1));
+        let queue = std::sync::Mutex::new(jobs.into_iter());
+        let failed = AtomicBool::new(false);
+        let work = || -> Result<()> {
+            let mut scratch = Vec::new();
+            loop {
+                if failed.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+                let Some(job) = queue.lock().unwrap_or_else(|p| p.into_inner()).next() else { return Ok(()) };
+                let file = files[job.fetch.object].as_ref().expect("opened above");
+                let result = self.read_local(file, job, &mut scratch);
+                if result.is_err() {
+                    failed.store(true, Ordering::Relaxed);
+                    return result;
+                }
+            }
+        };
+        if threads == 1 {
+            return work();
+        }
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads).map(|_| scope.spawn(work)).collect();
+            handles.into_iter().try_for_each(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(CheckpointError::Task {
+                        what: "a restore read thread".into(),
+                        reason: "panicked".into(),
+                    })
+                })
+            })
+        })
+    }
+
+    fn read_local(&self, file: &std::fs::File, job: Job<'_>, scratch: &mut Vec<u8>) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let Fetch { object, range } = job.fetch;
+        let key = || self.object_key(*object);
+        let len = (range.end - range.start) as usize;
+        let mut pieces = job.pieces;
+        // The common case: the whole fetch is one piece of one target; read it in place.
+        if let [(src, dst)] = &mut pieces[..]
+            && *src == range.start
+            && dst.len() == len
+        {
+            file.read_exact_at(dst, range.start).map_err(|e| local_error("read", &key(), e))?;
+            return self.check_chunks(*object, range, dst);
+        }
+        scratch.resize(len, 0);
+        file.read_exact_at(scratch, range.start).map_err(|e| local_error("read", &key(), e))?;
+        self.check_chunks(*object, range, scratch)?;
+        for (src, dst) in pieces {
+            let at = (src - range.start) as usize;
+            dst.copy_from_slice(&scratch[at..at + dst.len()]);
+        }
+        Ok(())
     }
 
     /// The bytes of `region` of `array`, row-major, every chunk read verified.
     pub async fn read_region(&self, array: &str, region: &Region) -> Result<Vec<u8>> {
         let plan = self.plan_region(array, region)?;
         self.execute(&plan).await
+    }
+
+    /// The bytes of several regions at once (see [`Checkpoint::execute_many`]), in order.
+    pub async fn read_regions(&self, wanted: &[(&str, Region)]) -> Result<Vec<Vec<u8>>> {
+        let plans = wanted
+            .iter()
+            .map(|(array, region)| self.plan_region(array, region))
+            .collect::<Result<Vec<_>>>()?;
+        self.execute_many(&plans).await
     }
 
     /// Restores `array` for the target `devices` of `mesh` under `sharding`: each distinct
@@ -333,14 +497,18 @@ impl Checkpoint {
                 None => wanted.push((region, vec![d])),
             }
         }
-        let mut out = Vec::with_capacity(wanted.len());
-        for (region, mut devices) in wanted {
-            devices.sort_unstable();
-            devices.dedup();
-            let data = Bytes::from(self.read_region(array, &region).await?);
-            out.push(RestoredShard { region, devices, data });
-        }
-        Ok(out)
+        let plans =
+            wanted.iter().map(|(region, _)| self.plan_region(array, region)).collect::<Result<Vec<_>>>()?;
+        let data = self.execute_many(&plans).await?;
+        Ok(wanted
+            .into_iter()
+            .zip(data)
+            .map(|((region, mut devices), data)| {
+                devices.sort_unstable();
+                devices.dedup();
+                RestoredShard { region, devices, data: Bytes::from(data) }
+            })
+            .collect())
     }
 
     /// Reads every chunk of every object and checks its CRC.
@@ -358,14 +526,74 @@ impl Checkpoint {
                     .map(move |s| Fetch { object: i, range: s..(s + step).min(o.size) })
             })
             .collect();
-        let bytes: u64 = futures::stream::iter(&fetches)
-            .map(|f| async move { self.fetch_verified(f).await.map(|b| b.len() as u64) })
-            .buffered(self.read.max_fetches_in_flight.max(1))
-            .try_fold(0u64, |acc, n| async move { Ok(acc + n) })
-            .await?;
+        let bytes = fetches.iter().map(|f| f.range.end - f.range.start).sum();
+        self.run(fetches, Vec::new(), Vec::new()).await?;
         let chunks = self.manifest.objects.iter().map(|o| o.chunk_crc32c.len() as u64).sum();
         Ok(VerifyReport { objects: self.manifest.objects.len(), chunks, bytes })
     }
+}
+
+/// The part of one target that one fetch supplies.
+struct Piece {
+    fetch: usize,
+    out: usize,
+    dst: u64,
+    src: u64,
+    len: u64,
+}
+
+/// One fetch and the target slices it fills, each with its offset in the object.
+struct Job<'a> {
+    fetch: &'a Fetch,
+    pieces: Vec<(u64, &'a mut [u8])>,
+}
+
+/// Cuts the target buffers into the disjoint slices the pieces fill, grouped by fetch, so the
+/// fetches can fill them in parallel.
+fn split_targets<'a>(
+    fetches: &'a [Fetch],
+    pieces: &[Piece],
+    outs: &'a mut [Vec<u8>],
+) -> Result<Vec<Job<'a>>> {
+    let mut jobs: Vec<Job<'a>> = fetches.iter().map(|fetch| Job { fetch, pieces: Vec::new() }).collect();
+    let mut order: Vec<&Piece> = pieces.iter().collect();
+    order.sort_by_key(|p| (p.out, p.dst));
+    let mut order = order.into_iter().peekable();
+    for (index, out) in outs.iter_mut().enumerate() {
+        let mut rest: &'a mut [u8] = out.as_mut_slice();
+        let mut at = 0u64;
+        while let Some(p) = order.next_if(|p| p.out == index) {
+            let skip = p.dst.checked_sub(at).filter(|s| s.saturating_add(p.len) <= rest.len() as u64);
+            let Some(skip) = skip else {
+                return Err(CheckpointError::invalid(
+                    format!("restore plan target {index}"),
+                    format!(
+                        "bytes {}..{} overlap another piece or lie outside the buffer",
+                        p.dst,
+                        p.dst + p.len
+                    ),
+                ));
+            };
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(skip as usize);
+            let (mine, tail) = tail.split_at_mut(p.len as usize);
+            rest = tail;
+            at = p.dst + p.len;
+            jobs[p.fetch].pieces.push((p.src, mine));
+        }
+    }
+    Ok(jobs)
+}
+
+fn local_error(
+    operation: &'static str,
+    key: &object_store::path::Path,
+    e: std::io::Error,
+) -> CheckpointError {
+    CheckpointError::store(
+        operation,
+        key,
+        object_store::Error::Generic { store: "LocalFileSystem", source: Box::new(e) },
+    )
 }
 
 /// A committed checkpoint that was skipped and why.

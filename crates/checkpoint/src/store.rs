@@ -196,7 +196,8 @@ impl Storage {
     }
 
     /// Wraps an existing store (e.g. one with throttling or extra middleware). `local_dir` is
-    /// the directory a `file://` store is rooted at, if any.
+    /// the directory a `file://` store is rooted at, if any; with it, restore reads go to the
+    /// files directly, bypassing `store` (pass `None` to route every read through `store`).
     pub fn from_store(
         store: Arc<dyn ObjectStore>,
         root: &str,
@@ -229,6 +230,22 @@ impl Storage {
     /// The key of `name` inside the checkpoint directory `dir`.
     pub(crate) fn key(&self, dir: &str, name: &str) -> Path {
         self.root.clone().join(dir).join(name)
+    }
+
+    /// Whether this is a `file://` store.
+    pub(crate) fn is_local(&self) -> bool {
+        self.local_dir.is_some()
+    }
+
+    /// The file behind `key` for `file://`, whose reads skip the object-store layer: `pread`
+    /// straight into the caller's buffer instead of a fresh buffer per range and a copy.
+    pub(crate) fn local_path(&self, key: &Path) -> Option<PathBuf> {
+        let base = self.local_dir.as_ref()?;
+        // Checkpoint names need no escaping; anything escaped goes through object_store's mapping.
+        if key.parts().any(|part| part.as_ref().contains('%')) {
+            return None;
+        }
+        Some(key.parts().fold(base.clone(), |p, part| p.join(part.as_ref())))
     }
 
     /// The key relative to the root, as a directory name and a file name, when it is one level

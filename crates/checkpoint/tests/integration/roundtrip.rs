@@ -156,3 +156,41 @@ async fn uncommitted_saves_are_invisible() {
     assert_eq!(listed.len(), 1);
     assert!(!listed[0].committed);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_reads_share_chunks_and_both_read_paths_agree() {
+    let (dir, storage, log) = open_dir();
+    let spec = save_spec(3, "b", hsdp(), state(4));
+    let (commit, fulls) = save_and_commit(&storage, &log, &spec, &small_chunks()).await;
+    let wanted: Vec<(&str, Region)> =
+        spec.arrays.iter().map(|a| (a.name.as_str(), Region::full(&a.shape))).collect();
+    // file:// reads the files directly; the same directory behind a plain object store (no
+    // local directory given) goes through ranged GETs.
+    let direct = Checkpoint::open(&storage, &commit, &Limits::default()).await.unwrap();
+    let fs = object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap();
+    let via_store = Storage::from_store(std::sync::Arc::new(fs), "", "plain", None).unwrap();
+    let ranged = Checkpoint::open(&via_store, &commit, &Limits::default()).await.unwrap();
+    for checkpoint in [&direct, &ranged] {
+        for options in [ReadOptions::default(), ReadOptions { max_fetch_bytes: 1, max_fetches_in_flight: 3 }]
+        {
+            let got = checkpoint.clone().with_read_options(options).read_regions(&wanted).await.unwrap();
+            assert_eq!(got, fulls, "{} with {options:?}", checkpoint.manifest().save_id);
+        }
+    }
+    // Arrays smaller than a chunk share it, so reading arrays one by one reads some chunks
+    // twice (a batch reads each once); reads that one array covers whole land in place.
+    let plans: Vec<_> = wanted.iter().map(|(a, r)| direct.plan_region(a, r).unwrap()).collect();
+    let separately: u64 = plans.iter().map(|p| p.fetched_bytes()).sum();
+    let stored: u64 = direct.manifest().objects.iter().map(|o| o.size).sum();
+    assert!(separately > stored, "{separately} bytes read array by array, {stored} stored");
+    let in_place = |p: &checkpoint::restore::RegionPlan| -> u64 {
+        let inside = |f: &checkpoint::restore::Fetch| {
+            p.copies
+                .iter()
+                .any(|c| c.object == f.object && c.src <= f.range.start && c.src + c.len >= f.range.end)
+        };
+        p.fetches.iter().filter(|f| inside(f)).map(|f| f.range.end - f.range.start).sum()
+    };
+    let embed = &plans[0];
+    assert!(in_place(embed) * 2 > embed.fetched_bytes(), "most of embed's reads land in place: {embed:?}");
+}
