@@ -11,7 +11,7 @@ use crate::commit::{CommitLog, CommitRecord, committed_newest_first};
 use crate::error::{CheckpointError, Result};
 use crate::layout::MANIFEST;
 use crate::manifest::{Limits, Manifest};
-use crate::store::Storage;
+use crate::store::{Storage, local_error};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use mesh::{IciMesh, Region, Sharding};
@@ -582,18 +582,6 @@ fn split_targets<'a>(
         }
     }
     Ok(jobs)
-}
-
-fn local_error(
-    operation: &'static str,
-    key: &object_store::path::Path,
-    e: std::io::Error,
-) -> CheckpointError {
-    CheckpointError::store(
-        operation,
-        key,
-        object_store::Error::Generic { store: "LocalFileSystem", source: Box::new(e) },
-    )
 }
 
 /// A committed checkpoint that was skipped and why.

@@ -11,7 +11,7 @@ use crate::error::{CheckpointError, Result};
 use crate::layout::{dir_name, host_object_name, validate_save_id};
 use crate::manifest::{CHUNK_SIZE_RANGE, DataPosition, ObjectEntry, check_bundle_id, region_to_wire};
 use crate::plan::{WritePlan, plan_writes};
-use crate::store::Storage;
+use crate::store::{Storage, local_error};
 use crate::topology::{ArraySpec, Topology};
 use bytes::Bytes;
 use futures::StreamExt;
@@ -344,10 +344,22 @@ async fn upload(
     storage: &Storage,
     stream: HostStream,
     options: &SaveOptions,
-    progress: &SaveProgress,
+    progress: &Arc<SaveProgress>,
 ) -> Result<HostReport> {
     let name = host_object_name(stream.host);
     let key = storage.key(&stream.dir, &name);
+    if let Some(path) = storage.local_path(&key) {
+        let (options, progress) = (*options, progress.clone());
+        return tokio::task::spawn_blocking(move || {
+            let crcs = write_local(&path, &key, &stream.segments, &options, &progress)?;
+            Ok(report(stream, &options, name, crcs))
+        })
+        .await
+        .map_err(|e| CheckpointError::Task {
+            what: "local checkpoint write".into(),
+            reason: e.to_string(),
+        })?;
+    }
     let mut hasher = ChunkHasher::new(options.chunk_size);
     if stream.total <= options.part_size {
         for s in &stream.segments {
@@ -397,14 +409,101 @@ async fn upload(
         }
         upload.complete().await.map_err(|e| CheckpointError::store("complete_multipart", &key, e))?;
     }
-    Ok(HostReport {
+    Ok(report(stream, options, name, hasher.finish()))
+}
+
+fn report(stream: HostStream, options: &SaveOptions, name: String, chunk_crc32c: Vec<u32>) -> HostReport {
+    HostReport {
         host: stream.host,
         step: stream.step,
         save_id: stream.save_id,
         chunk_size: options.chunk_size,
-        object: ObjectEntry { name, host: stream.host, size: stream.total, chunk_crc32c: hasher.finish() },
+        object: ObjectEntry { name, host: stream.host, size: stream.total, chunk_crc32c },
         shards: stream.shards,
-    })
+    }
+}
+
+/// Writes a `file://` stream object without the object-store layer, so that its flush to disk
+/// overlaps the writing: the bytes go to a staging file (`<name>#<n>`, the name object_store's
+/// multipart uses, which garbage collection sweeps after a killed writer), a second thread keeps
+/// calling `fdatasync` on it while parts are written (otherwise the kernel starts writing back
+/// only when a tenth of memory is dirty, and the final fsync waits for all of it), a third
+/// computes the chunk CRCs; then the file is synced, renamed into place and its directory synced.
+fn write_local(
+    path: &std::path::Path,
+    key: &object_store::path::Path,
+    segments: &[Bytes],
+    options: &SaveOptions,
+    progress: &SaveProgress,
+) -> Result<Vec<u32>> {
+    use std::io::Write;
+    let io = |operation: &'static str| move |e: std::io::Error| local_error(operation, key, e);
+    let dir = path.parent().expect("an object key has a directory");
+    std::fs::create_dir_all(dir).map_err(io("create directory"))?;
+    if let Some(root) = dir.parent() {
+        sync_dir(root).map_err(io("sync directory"))?;
+    }
+    let (mut file, staging) = (1..)
+        .find_map(|n| {
+            let staging = std::path::PathBuf::from(format!("{}#{n}", path.display()));
+            match std::fs::OpenOptions::new().write(true).create_new(true).open(&staging) {
+                Ok(file) => Some(Ok((file, staging))),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => None,
+                Err(e) => Some(Err(io("create")(e))),
+            }
+        })
+        .expect("an unbounded search ends")?;
+    let written = std::thread::scope(|scope| -> Result<Vec<u32>> {
+        let crcs = scope.spawn(|| {
+            let mut hasher = ChunkHasher::new(options.chunk_size);
+            segments.iter().for_each(|s| hasher.update(s));
+            hasher.finish()
+        });
+        let flusher = file.try_clone().map_err(io("open"))?;
+        let (wake, woken) = std::sync::mpsc::sync_channel::<()>(1);
+        let flushes = scope.spawn(move || -> std::io::Result<()> {
+            while woken.recv().is_ok() {
+                flusher.sync_data()?;
+            }
+            Ok(())
+        });
+        let mut result = Ok(());
+        for part in parts(segments, options.part_size) {
+            let bytes: u64 = part.iter().map(|b| b.len() as u64).sum();
+            if let Err(e) = part.iter().try_for_each(|b| file.write_all(b)) {
+                result = Err(io("write")(e));
+                break;
+            }
+            progress.bytes_written.fetch_add(bytes, Ordering::Relaxed);
+            // A full channel means a flush is pending, which will cover this part too.
+            let _ = wake.try_send(());
+        }
+        drop(wake);
+        let flushed =
+            flushes.join().unwrap_or_else(|_| Err(std::io::Error::other("the flush thread panicked")));
+        let crcs = crcs.join().map_err(|_| CheckpointError::Task {
+            what: format!("crc32c of {key}"),
+            reason: "panicked".into(),
+        })?;
+        result?;
+        // An error an early fdatasync saw is not reported again by a later one.
+        flushed.map_err(io("sync"))?;
+        Ok(crcs)
+    });
+    let finished = written.and_then(|crcs| {
+        file.sync_all().map_err(io("sync"))?;
+        std::fs::rename(&staging, path).map_err(io("rename"))?;
+        sync_dir(dir).map_err(io("sync directory"))?;
+        Ok(crcs)
+    });
+    if finished.is_err() {
+        let _ = std::fs::remove_file(&staging);
+    }
+    finished
+}
+
+fn sync_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
 }
 
 async fn drain_one<F>(
@@ -433,7 +532,7 @@ pub async fn save_host(
 ) -> Result<HostReport> {
     options.validate()?;
     let stream = prepare(spec, host, buffers)?;
-    let progress = SaveProgress::default();
+    let progress = Arc::new(SaveProgress::default());
     progress.bytes_total.store(stream.total, Ordering::Relaxed);
     upload(storage, stream, options, &progress).await
 }

@@ -385,6 +385,16 @@ impl Storage {
     }
 }
 
+/// An I/O error of a `file://` read or write done without the object-store layer, reported
+/// like the store's own errors.
+pub(crate) fn local_error(operation: &'static str, key: &Path, e: std::io::Error) -> CheckpointError {
+    CheckpointError::store(
+        operation,
+        key,
+        object_store::Error::Generic { store: "LocalFileSystem", source: Box::new(e) },
+    )
+}
+
 /// The bucket and root prefix of an `s3://` or `gs://` URL. `raw` is checked as written: URL
 /// parsing would silently resolve a `..` segment instead of refusing it.
 fn bucket_and_root(raw: &str, url: &url::Url) -> Result<(String, String), String> {
