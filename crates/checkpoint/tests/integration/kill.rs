@@ -1,5 +1,7 @@
 //! A writer process SIGKILLed mid-upload: nothing is committed, the previous checkpoint
-//! restores, and garbage collection removes what the writer left.
+//! restores, and garbage collection removes what the writer left. Twice: through object_store's
+//! multipart upload (throttled so the kill lands mid-upload) and through the crate's own
+//! `file://` writer (a state large enough that the kill lands before its final fsync).
 
 use crate::common::*;
 use checkpoint::manifest::Limits;
@@ -15,6 +17,8 @@ use std::time::Duration;
 
 /// Tells the re-executed test binary which directory to write into.
 const CHILD_ENV: &str = "PODCTL_CKPT_KILLED_WRITER_DIR";
+/// `multipart` or `direct`: which write path the child takes.
+const CHILD_PATH_ENV: &str = "PODCTL_CKPT_KILLED_WRITER_PATH";
 /// What the child prints once its first part is stored.
 const PART_DONE: &str = "PODCTL_CKPT_PART_DONE";
 
@@ -22,10 +26,15 @@ fn topology() -> Topology {
     Topology::single_host(ici(&[("fsdp", 2)])).unwrap()
 }
 
-fn arrays() -> Vec<checkpoint::ArraySpec> {
-    // 24 MiB: five 5 MiB parts.
+/// 24 MiB (five 5 MiB parts) times `scale`.
+fn arrays(scale: u64) -> Vec<checkpoint::ArraySpec> {
     vec![
-        checkpoint::ArraySpec::new("w", vec![3 << 20, 2], mesh::DType::Float32, spec(&[&["fsdp"], &[]])),
+        checkpoint::ArraySpec::new(
+            "w",
+            vec![(scale * 3) << 20, 2],
+            mesh::DType::Float32,
+            spec(&[&["fsdp"], &[]]),
+        ),
         checkpoint::ArraySpec::new("step", vec![], mesh::DType::Int64, Sharding::replicated(0)),
     ]
 }
@@ -40,16 +49,24 @@ fn writer_child() {
     let dir = std::env::var(CHILD_ENV)
         .expect("only run as the child of sigkill_mid_upload_leaves_nothing_committed");
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let direct = std::env::var(CHILD_PATH_ENV).as_deref() == Ok("direct");
     runtime.block_on(async {
-        // The same durable local store, with each part slowed so the kill lands mid-upload.
-        let local = object_store::local::LocalFileSystem::new_with_prefix(&dir).unwrap().with_fsync(true);
-        let config = object_store::throttle::ThrottleConfig {
-            wait_put_per_call: Duration::from_millis(500),
-            ..Default::default()
+        let (storage, scale) = if direct {
+            // The crate's own file:// writer; 192 MiB take far longer to write and fsync than
+            // the parent takes to kill once the first part is written.
+            (Storage::open(&dir, &Default::default()).unwrap(), 8)
+        } else {
+            // The same durable local store behind object_store's multipart upload, each part
+            // slowed so the kill lands mid-upload.
+            let local = object_store::local::LocalFileSystem::new_with_prefix(&dir).unwrap().with_fsync(true);
+            let config = object_store::throttle::ThrottleConfig {
+                wait_put_per_call: Duration::from_millis(500),
+                ..Default::default()
+            };
+            let throttled = object_store::throttle::ThrottledStore::new(local, config);
+            (Storage::from_store(Arc::new(throttled), "", format!("file://{dir}"), None).unwrap(), 1)
         };
-        let throttled = object_store::throttle::ThrottledStore::new(local, config);
-        let storage = Storage::from_store(Arc::new(throttled), "", format!("file://{dir}"), None).unwrap();
-        let spec = save_spec(200, "killed", topology(), arrays());
+        let spec = save_spec(200, "killed", topology(), arrays(scale));
         let buffers = host_buffers(&spec, &fulls(&spec), 0);
         let saver = AsyncSaver::new(storage.clone(), options()).unwrap();
         let handle = saver.start(&spec, 0, buffers).unwrap();
@@ -66,15 +83,25 @@ fn writer_child() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_upload_leaves_nothing_committed() {
+    killed_writer_leaves_nothing_committed("multipart").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_direct_file_write_leaves_nothing_committed() {
+    killed_writer_leaves_nothing_committed("direct").await;
+}
+
+async fn killed_writer_leaves_nothing_committed(path: &str) {
     let dir = tempfile::tempdir().unwrap();
     let storage = Storage::open(dir.path().to_str().unwrap(), &Default::default()).unwrap();
     let log = StoreCommitLog::new(storage.clone());
-    let previous = save_spec(100, "done", topology(), arrays());
+    let previous = save_spec(100, "done", topology(), arrays(1));
     let (committed, fulls) = save_and_commit(&storage, &log, &previous, &options()).await;
 
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["kill::writer_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, dir.path())
+        .env(CHILD_PATH_ENV, path)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
