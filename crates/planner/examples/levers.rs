@@ -10,7 +10,12 @@
 //! ```text
 //! cargo run -p podctl-planner --release --example levers            # minutes per compile, cached
 //! cargo run -p podctl-planner --release --example levers -- --mesh 2,4 --micro-batch 32 --seq-len 4096
+//! cargo run -p podctl-planner --release --example levers -- --only xla,pallas+lora --cliffs pallas+lora
 //! ```
+//!
+//! `--only` picks settings, `--cliffs` the settings whose cliff is searched (default: all; the
+//! search compiles the micro-batches around each cliff, two minutes to ten per compile),
+//! `--jobs` the compiles at once (default 2).
 //!
 //! Bundles and compiled statistics are cached under `target/planner-cache` (`PLANNER_CACHE`),
 //! so a second run reprints the table from the cache in seconds.
@@ -36,6 +41,8 @@ struct Args {
     global_batch: u64,
     remat: Remat,
     only: Option<Vec<String>>,
+    cliffs: Option<Vec<String>>,
+    jobs: usize,
 }
 
 fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -46,6 +53,8 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         global_batch: 256,
         remat: Remat::Dots,
         only: None,
+        cliffs: None,
+        jobs: 2,
     };
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -62,6 +71,8 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--global-batch" => a.global_batch = number(value()?)?,
             "--remat" => a.remat = Remat::parse(&value()?).map_err(|e| e.to_string())?,
             "--only" => a.only = Some(value()?.split(',').map(String::from).collect()),
+            "--jobs" => a.jobs = number(value()?)?.max(1) as usize,
+            "--cliffs" => a.cliffs = Some(value()?.split(',').map(String::from).collect()),
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -141,7 +152,7 @@ fn run(args: Args) -> Result<(), String> {
             );
         }
     };
-    let parallelism = planner::exact::default_parallelism(6 * GIB).min(2);
+    let parallelism = planner::exact::default_parallelism(6 * GIB).min(args.jobs);
     let settings: Vec<&Setting> = SETTINGS
         .iter()
         .filter(|s| args.only.as_ref().is_none_or(|only| only.iter().any(|o| o == s.name)))
@@ -154,20 +165,39 @@ fn run(args: Args) -> Result<(), String> {
         cliff: Option<planner::Cliff>,
         analytic_at: Box<dyn Fn(u64) -> u64>,
     }
-    let mut lines = Vec::new();
+    let at = |s: &Setting| Candidate {
+        attention: s.attention,
+        offload: s.offload,
+        ..Candidate::new(args.layout, args.micro_batch, args.remat)
+    };
+    // Every setting's peak at the given micro-batch, one batch per workload (full fine-tuning,
+    // LoRA): the compiles run in parallel, and identical modules (offload does not change
+    // grad_step) compile once.
+    let mut exact_at: Vec<Option<u64>> = vec![None; settings.len()];
     let mut compiles = 0;
-    for s in settings {
+    for lora in [false, true] {
+        let ids: Vec<usize> = (0..settings.len()).filter(|&i| settings[i].lora == lora).collect();
+        if ids.is_empty() {
+            continue;
+        }
+        let w = workload(&args, lora);
+        let oracle = ExactOracle::new(&w, &target, &exporter, &compiler, parallelism)
+            .with_cache(common::compile_cache())
+            .with_progress(&progress);
+        let candidates: Vec<Candidate> = ids.iter().map(|&i| at(settings[i])).collect();
+        for (&i, result) in ids.iter().zip(oracle.measure(&candidates)) {
+            exact_at[i] = result.map(|m| m.peak()).map_err(|e| eprintln!("{}: {e}", settings[i].name)).ok();
+        }
+        compiles += oracle.stats().compiles;
+    }
+
+    let mut lines = Vec::new();
+    for (s, exact) in settings.iter().zip(exact_at) {
         let w = workload(&args, s.lora);
         let oracle = ExactOracle::new(&w, &target, &exporter, &compiler, parallelism)
             .with_cache(common::compile_cache())
             .with_progress(&progress);
-        let at = Candidate {
-            attention: s.attention,
-            offload: s.offload,
-            ..Candidate::new(args.layout, args.micro_batch, args.remat)
-        };
-        let exact =
-            oracle.measure(&[at]).remove(0).map(|m| m.peak()).map_err(|e| eprintln!("{}: {e}", s.name)).ok();
+        let at = at(s);
         let options = PlanOptions {
             layouts: Some(vec![args.layout]),
             remats: vec![args.remat],
@@ -175,16 +205,21 @@ fn run(args: Args) -> Result<(), String> {
             offloads: vec![s.offload],
             ..PlanOptions::default()
         };
-        let plan =
-            planner::plan(&w, &target, &options, Some(&oracle)).map_err(|e| format!("{}: {e}", s.name))?;
-        compiles += oracle.stats().compiles;
+        let cliff = if args.cliffs.as_ref().is_none_or(|c| c.iter().any(|c| c == s.name)) {
+            let plan = planner::plan(&w, &target, &options, Some(&oracle))
+                .map_err(|e| format!("{}: {e}", s.name))?;
+            compiles += oracle.stats().compiles;
+            plan.cliff
+        } else {
+            None
+        };
         let acc = target.accelerator.clone();
         let (w2, base) = (w.clone(), at);
         lines.push(Line {
             name: s.name,
             exact,
             analytic: estimate(&w, &at, &target.accelerator).peak(),
-            cliff: plan.cliff,
+            cliff,
             analytic_at: Box::new(move |mb| {
                 estimate(&w2, &Candidate { micro_batch: mb, ..base }, &acc).peak()
             }),
