@@ -479,34 +479,57 @@ impl Checkpoint {
         sharding: &Sharding,
         devices: &[usize],
     ) -> Result<Vec<RestoredShard>> {
-        let entry = &self.manifest.arrays[self.array_index(array)?];
-        sharding.validate(&entry.shape, mesh).map_err(|e| {
-            CheckpointError::invalid(format!("target sharding of array '{array}'"), e.to_string())
-        })?;
-        let mut wanted: Vec<(Region, Vec<usize>)> = Vec::new();
-        for &d in devices {
-            if d >= mesh.num_devices() {
-                return Err(CheckpointError::invalid(
-                    format!("target device {d}"),
-                    format!("mesh {mesh} has {} devices", mesh.num_devices()),
-                ));
-            }
-            let region = sharding.shard_region(&entry.shape, mesh, d);
-            match wanted.iter_mut().find(|(r, _)| *r == region) {
-                Some((_, ds)) => ds.push(d),
-                None => wanted.push((region, vec![d])),
-            }
+        let mut all = self.restore_many(&[(array, sharding)], mesh, devices).await?;
+        Ok(all.pop().unwrap_or_default())
+    }
+
+    /// [`Checkpoint::restore_shards`] for several arrays in one batch of reads (a whole state:
+    /// chunks that small arrays share are read once), one list of shards per array, in order.
+    pub async fn restore_many(
+        &self,
+        arrays: &[(&str, &Sharding)],
+        mesh: &IciMesh,
+        devices: &[usize],
+    ) -> Result<Vec<Vec<RestoredShard>>> {
+        if let Some(&d) = devices.iter().find(|&&d| d >= mesh.num_devices()) {
+            return Err(CheckpointError::invalid(
+                format!("target device {d}"),
+                format!("mesh {mesh} has {} devices", mesh.num_devices()),
+            ));
         }
-        let plans =
-            wanted.iter().map(|(region, _)| self.plan_region(array, region)).collect::<Result<Vec<_>>>()?;
-        let data = self.execute_many(&plans).await?;
+        let mut wanted: Vec<Vec<(Region, Vec<usize>)>> = Vec::with_capacity(arrays.len());
+        let mut plans = Vec::new();
+        for &(array, sharding) in arrays {
+            let entry = &self.manifest.arrays[self.array_index(array)?];
+            sharding.validate(&entry.shape, mesh).map_err(|e| {
+                CheckpointError::invalid(format!("target sharding of array '{array}'"), e.to_string())
+            })?;
+            let mut regions: Vec<(Region, Vec<usize>)> = Vec::new();
+            for &d in devices {
+                let region = sharding.shard_region(&entry.shape, mesh, d);
+                match regions.iter_mut().find(|(r, _)| *r == region) {
+                    Some((_, ds)) => ds.push(d),
+                    None => regions.push((region, vec![d])),
+                }
+            }
+            for (region, _) in &regions {
+                plans.push(self.plan_region(array, region)?);
+            }
+            wanted.push(regions);
+        }
+        let mut data = self.execute_many(&plans).await?.into_iter();
         Ok(wanted
             .into_iter()
-            .zip(data)
-            .map(|((region, mut devices), data)| {
-                devices.sort_unstable();
-                devices.dedup();
-                RestoredShard { region, devices, data: Bytes::from(data) }
+            .map(|regions| {
+                regions
+                    .into_iter()
+                    .zip(data.by_ref())
+                    .map(|((region, mut devices), data)| {
+                        devices.sort_unstable();
+                        devices.dedup();
+                        RestoredShard { region, devices, data: Bytes::from(data) }
+                    })
+                    .collect()
             })
             .collect())
     }

@@ -567,18 +567,48 @@ async fn read_arrays(
     }
     let mesh = trainer.slice().mesh().clone();
     let devices: Vec<usize> = (0..mesh.num_devices()).collect();
+    // Batches of reads (chunks that small arrays share are read once), each at most
+    // RESTORE_BATCH_BYTES of whole arrays, so host memory holds one batch beyond the placed state.
     let mut arrays = Vec::with_capacity(specs.len());
-    for spec in specs {
-        let shards = checkpoint.restore_shards(&spec.name, &mesh, &spec.sharding, &devices).await?;
-        let mut pieces: Vec<&[u8]> = vec![&[]; devices.len()];
-        for shard in &shards {
-            for &d in &shard.devices {
-                pieces[d] = &shard.data;
-            }
+    let mut rest = specs;
+    while !rest.is_empty() {
+        let mut bytes = 0u64;
+        let take = rest
+            .iter()
+            .take_while(|s| {
+                bytes = bytes.saturating_add(s.num_bytes());
+                bytes <= RESTORE_BATCH_BYTES
+            })
+            .count()
+            .max(1);
+        let (batch, later) = rest.split_at(take);
+        rest = later;
+        let wanted: Vec<(&str, &mesh::Sharding)> =
+            batch.iter().map(|s| (s.name.as_str(), &s.sharding)).collect();
+        let restored = checkpoint.restore_many(&wanted, &mesh, &devices).await?;
+        for (spec, shards) in batch.iter().zip(restored) {
+            arrays.push(upload_restored(trainer, spec, &shards, devices.len())?);
         }
-        arrays.push(trainer.slice().upload_shards(spec, &pieces)?);
     }
     Ok(arrays)
+}
+
+/// Whole-array bytes read per restore batch.
+const RESTORE_BATCH_BYTES: u64 = 1 << 30;
+
+fn upload_restored(
+    trainer: &Trainer,
+    spec: &bundle::TensorSpec,
+    shards: &[checkpoint::RestoredShard],
+    devices: usize,
+) -> Result<crate::DeviceArray, WorkerError> {
+    let mut pieces: Vec<&[u8]> = vec![&[]; devices];
+    for shard in shards {
+        for &d in &shard.devices {
+            pieces[d] = &shard.data;
+        }
+    }
+    trainer.slice().upload_shards(spec, &pieces)
 }
 
 /// The parameters (only) of the committed checkpoint at `uri`, a checkpoint directory
