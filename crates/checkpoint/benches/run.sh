@@ -4,13 +4,16 @@
 # Usage: crates/checkpoint/benches/run.sh [--gib 1.0] [--dir /path/on/disk] [--skip-orbax]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../../.." && pwd)"
-venv="${PODCTL_VENV:-$root/.venv}"
-if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c "import orbax.checkpoint" 2>/dev/null; then
-  if [[ " $* " != *" --skip-orbax "* ]]; then
-    echo "orbax-checkpoint is not installed in $venv: run scripts/setup.sh" \
-         "(or pip install -r scripts/requirements/checkpoint-bench.txt), or pass --skip-orbax" >&2
-    exit 1
-  fi
+# Orbax runs in .venv-ckpt-bench (gitignored), made on first use: the project's .venv (JAX, numpy)
+# on its path plus the pinned orbax-checkpoint, so the shared .venv stays as setup.sh made it.
+venv="${PODCTL_VENV:-$root/.venv-ckpt-bench}"
+if [[ " $* " != *" --skip-orbax "* ]] && ! "$venv/bin/python" -c "import orbax.checkpoint" 2>/dev/null; then
+  [[ -x "$root/.venv/bin/python" ]] || "$root/scripts/setup.sh"
+  echo "installing the pinned orbax-checkpoint into $venv (once)" >&2
+  "$root/.venv/bin/python" -m venv "$venv"
+  "$root/.venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
+    > "$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/podctl-venv.pth"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$root/scripts/requirements/checkpoint-bench.txt"
 fi
 cd "$root"
 export PODCTL_VENV="$venv"
