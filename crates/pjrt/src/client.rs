@@ -137,6 +137,22 @@ impl Client {
         LoadedExecutable::from_raw(self.inner.clone(), args.executable)
     }
 
+    /// Loads a program [`LoadedExecutable::serialize`] wrote, compiled by the same plugin for
+    /// the same devices, without compiling it again.
+    pub fn deserialize_and_load(&self, serialized: &[u8]) -> Result<LoadedExecutable> {
+        let plugin = self.inner.plugin;
+        let mut args = new_args!(PJRT_Executable_DeserializeAndLoad_Args);
+        args.client = self.inner.raw;
+        args.serialized_executable = serialized.as_ptr().cast();
+        args.serialized_executable_size = serialized.len();
+        // SAFETY: the bytes outlive the call; the plugin copies what it keeps.
+        plugin.check(
+            unsafe { call!(plugin, PJRT_Executable_DeserializeAndLoad)(&mut args) },
+            "PJRT_Executable_DeserializeAndLoad",
+        )?;
+        LoadedExecutable::from_raw(self.inner.clone(), args.loaded_executable)
+    }
+
     /// Copies a dense row-major host array to `device`. The copy is complete when this returns,
     /// so `data` may be reused at once.
     pub fn buffer_from_host(

@@ -180,6 +180,29 @@ impl LoadedExecutable {
         Ok(Executable::from_raw(plugin, args.executable))
     }
 
+    /// The compiled program as bytes the same plugin can load again
+    /// ([`crate::Client::deserialize_and_load`]) without compiling: a compile cache.
+    pub fn serialize(&self) -> Result<Vec<u8>> {
+        let executable = self.executable()?;
+        let plugin = self.client.plugin;
+        let mut args = new_args!(PJRT_Executable_Serialize_Args);
+        args.executable = executable.raw;
+        // SAFETY: the executable is live; the bytes are owned by `serialized_executable` until its
+        // deleter runs, which happens after they are copied.
+        plugin.check(
+            unsafe { call!(plugin, PJRT_Executable_Serialize)(&mut args) },
+            "PJRT_Executable_Serialize",
+        )?;
+        // SAFETY: (pointer, count) from the plugin, alive until the deleter runs below.
+        let bytes =
+            unsafe { slice_from(args.serialized_bytes.cast::<u8>(), args.serialized_bytes_size) }.to_vec();
+        if let Some(deleter) = args.serialized_executable_deleter {
+            // SAFETY: the plugin's own deleter for the object it returned, called once.
+            unsafe { deleter(args.serialized_executable) };
+        }
+        Ok(bytes)
+    }
+
     /// The devices the program runs on, in execution order (replica-major, then partition):
     /// [`LoadedExecutable::execute`] takes and returns one list per device in this order.
     pub fn devices(&self) -> Result<Vec<Device>> {

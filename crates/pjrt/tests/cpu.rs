@@ -402,3 +402,21 @@ fn a_wrong_plugin_path_is_a_clear_error() {
     assert!(matches!(error, Error::NotAPlugin { .. }), "{error}");
     assert!(error.to_string().contains("GetPjrtApi"), "{error}");
 }
+
+#[test]
+fn a_serialized_program_loads_without_compiling_and_computes_the_same_bits() {
+    let client = cpu_client(1);
+    let fixture = &manifest()["single"];
+    let compiled = client.compile(&fixture_bytes("single.mlirbc"), &CompileOptions::default()).unwrap();
+    let bytes = compiled.serialize().unwrap();
+    assert!(!bytes.is_empty());
+    let loaded = client.deserialize_and_load(&bytes).unwrap();
+    assert_eq!(loaded.num_outputs().unwrap(), compiled.num_outputs().unwrap());
+    let device = &loaded.devices().unwrap()[0];
+    let run = |executable: &pjrt::LoadedExecutable| {
+        let inputs = upload(&client, &fixture["inputs"], device);
+        let outputs = executable.execute(vec![inputs.iter().map(ExecuteArg::Borrow).collect()]).unwrap();
+        outputs[0].iter().map(|b| b.to_host().unwrap()).collect::<Vec<_>>()
+    };
+    assert_eq!(run(&loaded), run(&compiled));
+}
