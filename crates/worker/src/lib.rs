@@ -4,6 +4,8 @@
 //! - [`slice`]: a PJRT client over the slice's devices, programs compiled for them, and
 //!   [`DeviceArray`]s, global arrays held as one buffer per device, moved to and from the host by
 //!   their sharding.
+//! - [`compile_cache`]: compiled programs on disk, loaded instead of compiled by a process that
+//!   starts again (a replacement, a restart).
 //! - [`trainer`]: the train state on device and the step: accumulate gradients over
 //!   micro-batches, then apply.
 //! - [`run`]: the loop over steps for a job on one slice, reporting each step to an observer.
@@ -24,6 +26,7 @@
 
 pub mod agent;
 pub mod ckpt;
+pub mod compile_cache;
 pub mod dp;
 pub mod grpo;
 pub mod metrics;

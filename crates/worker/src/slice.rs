@@ -1,5 +1,6 @@
 //! One slice's devices, the programs compiled for them, and global arrays held on them.
 
+use crate::compile_cache::{CacheKey, CompileCache};
 use crate::{PjrtContext, WorkerError};
 use bundle::{Bundle, ProgramSpec, TensorSpec};
 use mesh::{DType, IciMesh, Region, copy_region};
@@ -9,8 +10,10 @@ use pjrt::{Client, CompileOptions, Device, ElementType, ExecuteArg, LoadedExecut
 /// `devices[d]` and runs partition `d` of every program.
 pub struct Slice {
     client: Client,
+    platform: String,
     devices: Vec<Device>,
     mesh: IciMesh,
+    cache: Option<CompileCache>,
 }
 
 impl Slice {
@@ -39,7 +42,13 @@ impl Slice {
             )));
         }
         devices.truncate(n);
-        Ok(Self { client, devices, mesh: mesh.clone() })
+        Ok(Self { client, platform: found, devices, mesh: mesh.clone(), cache: None })
+    }
+
+    /// Keeps compiled programs in `cache` and loads them from it instead of compiling again.
+    pub fn with_compile_cache(mut self, cache: CompileCache) -> Self {
+        self.cache = Some(cache);
+        self
     }
 
     /// The slice's mesh.
@@ -57,7 +66,7 @@ impl Slice {
             device_assignment: Some(vec![ids.clone()]),
             ..CompileOptions::spmd(self.devices.len() as u32)
         };
-        let exe = self.client.compile(&mlir, &options).context(|| format!("compiling program '{name}'"))?;
+        let exe = self.compile_or_load(&mlir, &options, &ids, name)?;
         let order: Vec<i64> =
             exe.devices().context(|| format!("devices of '{name}'"))?.iter().map(Device::id).collect();
         if order != ids {
@@ -73,6 +82,40 @@ impl Slice {
             )));
         }
         Ok(Program { name: name.to_string(), exe, spec, devices: ids.len() })
+    }
+
+    /// Loads the program from the compile cache when it holds it, else compiles (and keeps it).
+    fn compile_or_load(
+        &self,
+        mlir: &[u8],
+        options: &CompileOptions,
+        ids: &[i64],
+        name: &str,
+    ) -> Result<LoadedExecutable, WorkerError> {
+        let compile = || self.client.compile(mlir, options).context(|| format!("compiling program '{name}'"));
+        let Some(cache) = &self.cache else { return compile() };
+        let encoded = options.encode().context(|| format!("compile options of '{name}'"))?;
+        let key = CacheKey {
+            plugin: self.client.plugin(),
+            platform: &self.platform,
+            program: mlir,
+            options: &encoded,
+            devices: ids,
+        };
+        if let Some(bytes) = cache.get(&key) {
+            match self.client.deserialize_and_load(&bytes) {
+                Ok(exe) => return Ok(exe),
+                Err(e) => {
+                    tracing::warn!("program '{name}' from the compile cache did not load ({e}); compiling")
+                }
+            }
+        }
+        let exe = compile()?;
+        match exe.serialize() {
+            Ok(bytes) => cache.put(&key, &bytes),
+            Err(e) => tracing::debug!("program '{name}' cannot be kept in the compile cache: {e}"),
+        }
+        Ok(exe)
     }
 
     /// Places a global array on the slice: each device gets its shard.

@@ -1,10 +1,19 @@
-//! A rerun of the same job on the same mesh gives bitwise the same parameters.
+//! A rerun of the same job on the same mesh gives bitwise the same parameters, whether its
+//! programs were compiled or loaded from the compile cache.
 
 use crate::support;
+use worker::compile_cache::CompileCache;
 use worker::{Slice, Trainer};
 
 fn train(bundle: &bundle::Bundle, steps: u64) -> Vec<(String, Vec<u8>)> {
-    let slice = Slice::open(support::plugin(), "cpu", bundle.mesh()).unwrap();
+    train_with(bundle, steps, None)
+}
+
+fn train_with(bundle: &bundle::Bundle, steps: u64, cache: Option<&CompileCache>) -> Vec<(String, Vec<u8>)> {
+    let mut slice = Slice::open(support::plugin(), "cpu", bundle.mesh()).unwrap();
+    if let Some(cache) = cache {
+        slice = slice.with_compile_cache(cache.clone());
+    }
     let mut trainer = Trainer::new(slice, bundle).unwrap();
     trainer.init(3).unwrap();
     for step in 0..steps {
@@ -35,4 +44,44 @@ fn same_job_twice_gives_bitwise_identical_state() {
     let changed =
         first.iter().zip(&initial).filter(|((n, a), (_, b))| n.starts_with("params/") && a != b).count();
     assert_eq!(changed, bundle.manifest().params.len(), "every parameter trains");
+}
+
+/// Each cache entry's path and modification time.
+fn entries(cache: &CompileCache) -> Vec<(std::path::PathBuf, std::time::SystemTime)> {
+    let mut entries: Vec<_> = std::fs::read_dir(cache.dir())
+        .unwrap()
+        .map(|e| {
+            let path = e.unwrap().path();
+            let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
+            (path, modified)
+        })
+        .collect();
+    entries.sort();
+    entries
+}
+
+#[test]
+fn programs_from_the_compile_cache_train_to_the_same_bits_and_a_damaged_entry_is_recompiled() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bundle = support::export_tiny(&tmp.path().join("bundle"), "fsdp=2,tp=1", 4, 128);
+    let cache = CompileCache::new(tmp.path().join("executables"));
+    let compiled = train(&bundle, 3);
+    assert_eq!(train_with(&bundle, 3, Some(&cache)), compiled, "compiled and kept");
+    let kept = entries(&cache);
+    assert_eq!(kept.len(), bundle::TRAIN_PROGRAMS.len(), "one entry per program: {kept:?}");
+    // Loaded, not compiled: nothing is written again.
+    assert_eq!(train_with(&bundle, 3, Some(&cache)), compiled, "loaded from the cache");
+    assert_eq!(entries(&cache), kept);
+    // A damaged entry is never handed to the plugin: the program is compiled and kept again.
+    for (path, _) in &kept {
+        let mut bytes = std::fs::read(path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        std::fs::write(path, bytes).unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(train_with(&bundle, 3, Some(&cache)), compiled, "recompiled");
+    let rewritten = entries(&cache);
+    assert_eq!(rewritten.len(), kept.len());
+    assert!(rewritten.iter().zip(&kept).all(|(new, old)| new.1 > old.1), "every damaged entry was replaced");
 }
