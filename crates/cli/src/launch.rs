@@ -111,7 +111,10 @@ pub fn run(
         }
         let cluster = match connect.is_remote() {
             true => crate::local::Cluster::Remote(connect.clone()),
-            false => crate::local::Cluster::Local { plugin: plugin_path },
+            false => crate::local::Cluster::Local {
+                plugin: plugin_path,
+                compile_cache: tools.cache.join("executables"),
+            },
         };
         return crate::local::run(&job, &bundle, cluster);
     }

@@ -29,8 +29,9 @@ const WORKER_EXIT_WAIT: Duration = Duration::from_secs(20);
 
 /// Where the job runs.
 pub enum Cluster {
-    /// Here: an embedded coordinator and worker processes on `plugin`.
-    Local { plugin: PathBuf },
+    /// Here: an embedded coordinator and worker processes on `plugin`, keeping compiled
+    /// programs in `compile_cache` (a replaced worker loads them instead of compiling).
+    Local { plugin: PathBuf, compile_cache: PathBuf },
     /// A coordinator cluster reached as these arguments say (admin token); its workers are
     /// started by its controller or by hand (`podctl worker`).
     Remote(ConnectArgs),
@@ -44,7 +45,7 @@ pub fn run(job: &JobSpec, bundle: &Bundle, cluster: Cluster) -> Result<()> {
         .context("starting the coordinator's runtime")?;
     runtime.block_on(async {
         match cluster {
-            Cluster::Local { plugin } => launch(job, bundle, &plugin).await,
+            Cluster::Local { plugin, compile_cache } => launch(job, bundle, &plugin, &compile_cache).await,
             Cluster::Remote(connect) => submit_remote(job, bundle, &connect).await,
         }
     })
@@ -158,6 +159,7 @@ struct Workers {
     job_id: String,
     token: String,
     plugin: PathBuf,
+    compile_cache: PathBuf,
     logs: PathBuf,
     slots: Vec<Slot>,
 }
@@ -177,6 +179,8 @@ impl Workers {
             .args(["--job", &self.job_id, "--slice", &slice.to_string(), "--host", &format!("local-{slice}")])
             .arg("--plugin")
             .arg(&self.plugin)
+            .arg("--compile-cache")
+            .arg(&self.compile_cache)
             .args(["--metrics-listen", "127.0.0.1:0", "--metrics-addr-file"])
             .arg(self.logs.join(format!("slice-{slice}.metrics-addr")))
             .env("PODCTL_TOKEN", &self.token)
@@ -234,7 +238,7 @@ impl Workers {
     }
 }
 
-async fn launch(job: &JobSpec, bundle: &Bundle, plugin: &Path) -> Result<()> {
+async fn launch(job: &JobSpec, bundle: &Bundle, plugin: &Path, compile_cache: &Path) -> Result<()> {
     let run_dir = std::path::absolute(job.output_dir())?;
     let logs = run_dir.join("workers");
     std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
@@ -271,6 +275,7 @@ async fn launch(job: &JobSpec, bundle: &Bundle, plugin: &Path) -> Result<()> {
         job_id: submitted.job_id.clone(),
         token: submitted.job_token,
         plugin: plugin.to_path_buf(),
+        compile_cache: compile_cache.to_path_buf(),
         logs,
         slots: Vec::new(),
     };

@@ -39,6 +39,10 @@ pub struct WorkerArgs {
     /// Write the metrics address here once bound.
     #[arg(long, requires = "metrics_listen")]
     metrics_addr_file: Option<PathBuf>,
+    /// Keep compiled programs in this directory and load them from it when the same worker
+    /// starts again (a replacement, a restart) instead of compiling.
+    #[arg(long, env = "PODCTL_COMPILE_CACHE")]
+    compile_cache: Option<PathBuf>,
 }
 
 /// Exit code of a worker that left on SIGTERM (preempted), as opposed to one told to stop.
@@ -63,6 +67,7 @@ pub fn run(args: WorkerArgs) -> Result<u8> {
         slice: args.slice,
         metrics_listen: args.metrics_listen,
         metrics_addr_file: args.metrics_addr_file,
+        compile_cache: args.compile_cache,
     };
     match worker::agent::run(config)? {
         AgentExit::Stopped(reason) => {

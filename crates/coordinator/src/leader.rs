@@ -129,19 +129,22 @@ impl LeaderMemory {
 
 /// The directive in force for a worker: what a worker that reconnects or lags is told.
 pub fn directive_in_force(job: &Job, worker_id: &str) -> Option<Directive> {
-    let stop = |reason: String| {
-        Some(Directive { directive: Some(directive::Directive::Stop(v1::StopWork { reason })) })
+    let stop = |reason: String, removed: bool| {
+        Some(Directive { directive: Some(directive::Directive::Stop(v1::StopWork { reason, removed })) })
     };
     if job.state.is_terminal() {
-        return stop(format!("job {} is {:?}: {}", job.id, job.state, job.message));
+        return stop(format!("job {} is {:?}: {}", job.id, job.state, job.message), false);
     }
     match job.workers.get(worker_id) {
-        None => return stop(format!("{worker_id} is not a worker of job {}", job.id)),
+        None => return stop(format!("{worker_id} is not a worker of job {}", job.id), false),
         Some(w) if w.removed => {
-            return stop(format!(
-                "{worker_id} was removed from job {} (generation {}); register again to rejoin",
-                job.id, job.generation
-            ));
+            return stop(
+                format!(
+                    "{worker_id} was removed from job {} (generation {}); register again to rejoin",
+                    job.id, job.generation
+                ),
+                true,
+            );
         }
         Some(_) => {}
     }

@@ -968,6 +968,33 @@ pub(crate) mod tests {
             |g| Command::KvPut { job_id: job.clone(), key: "k".into(), value: vec![1], generation: Some(g) };
         assert!(matches!(state.apply(put(1)), Response::Refused { .. }));
         assert_eq!(state.apply(put(2)), Response::Applied);
+        // A save of the ended generation (a member cut off mid-save, its report late) is never
+        // committed, whoever finalizes it.
+        let entry = CheckpointEntry {
+            record: CommitRecord {
+                step: 1,
+                save_id: "g1".into(),
+                bundle: "00".into(),
+                manifest_size: 1,
+                manifest_crc32c: 0,
+            },
+            uri: "file:///c/000000000001-g1".into(),
+            committed_unix: 6.0,
+            bytes: 4,
+        };
+        let late = Command::CommitCheckpoint { job_id: job.clone(), generation: 1, entry };
+        assert!(
+            matches!(state.apply(late), Response::Refused { reason } if reason.contains("the save was interrupted"))
+        );
+        assert!(state.jobs[&job].checkpoints.is_empty());
+        // The removed member is told the job goes on without it (it may register again); a
+        // worker the job does not know is not.
+        let stop = |worker: &str| match crate::leader::directive_in_force(&state.jobs[&job], worker) {
+            Some(proto::v1::Directive { directive: Some(proto::v1::directive::Directive::Stop(s)) }) => s,
+            other => panic!("{other:?}"),
+        };
+        assert!(stop(&b).removed, "{:?}", stop(&b));
+        assert!(!stop("nobody").removed);
     }
 
     #[test]

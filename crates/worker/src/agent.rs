@@ -7,9 +7,15 @@
 //! acknowledged, and forwards log lines. A quiesce or stop from the leader, or SIGTERM, raises a
 //! flag the trainer checks between steps and aborts the all-reduce in flight, so the trainer
 //! stops at a step boundary: the state it holds is always that of a whole number of steps.
+//!
+//! The job's bundle compiles before the worker registers: a replacement joins a running job
+//! ready to train, so the survivors never wait for its compile. A worker the job went on without
+//! (lost, cut off, named by a peer) is told so when it reaches the leader again; it registers
+//! anew, keeping its compiled bundle, and catches up from a live peer.
 
 use crate::WorkerError;
 use crate::ckpt::{self, PendingSave, SaveLayout, SavePoll, SaveStart, StateSaver};
+use crate::compile_cache::CompileCache;
 use crate::dp::Reduce;
 use crate::grpo::{self, JobSteps};
 use crate::metrics::WorkerMetrics;
@@ -40,8 +46,11 @@ const LOG_QUEUE: usize = 1024;
 const PEER_STATE_WAIT: Duration = Duration::from_secs(120);
 /// How long a preempted worker holds its session for the leader to take the notice.
 const PREEMPTION_NOTICE_WAIT: Duration = Duration::from_secs(3);
-/// Forming the ring waits this long for every member: members compile and catch up first.
+/// Forming the ring waits this long for every member: members catch up (or restore) first.
 const FORM_TIMEOUT: Duration = Duration::from_secs(300);
+/// Removals in a row, with no step done in between, after which the worker stops rejoining: a
+/// worker that cannot take part must not churn the job's generations for ever.
+const MAX_FRUITLESS_REJOINS: u32 = 3;
 /// The rendezvous key under which a worker announces its state server.
 fn state_key(worker_id: &str) -> String {
     format!("state-addr/{worker_id}")
@@ -68,6 +77,8 @@ pub struct AgentConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// A file to write the metrics address into once bound (for launchers that chose port 0).
     pub metrics_addr_file: Option<PathBuf>,
+    /// Where compiled programs are kept, so a worker started again loads instead of compiling.
+    pub compile_cache: Option<PathBuf>,
 }
 
 /// Why the agent returned.
@@ -96,6 +107,9 @@ pub enum AgentError {
     /// The collective data plane could not start.
     #[error("data plane: {0}")]
     Collective(#[from] collective::Error),
+    /// The job's bundle could not be loaded or compiled.
+    #[error("{0}")]
+    Bundle(String),
 }
 
 /// Where the trainer is; every heartbeat carries it.
@@ -110,9 +124,18 @@ struct Status {
 enum Control {
     Assign(Box<Assignment>),
     Quiesce(u64),
-    Stop(AgentExit),
+    Stop(Leave),
 }
 
+/// Why one registration's work ended.
+enum Leave {
+    /// The process is done.
+    Exit(AgentExit),
+    /// The job goes on without this worker id: register again.
+    Rejoin(String),
+}
+
+/// What the two sides of one registration share.
 struct Shared {
     status: watch::Sender<Status>,
     /// The newest generation the leader asked to move to.
@@ -120,12 +143,27 @@ struct Shared {
     stop: AtomicBool,
     /// Aborts the collective of the generation in flight.
     abort: Mutex<Option<AbortHandle>>,
+    /// Cancels the peer catch-up in flight.
+    fetch: Mutex<Option<peer::Cancel>>,
 }
 
 impl Shared {
+    fn new(status: Status) -> Shared {
+        Shared {
+            status: watch::channel(status).0,
+            quiesce: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            abort: Mutex::new(None),
+            fetch: Mutex::new(None),
+        }
+    }
+
     fn interrupt(&self) {
         if let Some(abort) = self.abort.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             abort.abort();
+        }
+        if let Some(fetch) = self.fetch.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            fetch.cancel();
         }
     }
 
@@ -139,7 +177,7 @@ impl Shared {
 }
 
 /// Runs the worker until the coordinator stops it or SIGTERM arrives.
-pub fn run(config: AgentConfig) -> Result<AgentExit, AgentError> {
+pub fn run(mut config: AgentConfig) -> Result<AgentExit, AgentError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -154,33 +192,12 @@ pub fn run(config: AgentConfig) -> Result<AgentExit, AgentError> {
     let endpoint = Endpoint::bind(SocketAddr::new(config.bind, 0))?;
     let state_server = StateServer::bind(SocketAddr::new(config.bind, 0))
         .map_err(|source| AgentError::Io { context: "binding the state server", source })?;
+    let job = runtime.block_on(client.get_job(&config.job_id))?;
+    // Registration names the job by id; people may have given its name.
+    config.job_id = job.job_id.clone();
 
-    let instance_id = config.instance_id.clone().unwrap_or_else(|| {
-        format!(
-            "{}-{}-{}",
-            config.host,
-            std::process::id(),
-            SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos()
-        )
-    });
-    let registered = runtime.block_on(client.register(v1::RegisterRequest {
-        job_id: config.job_id.clone(),
-        host: config.host.clone(),
-        data_addr: endpoint.local_addr().to_string(),
-        devices: 0,
-        platform: String::new(),
-        slice: config.slice,
-        instance_id,
-    }))?;
-    let worker_id = registered.worker_id;
-    runtime.block_on(client.kv_put(
-        &config.job_id,
-        &state_key(&worker_id),
-        state_server.local_addr().to_string().into_bytes(),
-        None,
-    ))?;
-    tracing::info!(worker = %worker_id, data = %endpoint.local_addr(), "registered with the coordinator");
     let metrics = Arc::new(WorkerMetrics::default());
+    let worker_label = Arc::new(Mutex::new(String::new()));
     if let Some(listen) = config.metrics_listen {
         let listener = runtime
             .block_on(tokio::net::TcpListener::bind(listen))
@@ -193,50 +210,65 @@ pub fn run(config: AgentConfig) -> Result<AgentExit, AgentError> {
                 .map_err(|source| AgentError::Io { context: "writing the metrics address file", source })?;
         }
         tracing::info!(%addr, "serving Prometheus metrics at /metrics");
-        let (metrics, job, worker) = (metrics.clone(), config.job_id.clone(), worker_id.clone());
-        runtime.spawn(crate::metrics::serve(listener, move || metrics.render(&job, &worker)));
+        let (metrics, job, worker) = (metrics.clone(), config.job_id.clone(), worker_label.clone());
+        runtime.spawn(crate::metrics::serve(listener, move || {
+            metrics.render(&job, &worker.lock().unwrap_or_else(|e| e.into_inner()))
+        }));
     }
-
-    let (status, _) = watch::channel(Status { phase: "ready", ..Status::default() });
-    let shared = Arc::new(Shared {
-        status,
-        quiesce: AtomicU64::new(0),
-        stop: AtomicBool::new(false),
-        abort: Mutex::new(None),
-    });
-    let (control_tx, control_rx) = std_mpsc::channel();
-    let (events_tx, events_rx) = mpsc::channel(64);
-    let (reports_tx, reports_rx) = mpsc::channel(REPORTS_IN_FLIGHT - 1);
     let (logs_tx, logs_rx) = mpsc::channel(LOG_QUEUE);
-    let heartbeat = Duration::from_millis(registered.heartbeat_ms.max(50));
-
-    let session =
-        SessionSide { client: client.clone(), worker_id: worker_id.clone(), shared: shared.clone() };
-    runtime.spawn(session.clone().run(heartbeat, control_tx, events_rx));
-    runtime.spawn(session.clone().report_steps(reports_rx));
-    runtime.spawn(session.forward_logs(logs_rx));
+    runtime.spawn(forward_logs(client.clone(), logs_rx));
 
     let mut trainer = TrainerSide {
         config,
-        worker_id,
+        worker_id: String::new(),
         client,
         runtime: runtime.handle().clone(),
-        shared,
+        shared: Arc::new(Shared::new(Status::default())),
         endpoint,
         state_server,
-        events: events_tx,
-        reports: reports_tx,
+        events: mpsc::channel(1).0,
+        reports: mpsc::channel(1).0,
         logs: logs_tx,
         loaded: None,
+        holds_state: false,
         steps_done: 0,
+        steps_this_registration: 0,
+        registrations: 0,
         generation: 0,
         metrics,
     };
-    let exit = trainer.run(control_rx);
+    trainer.prepare(&job.bundle_uri, &job.bundle_id).map_err(|e| AgentError::Bundle(e.to_string()))?;
+    let mut fruitless = 0;
+    let exit = loop {
+        let registration = trainer.register(&runtime)?;
+        *worker_label.lock().unwrap_or_else(|e| e.into_inner()) = trainer.worker_id.clone();
+        let leave = trainer.run(registration.control);
+        for task in registration.tasks {
+            task.abort();
+        }
+        match leave {
+            Leave::Exit(exit) => break exit,
+            Leave::Rejoin(reason) => {
+                fruitless = if trainer.steps_this_registration == 0 { fruitless + 1 } else { 0 };
+                if fruitless >= MAX_FRUITLESS_REJOINS {
+                    break AgentExit::Stopped(format!(
+                        "{reason}; not rejoining: removed {fruitless} times in a row without a step done"
+                    ));
+                }
+                trainer.log("warn", format!("{reason}; registering again"));
+            }
+        }
+    };
     // Let the last reports and log lines go out before the runtime is dropped.
     std::thread::sleep(Duration::from_millis(300));
     runtime.shutdown_timeout(Duration::from_secs(2));
     Ok(exit)
+}
+
+/// One registration's session: the trainer's end of it and the tasks to end with it.
+struct Registration {
+    control: std_mpsc::Receiver<Control>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 fn heartbeat(worker_id: &str, status: &Status, seq: u64) -> WorkerEvent {
@@ -268,9 +300,13 @@ struct SessionSide {
 
 impl SessionSide {
     /// Keeps a session with whichever node leads, reconnecting when it ends.
+    /// A session on which the leader says nothing (not even a heartbeat's ack) for `silence`
+    /// is taken for dead and replaced: after a partition heals, the worker is back at once
+    /// instead of when its transport's keepalive gives up.
     async fn run(
         self,
         heartbeat_every: Duration,
+        silence: Duration,
         control: std_mpsc::Sender<Control>,
         mut events: mpsc::Receiver<WorkerEvent>,
     ) {
@@ -289,7 +325,18 @@ impl SessionSide {
         loop {
             seq += 1;
             let first = heartbeat(&self.worker_id, &status.borrow(), seq);
-            let mut session = match self.client.session(first).await {
+            let connected = tokio::select! {
+                connected = self.client.session(first) => connected,
+                // Preempted while no leader can be reached: there is nobody to tell.
+                _ = async { sigterm.as_mut().expect("guarded").recv().await }, if sigterm.is_some() => {
+                    tracing::warn!("SIGTERM with no session to the coordinator: leaving the job");
+                    self.shared.stop.store(true, Ordering::SeqCst);
+                    self.shared.interrupt();
+                    let _ = control.send(Control::Stop(Leave::Exit(AgentExit::Preempted)));
+                    return;
+                }
+            };
+            let mut session = match connected {
                 Ok(session) => session,
                 Err(e) => {
                     tracing::warn!("session with the coordinator: {e}; retrying");
@@ -304,17 +351,25 @@ impl SessionSide {
                 continue;
             }
             let mut beat = tokio::time::interval(heartbeat_every);
+            let mut heard = tokio::time::Instant::now();
             loop {
                 let mut send_heartbeat = false;
                 tokio::select! {
                     message = session.directives.message() => {
                         let Ok(Some(Directive { directive: Some(d) })) = message else { break };
+                        heard = tokio::time::Instant::now();
                         if let Some(exit) = self.obey(d, &control, &mut assigned) {
                             let _ = control.send(Control::Stop(exit));
                             return;
                         }
                     }
-                    _ = beat.tick() => send_heartbeat = true,
+                    _ = beat.tick() => {
+                        if heard.elapsed() > silence {
+                            tracing::warn!("no word from the coordinator for {:?}", heard.elapsed());
+                            break;
+                        }
+                        send_heartbeat = true;
+                    }
                     changed = status.changed() => {
                         if changed.is_err() { return; }
                         send_heartbeat = true;
@@ -348,7 +403,7 @@ impl SessionSide {
         d: directive::Directive,
         control: &std_mpsc::Sender<Control>,
         assigned: &mut u64,
-    ) -> Option<AgentExit> {
+    ) -> Option<Leave> {
         let acting = self.shared.status.borrow().generation;
         match d {
             directive::Directive::Quiesce(q) if q.generation > acting => {
@@ -370,7 +425,11 @@ impl SessionSide {
                 tracing::info!("stop: {}", stop.reason);
                 self.shared.stop.store(true, Ordering::SeqCst);
                 self.shared.interrupt();
-                return Some(AgentExit::Stopped(stop.reason));
+                return Some(if stop.removed {
+                    Leave::Rejoin(stop.reason)
+                } else {
+                    Leave::Exit(AgentExit::Stopped(stop.reason))
+                });
             }
             _ => {}
         }
@@ -410,7 +469,7 @@ impl SessionSide {
                 );
             }
         }
-        let _ = control.send(Control::Stop(AgentExit::Preempted));
+        let _ = control.send(Control::Stop(Leave::Exit(AgentExit::Preempted)));
     }
 
     /// Reports steps in order; a report is repeated until the step is committed or the job has
@@ -440,22 +499,22 @@ impl SessionSide {
             }
         }
     }
+}
 
-    /// Sends log lines in batches, at most every half second.
-    async fn forward_logs(self, mut lines: mpsc::Receiver<LogLine>) {
-        let mut batch = Vec::new();
-        while let Some(line) = lines.recv().await {
-            batch.push(line);
-            let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
-            while batch.len() < 256 {
-                match tokio::time::timeout_at(deadline, lines.recv()).await {
-                    Ok(Some(line)) => batch.push(line),
-                    _ => break,
-                }
+/// Sends log lines in batches, at most every half second.
+async fn forward_logs(client: Client, mut lines: mpsc::Receiver<LogLine>) {
+    let mut batch = Vec::new();
+    while let Some(line) = lines.recv().await {
+        batch.push(line);
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+        while batch.len() < 256 {
+            match tokio::time::timeout_at(deadline, lines.recv()).await {
+                Ok(Some(line)) => batch.push(line),
+                _ => break,
             }
-            if let Err(e) = self.client.push_logs(std::mem::take(&mut batch)).await {
-                tracing::debug!("log lines to the coordinator: {e}");
-            }
+        }
+        if let Err(e) = client.push_logs(std::mem::take(&mut batch)).await {
+            tracing::debug!("log lines to the coordinator: {e}");
         }
     }
 }
@@ -488,16 +547,87 @@ struct TrainerSide {
     reports: mpsc::Sender<StepReport>,
     logs: mpsc::Sender<LogLine>,
     loaded: Option<Loaded>,
+    /// Whether the device holds the state after `steps_done` steps (not so after a compile, or
+    /// after an upload that failed half-way).
+    holds_state: bool,
     steps_done: u64,
+    /// Steps done since the last registration: a rejoin that never gets to train is fruitless.
+    steps_this_registration: u64,
+    /// Registrations so far (the first one uses the configured instance id as it is).
+    registrations: u32,
     generation: u64,
     metrics: Arc<WorkerMetrics>,
 }
 
 impl TrainerSide {
-    fn run(&mut self, control: std_mpsc::Receiver<Control>) -> AgentExit {
+    /// Compiles the job's bundle before registering.
+    fn prepare(&mut self, bundle_uri: &str, bundle_id: &str) -> Result<(), AssignmentError> {
+        self.log("info", format!("compiling the job's bundle {} before registering", short(bundle_id)));
+        self.load(bundle_uri, bundle_id)
+    }
+
+    /// Registers (again) with the job and starts this registration's session, step reports and
+    /// state announcement. The worker id is new each time; the compiled bundle stays.
+    fn register(&mut self, runtime: &tokio::runtime::Runtime) -> Result<Registration, AgentError> {
+        let config = &self.config;
+        // Registering again under the same instance id would return the removed worker id.
+        self.registrations += 1;
+        let instance_id = match (&config.instance_id, self.registrations) {
+            (Some(id), 1) => id.clone(),
+            (Some(id), n) => format!("{id}-r{n}"),
+            (None, _) => format!(
+                "{}-{}-{}",
+                config.host,
+                std::process::id(),
+                SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos()
+            ),
+        };
+        let registered = runtime.block_on(self.client.register(v1::RegisterRequest {
+            job_id: config.job_id.clone(),
+            host: config.host.clone(),
+            data_addr: self.endpoint.local_addr().to_string(),
+            devices: 0,
+            platform: String::new(),
+            slice: config.slice,
+            instance_id,
+        }))?;
+        self.worker_id = registered.worker_id;
+        runtime.block_on(self.client.kv_put(
+            &config.job_id,
+            &state_key(&self.worker_id),
+            self.state_server.local_addr().to_string().into_bytes(),
+            None,
+        ))?;
+        tracing::info!(worker = %self.worker_id, data = %self.endpoint.local_addr(), "registered with the coordinator");
+        self.steps_this_registration = 0;
+        self.shared = Arc::new(Shared::new(Status {
+            generation: self.generation,
+            steps_done: self.steps_done,
+            phase: "ready",
+        }));
+        let (control_tx, control) = std_mpsc::channel();
+        let (events_tx, events_rx) = mpsc::channel(64);
+        let (reports_tx, reports_rx) = mpsc::channel(REPORTS_IN_FLIGHT - 1);
+        self.events = events_tx;
+        self.reports = reports_tx;
+        let heartbeat = Duration::from_millis(registered.heartbeat_ms.max(50));
+        let silence = Duration::from_millis(registered.lease_ms.max(registered.heartbeat_ms * 2).max(100));
+        let session = SessionSide {
+            client: self.client.clone(),
+            worker_id: self.worker_id.clone(),
+            shared: self.shared.clone(),
+        };
+        let tasks = vec![
+            runtime.spawn(session.clone().run(heartbeat, silence, control_tx, events_rx)),
+            runtime.spawn(session.report_steps(reports_rx)),
+        ];
+        Ok(Registration { control, tasks })
+    }
+
+    fn run(&mut self, control: std_mpsc::Receiver<Control>) -> Leave {
         while let Ok(command) = control.recv() {
             match command {
-                Control::Stop(exit) => return exit,
+                Control::Stop(leave) => return leave,
                 Control::Quiesce(generation) if generation > self.generation => {
                     self.generation = generation;
                     self.publish("ready");
@@ -522,7 +652,7 @@ impl TrainerSide {
                 Control::Assign(_) => {}
             }
         }
-        AgentExit::Stopped("the session with the coordinator ended".into())
+        Leave::Exit(AgentExit::Stopped("the session with the coordinator ended".into()))
     }
 
     fn publish(&self, phase: &'static str) {
@@ -588,8 +718,14 @@ impl TrainerSide {
                 resume_name(a)
             ),
         );
-        self.load(a)?;
-        self.resume(a, &spec)?;
+        self.load(&a.bundle_uri, &a.bundle_id)?;
+        if self.shared.interrupted(a.generation) {
+            return Ok(Ended::Interrupted);
+        }
+        if let Err(e) = self.resume(a, &spec) {
+            // A catch-up cancelled by a newer generation is no failure of this worker.
+            return if self.shared.interrupted(a.generation) { Ok(Ended::Interrupted) } else { Err(e) };
+        }
         if self.shared.interrupted(a.generation) {
             return Ok(Ended::Interrupted);
         }
@@ -661,6 +797,7 @@ impl TrainerSide {
                 };
             let seconds = started.elapsed().as_secs_f64();
             self.steps_done = step + 1;
+            self.steps_this_registration += 1;
             self.metrics.steps_total.add(1.0);
             self.metrics.tokens_total.add(tokens as f64);
             self.metrics.step_seconds.set(seconds);
@@ -768,66 +905,64 @@ impl TrainerSide {
         Ended::Failed
     }
 
-    /// Where the assignment's bundle is on this host: a `file://` bundle where it is, one in
+    /// Where the job's bundle is on this host: a `file://` bundle where it is, one in
     /// object storage (what `podctl launch` uploads for a cluster) copied once into
     /// `$PODCTL_CACHE/bundles/<id>` (default under the temporary directory).
-    fn bundle_dir(&self, a: &Assignment) -> Result<PathBuf, AssignmentError> {
-        if let Some(path) = a.bundle_uri.strip_prefix("file://") {
+    fn bundle_dir(&self, bundle_uri: &str, bundle_id: &str) -> Result<PathBuf, AssignmentError> {
+        if let Some(path) = bundle_uri.strip_prefix("file://") {
             return Ok(PathBuf::from(path));
         }
-        if !a.bundle_uri.contains("://") {
-            return Ok(PathBuf::from(&a.bundle_uri));
+        if !bundle_uri.contains("://") {
+            return Ok(PathBuf::from(bundle_uri));
         }
-        if !checkpoint::layout::is_safe_segment(&a.bundle_id) {
-            return Err(AssignmentError(format!("the job's bundle id '{}' is not a name", a.bundle_id)));
+        if !checkpoint::layout::is_safe_segment(bundle_id) {
+            return Err(AssignmentError(format!("the job's bundle id '{}' is not a name", bundle_id)));
         }
         let cache = std::env::var_os("PODCTL_CACHE")
             .map_or_else(|| std::env::temp_dir().join("podctl"), PathBuf::from);
-        let dir = cache.join("bundles").join(&a.bundle_id);
+        let dir = cache.join("bundles").join(bundle_id);
         if dir.join(bundle::MANIFEST_FILE).exists() {
             return Ok(dir);
         }
         let fetch = async {
-            let storage = Storage::open(&a.bundle_uri, &StoreOptions::default())?;
+            let storage = Storage::open(bundle_uri, &StoreOptions::default())?;
             checkpoint::mirror::download_dir(&storage, "", &dir, bundle::MANIFEST_FILE).await
         };
         match self.runtime.block_on(fetch) {
             Ok(copied) => {
-                self.log(
-                    "info",
-                    format!("fetched the bundle from {} ({} bytes)", a.bundle_uri, copied.bytes),
-                );
+                self.log("info", format!("fetched the bundle from {} ({} bytes)", bundle_uri, copied.bytes));
                 Ok(dir)
             }
             // Another worker of this host fetched it meanwhile.
             Err(_) if dir.join(bundle::MANIFEST_FILE).exists() => Ok(dir),
-            Err(e) => Err(AssignmentError(format!("fetching the job's bundle from {}: {e}", a.bundle_uri))),
+            Err(e) => Err(AssignmentError(format!("fetching the job's bundle from {}: {e}", bundle_uri))),
         }
     }
 
-    /// Compiles the assignment's bundle unless it is the one already loaded.
-    fn load(&mut self, a: &Assignment) -> Result<(), AssignmentError> {
-        if self.loaded.as_ref().is_some_and(|l| l.bundle_id == a.bundle_id) {
+    /// Compiles the job's bundle unless it is the one already loaded.
+    fn load(&mut self, bundle_uri: &str, bundle_id: &str) -> Result<(), AssignmentError> {
+        if self.loaded.as_ref().is_some_and(|l| l.bundle_id == bundle_id) {
             return Ok(());
         }
         self.publish("loading");
-        let path = self.bundle_dir(a)?;
+        let path = self.bundle_dir(bundle_uri, bundle_id)?;
         let bundle =
             bundle::Bundle::load(&path).map_err(|e| AssignmentError(format!("the job's bundle: {e}")))?;
-        if bundle.id() != a.bundle_id {
+        if bundle.id() != bundle_id {
             return Err(AssignmentError(format!(
-                "the bundle at {} is {}, but the job was submitted with {}; resubmit the job",
-                a.bundle_uri,
+                "the bundle at {bundle_uri} is {}, but the job was submitted with {bundle_id}; resubmit the job",
                 bundle.id(),
-                a.bundle_id
             )));
         }
         self.publish("compiling");
         let started = Instant::now();
         let plugin = pjrt::Plugin::load(&self.config.plugin)
             .map_err(|e| AssignmentError(format!("PJRT plugin {}: {e}", self.config.plugin.display())))?;
-        let slice = Slice::open(plugin, &bundle.manifest().platform, bundle.mesh())
+        let mut slice = Slice::open(plugin, &bundle.manifest().platform, bundle.mesh())
             .map_err(|e| AssignmentError(e.to_string()))?;
+        if let Some(dir) = &self.config.compile_cache {
+            slice = slice.with_compile_cache(CompileCache::new(dir));
+        }
         let trainer = Trainer::new(slice, &bundle).map_err(|e| AssignmentError(e.to_string()))?;
         if let Ok(stats) = trainer.grad_step_memory() {
             self.metrics.device_bytes.set(stats.peak_bytes as f64);
@@ -835,13 +970,15 @@ impl TrainerSide {
         self.log(
             "info",
             format!(
-                "compiled {} for {} in {:.1}s",
-                &a.bundle_id[..12.min(a.bundle_id.len())],
+                "programs of {} ready for {} in {:.1}s{}",
+                short(bundle_id),
                 bundle.mesh(),
-                started.elapsed().as_secs_f64()
+                started.elapsed().as_secs_f64(),
+                if self.config.compile_cache.is_some() { " (compile cache on)" } else { "" }
             ),
         );
-        self.loaded = Some(Loaded { bundle_id: a.bundle_id.clone(), trainer });
+        self.loaded = Some(Loaded { bundle_id: bundle_id.to_string(), trainer });
+        self.holds_state = false;
         self.steps_done = 0;
         Ok(())
     }
@@ -852,15 +989,28 @@ impl TrainerSide {
         let loaded = self.loaded.as_mut().expect("loaded before resume");
         match source {
             None | Some(resume::Source::Fresh(_)) => {
+                self.holds_state = false;
                 let from = grpo::start_policy(&mut loaded.trainer, spec, &self.runtime)
                     .map_err(|e| AssignmentError(format!("starting the policy: {e}")))?;
+                self.holds_state = true;
                 self.steps_done = 0;
                 if let Some(from) = from {
                     self.log("info", format!("the policy starts from {from}"));
                 }
             }
+            // The state after no step is the initial one: a member told to keep it before it
+            // ever initialized (the generation changed before it got to) makes it now.
+            Some(resume::Source::Keep(_))
+                if !self.holds_state && a.start_step == 0 && self.steps_done == 0 =>
+            {
+                grpo::start_policy(&mut loaded.trainer, spec, &self.runtime)
+                    .map_err(|e| AssignmentError(format!("starting the policy: {e}")))?;
+                self.holds_state = true;
+                let state = loaded.trainer.download_state().map_err(|e| AssignmentError(e.to_string()))?;
+                self.state_server.publish(&a.job_id, 0, state);
+            }
             Some(resume::Source::Keep(_)) => {
-                if self.steps_done != a.start_step {
+                if !self.holds_state || self.steps_done != a.start_step {
                     return Err(AssignmentError(format!(
                         "told to keep the state at step {}, but this worker holds step {}",
                         a.start_step, self.steps_done
@@ -884,10 +1034,17 @@ impl TrainerSide {
                     .parse()
                     .map_err(|e| AssignmentError(format!("peer {}'s state address: {e}", p.worker_id)))?;
                 let layout = loaded.trainer.state_layout();
-                let state = peer::fetch(addr, &a.job_id, p.step, &layout, PEER_STATE_WAIT)
+                let cancel = peer::Cancel::default();
+                *self.shared.fetch.lock().unwrap_or_else(|e| e.into_inner()) = Some(cancel.clone());
+                if self.shared.interrupted(a.generation) {
+                    cancel.cancel();
+                }
+                let state = peer::fetch(addr, &a.job_id, p.step, &layout, PEER_STATE_WAIT, &cancel)
                     .map_err(|e| AssignmentError(e.to_string()))?;
                 let bytes: usize = state.iter().map(|(_, b)| b.len()).sum();
+                self.holds_state = false;
                 loaded.trainer.upload_state(&state).map_err(|e| AssignmentError(e.to_string()))?;
+                self.holds_state = true;
                 self.steps_done = p.step;
                 self.metrics.peer_catchups_total.add(1.0);
                 self.metrics.peer_catchup_seconds.set(started.elapsed().as_secs_f64());
@@ -905,10 +1062,12 @@ impl TrainerSide {
             Some(resume::Source::Checkpoint(c)) => {
                 self.shared.publish(|s| s.phase = "restoring");
                 let started = Instant::now();
+                self.holds_state = false;
                 let restored = self
                     .runtime
                     .block_on(ckpt::restore(&mut loaded.trainer, &c.uri, c.step, &StoreOptions::default()))
                     .map_err(|e| AssignmentError(format!("restoring checkpoint {}: {e}", c.uri)))?;
+                self.holds_state = true;
                 self.steps_done = restored.step;
                 self.metrics.restores_total.add(1.0);
                 self.metrics.restore_seconds.set(started.elapsed().as_secs_f64());
@@ -1056,6 +1215,11 @@ impl std::fmt::Display for AssignmentError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
     }
+}
+
+/// The first 12 hex digits of an identity, for logs.
+fn short(id: &str) -> &str {
+    &id[..12.min(id.len())]
 }
 
 fn resume_name(a: &Assignment) -> &'static str {

@@ -12,7 +12,8 @@
 
 use sha2::{Digest, Sha256};
 use std::io::{self, BufReader, BufWriter, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -52,6 +53,47 @@ pub enum PeerError {
         /// What did not match.
         reason: String,
     },
+    /// The fetch was cancelled: a newer generation made it moot.
+    #[error("state transfer from {peer} cancelled")]
+    Cancelled {
+        /// The peer.
+        peer: SocketAddr,
+    },
+}
+
+/// Ends a fetch early, from another thread: the agent cancels a catch-up that a newer
+/// generation made moot (its source may be the worker that was just lost), so the worker is
+/// free to answer the quiesce instead of waiting out the transfer's timeouts.
+#[derive(Debug, Clone, Default)]
+pub struct Cancel(Arc<CancelInner>);
+
+#[derive(Debug, Default)]
+struct CancelInner {
+    cancelled: AtomicBool,
+    stream: Mutex<Option<TcpStream>>,
+}
+
+impl Cancel {
+    /// Cancels the fetch: a transfer in progress fails at once, none starts after.
+    pub fn cancel(&self) {
+        self.0.cancelled.store(true, Ordering::SeqCst);
+        if let Some(stream) = self.0.stream.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Whether [`Cancel::cancel`] was called.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.cancelled.load(Ordering::SeqCst)
+    }
+
+    /// Keeps a handle on the transfer's socket, so that a cancel ends it; false when already
+    /// cancelled.
+    fn watch(&self, stream: &TcpStream) -> bool {
+        let mut slot = self.0.stream.lock().unwrap_or_else(|e| e.into_inner());
+        *slot = stream.try_clone().ok();
+        !self.is_cancelled()
+    }
 }
 
 /// Serves the published state to peers; runs on its own thread for the life of the worker.
@@ -157,18 +199,23 @@ fn serve(stream: TcpStream, published: &Mutex<Option<Published>>) -> io::Result<
 
 /// Fetches the job's state after `step` steps from `peer`. `expected` is this worker's own idea
 /// of the state: (name, byte length) per array, in order. Retries a refusal (the peer may not
-/// have reached the step boundary yet) until `wait` has passed.
+/// have reached the step boundary yet) until `wait` has passed or `cancel` fires.
 pub fn fetch(
     peer: SocketAddr,
     job: &str,
     step: u64,
     expected: &[(String, usize)],
     wait: Duration,
+    cancel: &Cancel,
 ) -> Result<State, PeerError> {
     let deadline = Instant::now() + wait;
     loop {
-        match fetch_once(peer, job, step, expected) {
+        if cancel.is_cancelled() {
+            return Err(PeerError::Cancelled { peer });
+        }
+        match fetch_once(peer, job, step, expected, cancel) {
             Ok(state) => return Ok(state),
+            Err(_) if cancel.is_cancelled() => return Err(PeerError::Cancelled { peer }),
             Err(e @ PeerError::Invalid { .. }) => return Err(e),
             Err(e) if Instant::now() >= deadline => return Err(e),
             Err(e) => {
@@ -184,10 +231,14 @@ fn fetch_once(
     job: &str,
     step: u64,
     expected: &[(String, usize)],
+    cancel: &Cancel,
 ) -> Result<State, PeerError> {
     let io = |source| PeerError::Io { peer, source };
     let invalid = |reason: String| PeerError::Invalid { peer, reason };
     let stream = TcpStream::connect_timeout(&peer, IO_TIMEOUT).map_err(io)?;
+    if !cancel.watch(&stream) {
+        return Err(PeerError::Cancelled { peer });
+    }
     stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
     stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(io)?;
     let mut request = Vec::with_capacity(14 + job.len());
@@ -263,19 +314,25 @@ mod tests {
     fn a_published_state_arrives_whole() {
         let server = StateServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
         server.publish("job", 7, state());
-        let got = fetch(server.local_addr(), "job", 7, &expected(&state()), Duration::ZERO).unwrap();
+        let got =
+            fetch(server.local_addr(), "job", 7, &expected(&state()), Duration::ZERO, &Cancel::default())
+                .unwrap();
         assert_eq!(got, state());
     }
 
     #[test]
     fn a_wrong_step_or_job_is_refused_with_the_reason() {
         let server = StateServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
-        let e = fetch(server.local_addr(), "job", 7, &expected(&state()), Duration::ZERO).unwrap_err();
+        let e = fetch(server.local_addr(), "job", 7, &expected(&state()), Duration::ZERO, &Cancel::default())
+            .unwrap_err();
         assert!(e.to_string().contains("no state to offer yet"), "{e}");
         server.publish("job", 6, state());
-        let e = fetch(server.local_addr(), "job", 7, &expected(&state()), Duration::ZERO).unwrap_err();
+        let e = fetch(server.local_addr(), "job", 7, &expected(&state()), Duration::ZERO, &Cancel::default())
+            .unwrap_err();
         assert!(e.to_string().contains("holds step 6, not 7"), "{e}");
-        let e = fetch(server.local_addr(), "other", 6, &expected(&state()), Duration::ZERO).unwrap_err();
+        let e =
+            fetch(server.local_addr(), "other", 6, &expected(&state()), Duration::ZERO, &Cancel::default())
+                .unwrap_err();
         assert!(e.to_string().contains("another job"), "{e}");
     }
 
@@ -285,7 +342,8 @@ mod tests {
         server.publish("job", 1, state());
         let mut want = expected(&state());
         want[1].1 = 1 << 40;
-        let e = fetch(server.local_addr(), "job", 1, &want, Duration::from_secs(5)).unwrap_err();
+        let e = fetch(server.local_addr(), "job", 1, &want, Duration::from_secs(5), &Cancel::default())
+            .unwrap_err();
         assert!(matches!(e, PeerError::Invalid { .. }), "{e}");
         assert!(e.to_string().contains("different bundles"), "{e}");
     }
@@ -298,8 +356,57 @@ mod tests {
             std::thread::sleep(Duration::from_millis(300));
             later.publish("job", 3, state());
         });
-        let got = fetch(server.local_addr(), "job", 3, &expected(&state()), Duration::from_secs(10)).unwrap();
+        let got = fetch(
+            server.local_addr(),
+            "job",
+            3,
+            &expected(&state()),
+            Duration::from_secs(10),
+            &Cancel::default(),
+        )
+        .unwrap();
         publisher.join().unwrap();
         assert_eq!(got, state());
+    }
+
+    #[test]
+    fn a_cancel_ends_a_fetch_that_waits_for_a_state() {
+        let server = StateServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let cancel = Cancel::default();
+        let canceller = {
+            let cancel = cancel.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                cancel.cancel();
+            })
+        };
+        let started = Instant::now();
+        let e = fetch(server.local_addr(), "job", 3, &expected(&state()), Duration::from_secs(60), &cancel)
+            .unwrap_err();
+        canceller.join().unwrap();
+        assert!(matches!(e, PeerError::Cancelled { .. }), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(10), "the cancel took {:?}", started.elapsed());
+    }
+
+    #[test]
+    fn a_cancel_ends_a_transfer_that_stalls() {
+        // A peer that accepts and then says nothing: the read would wait out its timeout.
+        let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = silent.local_addr().unwrap();
+        let cancel = Cancel::default();
+        let canceller = {
+            let cancel = cancel.clone();
+            std::thread::spawn(move || {
+                let _held = silent.accept().unwrap();
+                std::thread::sleep(Duration::from_millis(300));
+                cancel.cancel();
+                std::thread::sleep(Duration::from_millis(500));
+            })
+        };
+        let started = Instant::now();
+        let e = fetch(addr, "job", 3, &expected(&state()), Duration::from_secs(60), &cancel).unwrap_err();
+        canceller.join().unwrap();
+        assert!(matches!(e, PeerError::Cancelled { .. }), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(10), "the cancel took {:?}", started.elapsed());
     }
 }

@@ -132,6 +132,8 @@ pub fn job_status(ctx: &Ctx, job: &Job, live: Option<&JobLive>) -> JobStatus {
             .collect(),
         leader: ctx.label(),
         metrics: last.metrics.into_iter().collect(),
+        bundle_uri: job.bundle_uri.clone(),
+        bundle_id: job.bundle_id.clone(),
     }
 }
 
