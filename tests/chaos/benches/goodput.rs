@@ -1,0 +1,61 @@
+//! Goodput under a failure every ~30 s for 5 minutes, for podctl's elastic recovery and, on the
+//! same schedule, for the policy of XPK and JobSet (every failure restarts every worker from the
+//! last committed checkpoint), side by side. Goodput is the uninterrupted run's time for the
+//! job's steps over the time the run under failures took for them (first to last committed
+//! step). Needs root (network namespaces).
+//!
+//! `cargo bench -p podctl-chaos --bench goodput` (env: CHAOS_SEED, CHAOS_EVERY_SECONDS,
+//! CHAOS_DURATION_SECONDS, CHAOS_STEPS).
+
+use podctl_chaos::{Harness, JobSpec, Policy, Setup, build_binaries, print_events, schedule, verify};
+use std::path::PathBuf;
+use std::time::Duration;
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn main() -> anyhow::Result<()> {
+    let seed = env("CHAOS_SEED", 1);
+    let every = Duration::from_secs(env("CHAOS_EVERY_SECONDS", 30));
+    let duration = Duration::from_secs(env("CHAOS_DURATION_SECONDS", 300));
+    let home = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize()?;
+    let bin_dir = build_binaries(&home, true)?;
+    let dir = std::env::temp_dir().join(format!("podctl-chaos-bench-{}", std::process::id()));
+    let setup = Setup { cache: home.join(".cache/podctl"), home, bin_dir, dir: dir.clone(), slices: 4 };
+    let mut harness = Harness::start(setup)?;
+    // Long enough for the failures' duration, measured from a short calm run's step time.
+    let probe = JobSpec { name: "probe".into(), steps: 40, seed: 11, checkpoint_every: 10, seq_len: 256 };
+    let probe = harness.run_job(&probe, &[], Policy::Elastic)?;
+    let step_seconds = probe.wall_seconds / (probe.steps - 1) as f64;
+    let steps =
+        env("CHAOS_STEPS", ((duration.as_secs_f64() + every.as_secs_f64()) / step_seconds) as u64 / 10 * 10);
+    let spec =
+        |name: &str| JobSpec { name: name.into(), steps, seed: 11, checkpoint_every: 10, seq_len: 256 };
+    println!(
+        "goodput: {steps} steps of ~{step_seconds:.2}s, a failure every ~{every:?} for {duration:?}, seed {seed}"
+    );
+    let calm = harness.run_job(&spec("calm"), &[], Policy::Elastic)?;
+    let events = schedule::by_time(seed, every, duration, 4);
+    let mut rows = Vec::new();
+    for policy in [Policy::Elastic, Policy::RestartAll] {
+        let name = if policy == Policy::Elastic { "elastic" } else { "restart" };
+        let run = harness.run_job(&spec(name), &events, policy)?;
+        print_events(&run);
+        let verified = verify(&harness, &calm, &run)?;
+        let lost: u64 = run.events.iter().filter_map(|e| e.steps_lost).sum();
+        rows.push((name, run.events.len(), run.wall_seconds, lost, verified.checkpoints_equal));
+    }
+    println!("uptime: {}", std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim());
+    println!("{:<28} {:>8} {:>10} {:>11} {:>9}", "policy", "failures", "wall", "steps lost", "goodput");
+    println!("{:<28} {:>8} {:>9.1}s {:>11} {:>8.1}%", "calm (no failure)", 0, calm.wall_seconds, 0, 100.0);
+    for (name, failures, wall, lost, _) in &rows {
+        let label = if *name == "elastic" { "podctl elastic" } else { "restart all from checkpoint" };
+        println!(
+            "{label:<28} {failures:>8} {wall:>9.1}s {lost:>11} {:>8.1}%",
+            100.0 * calm.wall_seconds / wall
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

@@ -1,0 +1,865 @@
+//! The chaos harness: a job of several slices trained by real `podctl worker` processes under a
+//! real three-node `podctl-coordinator` cluster, while a seeded schedule preempts (SIGTERM) and
+//! kills (SIGKILL) workers, kills the Raft leader, and cuts a slice off the network; replacements
+//! join and cut-off workers rejoin when the cut heals.
+//!
+//! Everything runs in network namespaces the harness creates ([`net`]), so a cut is a real
+//! partition (packets dropped both ways) and the host's network is never touched. Per event the
+//! harness measures the time from the failure to the next committed global step, the steps
+//! lost, and for joins how long training paused; per job the wall time from the first to the
+//! last committed step. [`verify`] then checks what must hold whatever happened: the job
+//! completed, every committed checkpoint reads back whole and equals the uninterrupted run's at
+//! the same step (`podctl ckpt digest`), the final state is bitwise the uninterrupted run's, and
+//! nothing the cut-off worker did after its removal was committed.
+//!
+//! Entry points: `cargo run -p podctl-chaos --release -- --help` (the acceptance run),
+//! `tests/short.rs` (the CI variant), `benches/goodput.rs` (goodput against a
+//! restart-from-checkpoint policy on the same schedule).
+
+pub mod net;
+pub mod procs;
+pub mod schedule;
+
+use anyhow::{Context, Result, bail};
+use coordinator::client::{Client, ClientConfig};
+use coordinator::tls::ClientTls;
+use net::Network;
+use procs::{ADMIN, Coordinators, Slot, WorkerLauncher};
+use proto::v1::{JobState, JobStatus};
+use schedule::{Event, Kind, Trigger};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How often the harness looks at the job.
+const POLL: Duration = Duration::from_millis(100);
+/// How long workers get to leave after the job ends.
+const WORKER_EXIT_WAIT: Duration = Duration::from_secs(30);
+
+/// Where the harness finds its tools and keeps its files.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    /// The project (PODCTL_HOME: `models/`, `.venv/`).
+    pub home: PathBuf,
+    /// The directory holding `podctl` and `podctl-coordinator`.
+    pub bin_dir: PathBuf,
+    /// The bundle cache (PODCTL_CACHE); compiled programs go in `executables/` under it.
+    pub cache: PathBuf,
+    /// Cluster data, logs and runs.
+    pub dir: PathBuf,
+    /// Slices of the job (its `mesh.dcn`).
+    pub slices: usize,
+}
+
+impl Setup {
+    /// The CPU PJRT plugin of the project's Python environment.
+    pub fn plugin(&self) -> PathBuf {
+        self.home.join(".venv/lib/python3.11/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
+    }
+}
+
+/// Builds `podctl` and `podctl-coordinator` with `profile` ("dev" or "release") and returns the
+/// directory they are in.
+pub fn build_binaries(home: &Path, release: bool) -> Result<PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut command = Command::new(cargo);
+    command.args(["build", "-q", "-p", "podctl-cli", "--bin", "podctl", "-p", "podctl-coordinator"]);
+    command.args(["--bin", "podctl-coordinator"]).current_dir(home);
+    if release {
+        command.arg("--release");
+    }
+    let status = command.status().context("running cargo build")?;
+    if !status.success() {
+        bail!("cargo build of podctl and podctl-coordinator failed");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| home.join("target"), PathBuf::from);
+    Ok(target.join(if release { "release" } else { "debug" }))
+}
+
+/// The job every run trains: a tiny model on `slices` slices of one CPU device each.
+#[derive(Debug, Clone)]
+pub struct JobSpec {
+    /// Its name (also its run directory's).
+    pub name: String,
+    /// Steps.
+    pub steps: u64,
+    /// Seed of data and initialization.
+    pub seed: u64,
+    /// A checkpoint every this many steps (all kept).
+    pub checkpoint_every: u64,
+    /// Sequence length (longer: slower steps).
+    pub seq_len: u64,
+}
+
+impl JobSpec {
+    fn yaml(&self, slices: usize, run_dir: &Path) -> String {
+        format!(
+            "name: {name}\nmodel: tiny\nmesh: {{ dcn: {slices}, ici: {{ fsdp: 1, tp: 1 }} }}\n\
+             batch: {{ global: 16, micro: 4 }}\nseq_len: {seq}\nsteps: {steps}\nseed: {seed}\n\
+             optimizer: {{ lr: 3.0e-3, warmup_steps: 5 }}\ndata: {{ kind: arithmetic }}\n\
+             checkpoint: {{ every: {every}, keep: 2, keep_every: {every} }}\noutput: {out}\n",
+            name = self.name,
+            seq = self.seq_len,
+            steps = self.steps,
+            seed = self.seed,
+            every = self.checkpoint_every,
+            out = run_dir.display(),
+        )
+    }
+}
+
+/// What the harness does when a failure is injected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// podctl's: survivors carry the lost slice's ranks, replacements catch up from a peer.
+    Elastic,
+    /// What XPK and JobSet do: every failure restarts every worker, which resume from the last
+    /// committed checkpoint.
+    RestartAll,
+}
+
+/// What happened to one injected failure.
+#[derive(Debug, Clone)]
+pub struct EventRecord {
+    /// Its place in the schedule.
+    pub index: usize,
+    /// What was injected.
+    pub kind: Kind,
+    /// The slice hit (none for a leader kill).
+    pub slice: Option<usize>,
+    /// The worker it hit, or the coordinator node (`node N`).
+    pub target: String,
+    /// Committed steps when it was injected.
+    pub at_step: u64,
+    /// Seconds since the first committed step.
+    pub at_seconds: f64,
+    /// The generation in force then.
+    pub generation: u64,
+    /// Seconds from the failure until training ran again: the first step done after the
+    /// generation that recovered formed (for a leader kill: the next commit).
+    pub resumed_after: Option<f64>,
+    /// Seconds from the failure to the next committed global step beyond `at_step`.
+    pub next_step_after: Option<f64>,
+    /// Committed steps computed again: `at_step` minus the recovering generation's start.
+    pub steps_lost: Option<u64>,
+    /// Where the recovering generation started.
+    pub resumed_from: Option<u64>,
+    /// Seconds from the replacement's start (or the heal) until it was a member again.
+    pub join_after: Option<f64>,
+    /// Seconds training stood still while the joiner was taken in.
+    pub join_pause: Option<f64>,
+    /// When it was injected (Unix seconds), and when the job removed the worker it hit.
+    unix: f64,
+    removed_unix: Option<f64>,
+    /// The slot's host label and member worker id at injection, and the ids before it.
+    worker_ids_before: BTreeSet<String>,
+    join_started: Option<Instant>,
+    started: Instant,
+}
+
+/// One job run, as measured.
+#[derive(Debug)]
+pub struct JobRun {
+    /// The job's name and id.
+    pub name: String,
+    /// Its id on the cluster.
+    pub job_id: String,
+    /// The policy it ran under.
+    pub policy: Policy,
+    /// Its steps.
+    pub steps: u64,
+    /// Its run directory.
+    pub run_dir: PathBuf,
+    /// Per injected failure.
+    pub events: Vec<EventRecord>,
+    /// Seconds from the first to the last committed step.
+    pub wall_seconds: f64,
+    /// Committed checkpoints (step, directory), oldest first.
+    pub checkpoints: Vec<(u64, String)>,
+    /// Every job event the coordinator recorded (Unix seconds, kind, detail).
+    pub history: Vec<(f64, String, String)>,
+    /// Worker processes that exited without the harness killing them.
+    pub unexpected_exits: Vec<String>,
+    /// (step, observed time) of every change of the committed step, and generation changes.
+    timeline: Vec<Sample>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    at: Instant,
+    step: u64,
+    generation: u64,
+}
+
+/// Things due later: a replacement, a heal, a restart.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Sequel {
+    Replace(usize),
+    Heal(usize),
+    Restart(u64),
+}
+
+/// The cluster, the network and the workers' slots.
+pub struct Harness {
+    setup: Setup,
+    network: Network,
+    runtime: tokio::runtime::Runtime,
+    coordinators: Coordinators,
+    admin: Client,
+    launcher: WorkerLauncher,
+}
+
+impl Harness {
+    /// Enters a new network namespace, makes the slices' namespaces and starts the coordinators.
+    /// Call it on the thread that drives the harness, before any other runtime.
+    pub fn start(setup: Setup) -> Result<Harness> {
+        let network = Network::create(setup.slices)?;
+        std::fs::create_dir_all(&setup.dir)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        let coordinators = Coordinators::start(&setup.bin_dir.join("podctl-coordinator"), &setup.dir)?;
+        let addrs: Vec<String> = coordinators.nodes.iter().map(|n| n.addr.clone()).collect();
+        let mut config = ClientConfig::new(addrs, ADMIN, Some(ClientTls::with_identity(&coordinators.tls)?));
+        config.call_timeout = Duration::from_secs(2);
+        config.retry_for = Duration::from_secs(3);
+        let admin = {
+            let _inside = runtime.enter();
+            Client::new(config)?
+        };
+        std::fs::write(setup.dir.join("admin-token"), ADMIN)?;
+        let launcher = WorkerLauncher {
+            podctl: setup.bin_dir.join("podctl"),
+            plugin: setup.plugin(),
+            compile_cache: setup.cache.join("executables"),
+            coordinators: coordinators.addresses(),
+            tls: coordinators.tls.clone(),
+        };
+        Ok(Harness { setup, network, runtime, coordinators, admin, launcher })
+    }
+
+    fn podctl(&self) -> Command {
+        let mut command = Command::new(&self.launcher.podctl);
+        command.env("PODCTL_HOME", &self.setup.home).env("PODCTL_CACHE", &self.setup.cache);
+        command
+    }
+
+    fn status(&self, job_id: &str) -> Option<JobStatus> {
+        self.runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(3), self.admin.get_job(job_id)).await.ok()?.ok()
+        })
+    }
+
+    fn leader(&self) -> Option<u64> {
+        let info = self.runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(3), self.admin.cluster_info()).await.ok()?.ok()
+        })?;
+        (info.leader_id != 0).then_some(info.leader_id)
+    }
+
+    /// Submits `spec` with `podctl launch --coordinator` and trains it with one worker process
+    /// per slice, injecting `schedule` under `policy`. Returns once the job ended.
+    pub fn run_job(&mut self, spec: &JobSpec, schedule: &[Event], policy: Policy) -> Result<JobRun> {
+        let run_dir = self.setup.dir.join(&spec.name);
+        let spec_path = self.setup.dir.join(format!("{}.yaml", spec.name));
+        std::fs::write(&spec_path, spec.yaml(self.setup.slices, &run_dir))?;
+        println!(
+            "job {}: {} steps on {} slices, {} failures, {policy:?}",
+            spec.name,
+            spec.steps,
+            self.setup.slices,
+            schedule.len()
+        );
+        let (mut launch, job_id) = self.submit(&spec_path, &run_dir)?;
+        let token = run_dir.join("job-token");
+        let mut slots: Vec<Slot> =
+            (0..self.setup.slices).map(|k| Slot::new(k, run_dir.join(format!("worker-{k}.log")))).collect();
+        for slot in &mut slots {
+            slot.spawn(&self.launcher, &self.network, &job_id, &token)?;
+        }
+        let deadline =
+            Instant::now() + Duration::from_secs(600 + spec.steps * 3 + 90 * schedule.len() as u64);
+        let outcome = self.drive(spec, schedule, policy, &job_id, &token, &mut slots, deadline);
+        if outcome.is_err() {
+            let _ = self.runtime.block_on(self.admin.stop_job(&job_id));
+        }
+        for slot in &mut slots {
+            slot.reap(WORKER_EXIT_WAIT);
+        }
+        for k in 0..self.setup.slices {
+            let _ = self.network.heal(k);
+        }
+        let launched = wait_with_deadline(&mut launch, Duration::from_secs(30));
+        let mut run = outcome?;
+        if !launched.is_some_and(|s| s.success()) {
+            bail!(
+                "podctl launch of {} did not succeed; see {}",
+                spec.name,
+                run_dir.join("launch.log").display()
+            );
+        }
+        run.run_dir = run_dir;
+        let list = self.runtime.block_on(self.admin.checkpoints(&job_id))?;
+        run.checkpoints = list
+            .checkpoints
+            .iter()
+            .map(|c| (c.step, c.uri.strip_prefix("file://").unwrap_or(&c.uri).to_string()))
+            .collect();
+        Ok(run)
+    }
+
+    /// `podctl launch --coordinator`: exports the bundle, submits, follows the job.
+    fn submit(&self, spec: &Path, run_dir: &Path) -> Result<(Child, String)> {
+        std::fs::create_dir_all(run_dir)?;
+        let log = std::fs::File::create(run_dir.join("launch.log"))?;
+        let mut launch = self
+            .podctl()
+            .arg("launch")
+            .arg(spec)
+            .args(["--coordinator", &self.coordinators.addresses(), "--ca"])
+            .arg(&self.coordinators.tls.ca)
+            .arg("--token-file")
+            .arg(self.setup.dir.join("admin-token"))
+            .stdout(Stdio::piped())
+            .stderr(log.try_clone()?)
+            .spawn()
+            .context("starting podctl launch")?;
+        let mut stdout = BufReader::new(launch.stdout.take().expect("piped"));
+        let mut line = String::new();
+        while !(line.starts_with("job ") && line.contains(" submitted")) {
+            line.clear();
+            if stdout.read_line(&mut line)? == 0 {
+                let _ = launch.wait();
+                bail!("podctl launch printed no job line; see {}", run_dir.join("launch.log").display());
+            }
+        }
+        let job_id = line.split_whitespace().nth(1).context("a job id")?.to_string();
+        // The rest of its output goes to the log, so the pipe never fills.
+        std::thread::spawn(move || {
+            let mut log = log;
+            let _ = std::io::copy(&mut stdout, &mut log);
+        });
+        Ok((launch, job_id))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn drive(
+        &mut self,
+        spec: &JobSpec,
+        schedule: &[Event],
+        policy: Policy,
+        job_id: &str,
+        token: &Path,
+        slots: &mut [Slot],
+        deadline: Instant,
+    ) -> Result<JobRun> {
+        let mut run = JobRun {
+            name: spec.name.clone(),
+            job_id: job_id.to_string(),
+            policy,
+            steps: spec.steps,
+            run_dir: PathBuf::new(),
+            events: Vec::new(),
+            wall_seconds: 0.0,
+            checkpoints: Vec::new(),
+            history: Vec::new(),
+            unexpected_exits: Vec::new(),
+            timeline: Vec::new(),
+        };
+        let mut sequels: Vec<(Instant, Sequel)> = Vec::new();
+        let mut next = 0usize;
+        let mut first_step: Option<Instant> = None;
+        let mut last_commit = Instant::now();
+        let mut deliberate: BTreeSet<usize> = BTreeSet::new();
+        let status = loop {
+            if Instant::now() > deadline {
+                bail!("job {} did not end in time (next event {next} of {})", spec.name, schedule.len());
+            }
+            std::thread::sleep(POLL);
+            let Some(status) = self.status(job_id) else { continue };
+            let now = Instant::now();
+            let state = status.state();
+            // The timeline, the history and who is a member of which slice.
+            let last = run.timeline.last().copied();
+            if last.is_none_or(|l| l.step != status.step || l.generation != status.generation) {
+                if last.is_some_and(|l| status.step > l.step) {
+                    last_commit = now;
+                }
+                run.timeline.push(Sample { at: now, step: status.step, generation: status.generation });
+            }
+            if status.step > 0 && first_step.is_none() {
+                first_step = Some(now);
+            }
+            let seen = run.history.last().map_or(0.0, |h| h.0);
+            for e in status.events.iter().filter(|e| e.unix_seconds > seen) {
+                run.history.push((e.unix_seconds, e.kind.clone(), e.detail.clone()));
+            }
+            let members: BTreeMap<usize, (String, String)> = status
+                .slices
+                .iter()
+                .filter(|s| !s.virtual_ranks.is_empty())
+                .filter_map(|s| Some((slice_of_host(&s.host)?, (s.host.clone(), s.worker_id.clone()))))
+                .collect();
+
+            // Processes that left: deliberately, with the job, or by themselves (a defect).
+            for slot in slots.iter_mut() {
+                if let Some(exit) = slot.exited() {
+                    let with_the_job = || self.status(job_id).is_some_and(|s| terminal(s.state()));
+                    if !deliberate.remove(&slot.slice) && !terminal(state) && !with_the_job() {
+                        let note =
+                            format!("worker {} of slice {} exited by itself ({exit})", slot.host, slot.slice);
+                        println!("  ! {note}; starting another");
+                        run.unexpected_exits.push(note);
+                        slot.spawn(&self.launcher, &self.network, job_id, token)?;
+                    }
+                }
+            }
+            if terminal(state) {
+                break status;
+            }
+
+            // Sequels that are due.
+            let mut still = Vec::new();
+            for (due, sequel) in sequels.drain(..) {
+                if due > now {
+                    still.push((due, sequel));
+                    continue;
+                }
+                match sequel {
+                    Sequel::Replace(k) if slots[k].child.is_some() => still.push((due, sequel)),
+                    Sequel::Replace(k) => {
+                        slots[k].spawn(&self.launcher, &self.network, job_id, token)?;
+                        if let Some(record) = run.events.last_mut()
+                            && record.slice == Some(k)
+                        {
+                            record.join_started = Some(now);
+                        }
+                    }
+                    Sequel::Heal(k) => {
+                        self.network.heal(k)?;
+                        if let Some(record) = run.events.last_mut()
+                            && record.slice == Some(k)
+                        {
+                            record.join_started = Some(now);
+                        }
+                    }
+                    Sequel::Restart(id) => self.coordinators.restart(id)?,
+                }
+            }
+            sequels = still;
+
+            // The open event's recovery and join.
+            if let Some(record) = run.events.last_mut() {
+                observe(record, &status, &members, &run.history, now);
+            }
+
+            // The next event, once the trigger is met and everything has settled.
+            let Some(first) = first_step else { continue };
+            let Some(event) = schedule.get(next) else { continue };
+            let due = match event.trigger {
+                Trigger::Step(step) => status.step >= step,
+                Trigger::After(after) => now.duration_since(first) >= after,
+            };
+            let settled = state == JobState::Running
+                && sequels.is_empty()
+                && run.events.last().is_none_or(|r| {
+                    r.next_step_after.is_some() && (r.slice.is_none() || r.join_after.is_some())
+                })
+                && (0..slots.len()).all(|k| {
+                    slots[k].child.is_some()
+                        && members.get(&k).is_some_and(|(host, _)| *host == slots[k].host)
+                })
+                && self.coordinators.all_alive()
+                && now.duration_since(last_commit) < Duration::from_secs(2);
+            if !(due && settled) {
+                continue;
+            }
+            let at_seconds = now.duration_since(first).as_secs_f64();
+            let mut record = EventRecord {
+                index: next,
+                kind: event.kind,
+                slice: event.kind.hits_a_slice().then_some(event.slice),
+                target: String::new(),
+                at_step: status.step,
+                at_seconds,
+                generation: status.generation,
+                resumed_after: None,
+                next_step_after: None,
+                steps_lost: None,
+                resumed_from: None,
+                join_after: None,
+                join_pause: None,
+                unix: unix_now(),
+                removed_unix: None,
+                worker_ids_before: BTreeSet::new(),
+                join_started: None,
+                started: now,
+            };
+            match event.kind {
+                Kind::LeaderKill => {
+                    let Some(leader) = self.leader() else { continue };
+                    record.target = format!("node {leader}");
+                    self.coordinators.nodes[leader as usize - 1].kill()?;
+                    sequels.push((now + event.then_after, Sequel::Restart(leader)));
+                }
+                kind => {
+                    let k = event.slice;
+                    record.target = members[&k].1.clone();
+                    record.worker_ids_before = status
+                        .slices
+                        .iter()
+                        .filter(|s| slice_of_host(&s.host) == Some(k))
+                        .map(|s| s.worker_id.clone())
+                        .collect();
+                    match kind {
+                        Kind::Preempt => {
+                            slots[k].signal(libc::SIGTERM)?;
+                            deliberate.insert(k);
+                            sequels.push((now + event.then_after, Sequel::Replace(k)));
+                        }
+                        Kind::Kill => {
+                            slots[k].kill();
+                            sequels.push((now + event.then_after, Sequel::Replace(k)));
+                        }
+                        _ => {
+                            self.network.cut(k)?;
+                            sequels.push((now + event.then_after, Sequel::Heal(k)));
+                        }
+                    }
+                }
+            }
+            println!(
+                "  [{at_seconds:7.1}s] step {:>4} generation {:>3}: {} of {}",
+                status.step, status.generation, event.kind, record.target
+            );
+            if policy == Policy::RestartAll {
+                // Every worker goes and new ones start (on healthy machines: the cut heals);
+                // they resume from the last committed checkpoint.
+                sequels.retain(|(_, s)| matches!(s, Sequel::Restart(_)));
+                for slot in slots.iter_mut() {
+                    if slot.child.is_some() {
+                        slot.kill();
+                    }
+                    deliberate.remove(&slot.slice);
+                    let _ = self.network.heal(slot.slice);
+                    slot.spawn(&self.launcher, &self.network, job_id, token)?;
+                }
+                record.join_started = Some(now);
+            }
+            run.events.push(record);
+            next += 1;
+        };
+        if next < schedule.len() {
+            bail!(
+                "job {} ended ({:?}: {}) with {} of {} failures injected; give it more steps",
+                spec.name,
+                status.state(),
+                status.message,
+                next,
+                schedule.len()
+            );
+        }
+        if status.state() != JobState::Completed {
+            bail!("job {} ended {:?}: {}", spec.name, status.state(), status.message);
+        }
+        if let Some(open) = run
+            .events
+            .iter()
+            .find(|r| r.next_step_after.is_none() || (r.slice.is_some() && r.join_after.is_none()))
+        {
+            bail!(
+                "job {} ended before its slice recovered from event {} ({} at step {}); give it more steps",
+                spec.name,
+                open.index,
+                open.kind,
+                open.at_step
+            );
+        }
+        let first = first_step.context("no step was committed")?;
+        run.wall_seconds = last_commit.duration_since(first).as_secs_f64();
+        let timeline = run.timeline.clone();
+        for record in &mut run.events {
+            record.join_pause = record.join_started.and_then(|_| pause_after(&timeline, record));
+            record.removed_unix = removal_unix(&run.history, record);
+        }
+        Ok(run)
+    }
+
+    /// Runs `podctl ckpt verify` and `podctl ckpt digest` on a checkpoint directory; returns the
+    /// state's digest.
+    pub fn digest(&self, dir: &str) -> Result<String> {
+        let verify = self.podctl().args(["ckpt", "verify", dir]).output()?;
+        if !verify.status.success() {
+            bail!("podctl ckpt verify {dir}: {}", String::from_utf8_lossy(&verify.stderr));
+        }
+        let out = self.podctl().args(["ckpt", "digest", dir]).output()?;
+        if !out.status.success() {
+            bail!("podctl ckpt digest {dir}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let text = String::from_utf8(out.stdout)?;
+        let last = text.lines().last().context("an empty digest")?;
+        Ok(last.split_whitespace().next().unwrap_or_default().to_string())
+    }
+}
+
+fn terminal(state: JobState) -> bool {
+    matches!(state, JobState::Completed | JobState::Failed | JobState::Stopped)
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn wait_with_deadline(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The slice of a worker's host label, `slice<k>.p<n>`.
+fn slice_of_host(host: &str) -> Option<usize> {
+    host.strip_prefix("slice")?.split('.').next()?.parse().ok()
+}
+
+/// A generation event's number, start step and members: "generation G from step S (...): id:[r] ...".
+fn parse_generation(detail: &str) -> Option<(u64, u64, Vec<String>)> {
+    let rest = detail.strip_prefix("generation ")?;
+    let (g, rest) = rest.split_once(" from step ")?;
+    let (s, rest) = rest.split_once(' ')?;
+    let members = rest
+        .rsplit_once("): ")
+        .map(|(_, m)| m.split(' ').filter_map(|w| w.split_once(':').map(|(id, _)| id.to_string())).collect())
+        .unwrap_or_default();
+    Some((g.parse().ok()?, s.parse().ok()?, members))
+}
+
+/// The start step of generation `g`, from the history.
+fn start_of(history: &[(f64, String, String)], g: u64) -> Option<u64> {
+    history
+        .iter()
+        .filter(|(_, kind, _)| kind == "generation")
+        .filter_map(|(_, _, d)| parse_generation(d))
+        .find(|(generation, _, _)| *generation == g)
+        .map(|(_, start, _)| start)
+}
+
+/// Updates an open event from the job's status.
+fn observe(
+    record: &mut EventRecord,
+    status: &JobStatus,
+    members: &BTreeMap<usize, (String, String)>,
+    history: &[(f64, String, String)],
+    now: Instant,
+) {
+    let since = now.duration_since(record.started).as_secs_f64();
+    let moved_on = record.kind == Kind::LeaderKill || status.generation > record.generation;
+    if record.resumed_after.is_none() && moved_on && status.state() == JobState::Running {
+        let start = if status.generation > record.generation {
+            start_of(history, status.generation)
+        } else {
+            Some(record.at_step)
+        };
+        let trained = status
+            .slices
+            .iter()
+            .filter(|s| !s.virtual_ranks.is_empty())
+            .all(|s| start.is_some_and(|start| s.step > start));
+        if let Some(start) = start
+            && (trained || status.step > record.at_step)
+        {
+            record.resumed_after = Some(since);
+            record.resumed_from = Some(start);
+            record.steps_lost = Some(record.at_step.saturating_sub(start));
+        }
+    }
+    if record.next_step_after.is_none() && moved_on && status.step > record.at_step {
+        record.next_step_after = Some(since);
+        if record.resumed_after.is_none() {
+            record.resumed_after = Some(since);
+            let start = start_of(history, status.generation).unwrap_or(record.at_step);
+            record.resumed_from = Some(start.min(record.at_step));
+            record.steps_lost = Some(record.at_step.saturating_sub(start));
+        }
+    }
+    if let (Some(k), Some(started), None) = (record.slice, record.join_started, record.join_after)
+        && members.get(&k).is_some_and(|(_, id)| !record.worker_ids_before.contains(id))
+    {
+        record.join_after = Some(now.duration_since(started).as_secs_f64());
+    }
+}
+
+/// How long committed steps stood still around the generation that took the joiner in: from
+/// the last commit before the first generation change after the join started to the first
+/// commit after it.
+fn pause_after(timeline: &[Sample], record: &EventRecord) -> Option<f64> {
+    let started = record.join_started?;
+    let before_join = generation_at(timeline, started);
+    let change = timeline.iter().position(|s| s.at >= started && s.generation > before_join)?;
+    let step = timeline[change].step;
+    let last_commit = timeline.iter().find(|s| s.step == step).map_or(timeline[change].at, |s| s.at);
+    let resumed = timeline[change..].iter().find(|s| s.step > step)?;
+    Some(resumed.at.duration_since(last_commit).as_secs_f64())
+}
+
+fn generation_at(timeline: &[Sample], at: Instant) -> u64 {
+    timeline.iter().rev().find(|s| s.at <= at).map_or(0, |s| s.generation)
+}
+
+/// When the job removed the worker a slice event hit: the first recovery after the event.
+fn removal_unix(history: &[(f64, String, String)], record: &EventRecord) -> Option<f64> {
+    record.slice?;
+    history
+        .iter()
+        .find(|(unix, kind, _)| *unix >= record.unix && kind == "recovery")
+        .map(|(unix, _, _)| *unix)
+}
+
+/// What [`verify`] found.
+#[derive(Debug, Default)]
+pub struct Verified {
+    /// Committed checkpoints of the chaos run whose digest equals the calm run's at that step.
+    pub checkpoints_equal: usize,
+    /// The final state's digest (equal in both runs).
+    pub final_digest: String,
+    /// Per cut: the cut-off worker, generations formed after its removal, checkpoints committed
+    /// after it, and the lines of its log where its writes were refused.
+    pub fencing: Vec<String>,
+}
+
+/// Checks a chaos run against the uninterrupted run of the same job: every committed checkpoint
+/// reads back whole and equals the calm one at the same step, the final states are bitwise
+/// equal, and nothing a cut-off worker did after its removal was committed.
+pub fn verify(harness: &Harness, calm: &JobRun, chaos: &JobRun) -> Result<Verified> {
+    let calm_digests: BTreeMap<u64, String> = calm
+        .checkpoints
+        .iter()
+        .map(|(step, dir)| Ok((*step, harness.digest(dir)?)))
+        .collect::<Result<_>>()?;
+    let mut verified = Verified::default();
+    if chaos.checkpoints.is_empty() {
+        bail!("the chaos run committed no checkpoint");
+    }
+    for (step, dir) in &chaos.checkpoints {
+        let digest = harness.digest(dir)?;
+        let Some(expected) = calm_digests.get(step) else {
+            bail!("the calm run has no checkpoint of step {step} to compare {dir} with");
+        };
+        if &digest != expected {
+            bail!(
+                "checkpoint {dir} (step {step}) differs from the uninterrupted run's: {digest} vs {expected}"
+            );
+        }
+        verified.checkpoints_equal += 1;
+    }
+    let last = chaos.checkpoints.last().expect("checked above");
+    if last.0 != chaos.steps {
+        bail!("the last committed checkpoint is of step {}, not the final step {}", last.0, chaos.steps);
+    }
+    verified.final_digest = calm_digests[&chaos.steps].clone();
+
+    let generations: BTreeMap<u64, Vec<String>> = chaos
+        .history
+        .iter()
+        .filter(|(_, kind, _)| kind == "generation")
+        .filter_map(|(_, _, d)| parse_generation(d))
+        .map(|(g, _, members)| (g, members))
+        .collect();
+    for record in chaos.events.iter().filter(|r| r.kind == Kind::Cut) {
+        let worker = &record.target;
+        let removed =
+            record.removed_unix.with_context(|| format!("no recovery removed {worker} after its cut"))?;
+        let later_generations: Vec<u64> = chaos
+            .history
+            .iter()
+            .filter(|(unix, kind, _)| *unix >= removed && kind == "generation")
+            .filter_map(|(_, _, d)| parse_generation(d))
+            .map(|(g, _, members)| {
+                if members.contains(worker) {
+                    bail!("generation {g}, formed after {worker} was cut off, counts it as a member");
+                }
+                Ok(g)
+            })
+            .collect::<Result<_>>()?;
+        let mut later_checkpoints = 0;
+        for (_, _, detail) in
+            chaos.history.iter().filter(|(unix, kind, _)| *unix >= removed && kind == "checkpoint")
+        {
+            let generation: u64 = detail
+                .rsplit_once("-g")
+                .and_then(|(_, g)| g.parse().ok())
+                .with_context(|| format!("a checkpoint event without a save generation: {detail}"))?;
+            if generation <= record.generation
+                || generations.get(&generation).is_none_or(|m| m.contains(worker))
+            {
+                bail!(
+                    "{detail}, committed after {worker} was cut off, was saved by a generation it belonged to"
+                );
+            }
+            later_checkpoints += 1;
+        }
+        let log =
+            std::fs::read_to_string(chaos.run_dir.join(format!("worker-{}.log", record.slice.unwrap_or(0))))
+                .unwrap_or_default();
+        let refused = log.lines().filter(|l| l.contains("refused") || l.contains("stale generation")).count();
+        verified.fencing.push(format!(
+            "{worker} (cut at step {}, generation {}): not a member of the {} generations formed after its removal, \
+             nor a saver of the {} checkpoints committed after it; {refused} log lines of its slice show refused writes",
+            record.at_step,
+            record.generation,
+            later_generations.len(),
+            later_checkpoints
+        ));
+    }
+    Ok(verified)
+}
+
+fn seconds(value: Option<f64>) -> String {
+    value.map_or("-".into(), |s| format!("{s:.2}"))
+}
+
+/// Prints one line per event and a summary per kind.
+pub fn print_events(run: &JobRun) {
+    println!(
+        "{:>3} {:<15} {:<22} {:>5} {:>4}  {:>8} {:>9} {:>5} {:>6}  {:>6} {:>6}",
+        "#", "failure", "target", "step", "gen", "resumed", "next step", "lost", "from", "join", "pause"
+    );
+    for r in &run.events {
+        println!(
+            "{:>3} {:<15} {:<22} {:>5} {:>4}  {:>7}s {:>8}s {:>5} {:>6}  {:>5}s {:>5}s",
+            r.index,
+            r.kind.to_string(),
+            r.target,
+            r.at_step,
+            r.generation,
+            seconds(r.resumed_after),
+            seconds(r.next_step_after),
+            r.steps_lost.map_or("-".into(), |l| l.to_string()),
+            r.resumed_from.map_or("-".into(), |s| s.to_string()),
+            seconds(r.join_after),
+            seconds(r.join_pause),
+        );
+    }
+    for kind in Kind::ALL {
+        let of: Vec<&EventRecord> = run.events.iter().filter(|r| r.kind == kind).collect();
+        if of.is_empty() {
+            continue;
+        }
+        let next: Vec<f64> = of.iter().filter_map(|r| r.next_step_after).collect();
+        let lost: u64 = of.iter().filter_map(|r| r.steps_lost).sum();
+        println!(
+            "{kind:<15} x{}: failure -> next committed step mean {:.2}s, max {:.2}s; steps lost {lost}",
+            of.len(),
+            next.iter().sum::<f64>() / next.len().max(1) as f64,
+            next.iter().copied().fold(0.0, f64::max),
+        );
+    }
+}

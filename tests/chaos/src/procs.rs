@@ -1,0 +1,266 @@
+//! The processes under test: three `podctl-coordinator` nodes with mutual TLS on the hub, and
+//! one `podctl worker` per slice in the slice's namespace. All of them are real processes killed
+//! with real signals.
+
+use crate::net::Network;
+use anyhow::{Context, Result, bail};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// The admin token of the harness's cluster (it never leaves the hub namespace).
+pub const ADMIN: &str = "podctl-chaos-admin-token-0123456789abcdef";
+
+/// Sends `signal` to `pid`.
+pub fn signal(pid: u32, signal: libc::c_int) -> Result<()> {
+    // SAFETY: kill(2) on a child this harness started and has not reaped.
+    if unsafe { libc::kill(pid as libc::pid_t, signal) } != 0 {
+        bail!("kill -{signal} {pid}: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// One coordinator node.
+pub struct Node {
+    /// Its Raft id (1-based).
+    pub id: u64,
+    /// Its address.
+    pub addr: String,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Node {
+    fn spawn(&mut self, bin: &Path) -> Result<()> {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
+        let mut child = Command::new(bin)
+            .args(&self.args)
+            .env("PODCTL_ADMIN_TOKEN", ADMIN)
+            .env("RUST_LOG", "info,openraft=warn,h2=warn,hyper=warn,tower=warn")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
+        if !line.starts_with("listening on ") {
+            bail!("coordinator {} printed {line:?}; see {}", self.id, self.log.display());
+        }
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Whether its process runs.
+    pub fn alive(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// SIGKILL, and reap.
+    pub fn kill(&mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.kill();
+    }
+}
+
+/// The coordinator cluster.
+pub struct Coordinators {
+    bin: PathBuf,
+    /// The nodes, by id - 1.
+    pub nodes: Vec<Node>,
+    /// TLS files of the development CA.
+    pub tls: coordinator::TlsFiles,
+}
+
+impl Coordinators {
+    /// Starts three nodes on the hub's address.
+    pub fn start(bin: &Path, dir: &Path) -> Result<Coordinators> {
+        let tls_dir = dir.join("tls");
+        let tls = coordinator::tls::create_dev_ca(&tls_dir, &[Network::HUB.to_string()])?;
+        let addrs: Vec<String> = (0..3)
+            .map(|_| {
+                let listener = std::net::TcpListener::bind((Network::HUB, 0))?;
+                Ok(listener.local_addr()?.to_string())
+            })
+            .collect::<Result<_>>()?;
+        let peers =
+            addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect::<Vec<_>>().join(",");
+        let mut nodes: Vec<Node> = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, addr)| {
+                let id = i as u64 + 1;
+                let data = dir.join(format!("node{id}"));
+                Node {
+                    id,
+                    addr: addr.clone(),
+                    args: vec![
+                        "--id".into(),
+                        id.to_string(),
+                        "--listen".into(),
+                        addr.clone(),
+                        "--peers".into(),
+                        peers.clone(),
+                        "--data-dir".into(),
+                        data.display().to_string(),
+                        "--tls-dir".into(),
+                        tls_dir.display().to_string(),
+                    ],
+                    log: dir.join(format!("node{id}.log")),
+                    child: None,
+                }
+            })
+            .collect();
+        for node in &mut nodes {
+            node.spawn(bin)?;
+        }
+        Ok(Coordinators { bin: bin.to_path_buf(), nodes, tls })
+    }
+
+    /// The nodes' addresses, comma-separated.
+    pub fn addresses(&self) -> String {
+        self.nodes.iter().map(|n| n.addr.as_str()).collect::<Vec<_>>().join(",")
+    }
+
+    /// Restarts node `id` from its data directory.
+    pub fn restart(&mut self, id: u64) -> Result<()> {
+        let bin = self.bin.clone();
+        self.nodes[id as usize - 1].spawn(&bin)
+    }
+
+    /// Whether every node's process runs.
+    pub fn all_alive(&mut self) -> bool {
+        self.nodes.iter_mut().all(Node::alive)
+    }
+}
+
+/// How the worker processes are started.
+pub struct WorkerLauncher {
+    /// The `podctl` binary.
+    pub podctl: PathBuf,
+    /// The PJRT plugin.
+    pub plugin: PathBuf,
+    /// Compiled programs shared by every worker process.
+    pub compile_cache: PathBuf,
+    /// The coordinators' addresses.
+    pub coordinators: String,
+    /// TLS files.
+    pub tls: coordinator::TlsFiles,
+}
+
+/// One slice's worker processes, one at a time.
+pub struct Slot {
+    /// The slice.
+    pub slice: usize,
+    /// Processes started for it so far.
+    pub started: u32,
+    /// The process now running, if any.
+    pub child: Option<Child>,
+    /// Its host label (`slice<k>.p<n>`), which the coordinator shows next to its worker ids.
+    pub host: String,
+    /// When it was started.
+    pub since: Instant,
+    /// The log every process of the slice appends to.
+    pub log: PathBuf,
+}
+
+impl Slot {
+    /// A slot with no process yet.
+    pub fn new(slice: usize, log: PathBuf) -> Slot {
+        Slot { slice, started: 0, child: None, host: String::new(), since: Instant::now(), log }
+    }
+
+    /// Starts a worker process for the slice in its namespace.
+    pub fn spawn(
+        &mut self,
+        launcher: &WorkerLauncher,
+        network: &Network,
+        job_id: &str,
+        token: &Path,
+    ) -> Result<()> {
+        self.started += 1;
+        self.host = format!("slice{}.p{}", self.slice, self.started);
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
+        use std::io::Write;
+        writeln!(&log, "--- worker process {} ({})", self.started, self.host)?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", network.namespace(self.slice)])
+            .arg(&launcher.podctl)
+            .args(["--log", "info", "worker", "--coordinator", &launcher.coordinators, "--job", job_id])
+            .args(["--slice", &self.slice.to_string(), "--host", &self.host])
+            .args(["--bind", &Network::slice_ip(self.slice).to_string()])
+            .arg("--plugin")
+            .arg(&launcher.plugin)
+            .arg("--compile-cache")
+            .arg(&launcher.compile_cache)
+            .arg("--ca")
+            .arg(&launcher.tls.ca)
+            .arg("--cert")
+            .arg(&launcher.tls.client_cert)
+            .arg("--key")
+            .arg(&launcher.tls.client_key)
+            .arg("--token-file")
+            .arg(token)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting a worker (ip netns exec podctl worker)")?;
+        self.child = Some(child);
+        self.since = Instant::now();
+        Ok(())
+    }
+
+    /// The running process's pid (`ip netns exec` execs the worker in place).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Reaps the process if it exited; returns how.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        let status = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())?;
+        self.child = None;
+        Some(status)
+    }
+
+    /// Sends `signal` to the running process.
+    pub fn signal(&self, sig: libc::c_int) -> Result<()> {
+        signal(self.pid().context("no worker process runs in the slot")?, sig)
+    }
+
+    /// SIGKILLs the running process and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Waits up to `limit` for the process to leave by itself, then kills it.
+    pub fn reap(&mut self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.child.is_some() && Instant::now() < deadline {
+            if self.exited().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.kill();
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

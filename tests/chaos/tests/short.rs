@@ -1,0 +1,52 @@
+//! The chaos harness's short variant (CI): one failure of every kind on a 4-slice job under a
+//! 3-node coordinator cluster, then the checks of the acceptance run. Needs root (it creates
+//! network namespaces).
+
+use podctl_chaos::schedule::{self, Kind};
+use podctl_chaos::{Harness, JobSpec, Policy, Setup, build_binaries, print_events, verify};
+use std::path::Path;
+
+#[test]
+fn a_job_survives_one_failure_of_every_kind_and_ends_bitwise_as_without() {
+    let home = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap();
+    let bin_dir = build_binaries(&home, false).unwrap();
+    let dir = tempfile_dir();
+    let setup = Setup { cache: home.join("target/test-cache"), home, bin_dir, dir: dir.clone(), slices: 4 };
+    let mut harness = Harness::start(setup).unwrap();
+    let spec =
+        |name: &str| JobSpec { name: name.into(), steps: 110, seed: 11, checkpoint_every: 10, seq_len: 128 };
+    let calm = harness.run_job(&spec("calm"), &[], Policy::Elastic).unwrap();
+    let events = schedule::by_steps(2026, 1, 4, 8, 12);
+    let chaos = harness.run_job(&spec("chaos"), &events, Policy::Elastic).unwrap();
+    print_events(&chaos);
+    let verified = verify(&harness, &calm, &chaos).unwrap();
+    for line in &verified.fencing {
+        println!("fenced: {line}");
+    }
+    println!(
+        "calm {:.1}s, chaos {:.1}s; {} checkpoints equal the calm run's; final state {}",
+        calm.wall_seconds, chaos.wall_seconds, verified.checkpoints_equal, verified.final_digest
+    );
+    for kind in Kind::ALL {
+        assert_eq!(chaos.events.iter().filter(|e| e.kind == kind).count(), 1, "{kind}");
+    }
+    for event in &chaos.events {
+        assert!(event.next_step_after.is_some(), "training went on after event {event:?}");
+        // A replica always survives: nothing committed is computed again.
+        assert_eq!(event.steps_lost, Some(0), "{event:?}");
+        if event.kind.hits_a_slice() {
+            assert!(event.join_after.is_some(), "the slice rejoined after event {event:?}");
+        }
+    }
+    assert_eq!(verified.fencing.len(), 1);
+    assert!(chaos.unexpected_exits.is_empty(), "{:?}", chaos.unexpected_exits);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A fresh directory under the system's temporary directory.
+fn tempfile_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("podctl-chaos-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
