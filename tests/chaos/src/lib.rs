@@ -28,7 +28,7 @@ use procs::{ADMIN, Coordinators, Slot, WorkerLauncher};
 use proto::v1::{JobState, JobStatus};
 use schedule::{Event, Kind, Trigger};
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -91,6 +91,9 @@ pub struct JobSpec {
     pub checkpoint_every: u64,
     /// Sequence length (longer: slower steps).
     pub seq_len: u64,
+    /// How long the run may take from submission to the job's end before the harness stops it
+    /// and fails; `None`: 10 minutes plus 3 s a step and 90 s a failure.
+    pub time_limit: Option<Duration>,
 }
 
 impl JobSpec {
@@ -270,15 +273,17 @@ impl Harness {
             self.setup.slices,
             schedule.len()
         );
-        let (mut launch, job_id) = self.submit(&spec_path, &run_dir)?;
+        let limit = spec
+            .time_limit
+            .unwrap_or_else(|| Duration::from_secs(600 + spec.steps * 3 + 90 * schedule.len() as u64));
+        let deadline = Instant::now() + limit;
+        let (mut launch, job_id) = self.submit(&spec_path, &run_dir, limit)?;
         let token = run_dir.join("job-token");
         let mut slots: Vec<Slot> =
             (0..self.setup.slices).map(|k| Slot::new(k, run_dir.join(format!("worker-{k}.log")))).collect();
         for slot in &mut slots {
             slot.spawn(&self.launcher, &self.network, &job_id, &token)?;
         }
-        let deadline =
-            Instant::now() + Duration::from_secs(600 + spec.steps * 3 + 90 * schedule.len() as u64);
         let outcome = self.drive(spec, schedule, policy, &job_id, &token, &mut slots, deadline);
         if outcome.is_err() {
             let _ = self.runtime.block_on(self.admin.stop_job(&job_id));
@@ -308,8 +313,9 @@ impl Harness {
         Ok(run)
     }
 
-    /// `podctl launch --coordinator`: exports the bundle, submits, follows the job.
-    fn submit(&self, spec: &Path, run_dir: &Path) -> Result<(Child, String)> {
+    /// `podctl launch --coordinator`: exports the bundle, submits, follows the job. Waits up to
+    /// `limit` for the job's id.
+    fn submit(&self, spec: &Path, run_dir: &Path, limit: Duration) -> Result<(Child, String)> {
         std::fs::create_dir_all(run_dir)?;
         let log = std::fs::File::create(run_dir.join("launch.log"))?;
         let mut launch = self
@@ -324,21 +330,39 @@ impl Harness {
             .stderr(log.try_clone()?)
             .spawn()
             .context("starting podctl launch")?;
-        let mut stdout = BufReader::new(launch.stdout.take().expect("piped"));
-        let mut line = String::new();
-        while !(line.starts_with("job ") && line.contains(" submitted")) {
-            line.clear();
-            if stdout.read_line(&mut line)? == 0 {
-                let _ = launch.wait();
-                bail!("podctl launch printed no job line; see {}", run_dir.join("launch.log").display());
-            }
-        }
-        let job_id = line.split_whitespace().nth(1).context("a job id")?.to_string();
-        // The rest of its output goes to the log, so the pipe never fills.
+        // A thread reads its output into the log and hands over the job line, so a launch that
+        // hangs cannot hang the harness and the pipe never fills.
+        let stdout = launch.stdout.take().expect("piped");
+        let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut log = log;
-            let _ = std::io::copy(&mut stdout, &mut log);
+            let mut tx = Some(tx);
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if line.starts_with("job ") && line.contains(" submitted") {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(line.clone());
+                    }
+                }
+                let _ = writeln!(log, "{line}");
+            }
         });
+        let line = match rx.recv_timeout(limit) {
+            Ok(line) => line,
+            Err(error) => {
+                let _ = launch.kill();
+                let _ = launch.wait();
+                let why = match error {
+                    std::sync::mpsc::RecvTimeoutError::Timeout => format!("within {limit:?}"),
+                    std::sync::mpsc::RecvTimeoutError::Disconnected => "before it exited".into(),
+                };
+                bail!(
+                    "podctl launch printed no job line {why}; see {}",
+                    run_dir.join("launch.log").display()
+                );
+            }
+        };
+        let job_id = line.split_whitespace().nth(1).context("a job id")?.to_string();
         Ok((launch, job_id))
     }
 

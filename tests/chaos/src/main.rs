@@ -79,6 +79,7 @@ fn main() -> Result<()> {
         seed: 11,
         checkpoint_every: 10,
         seq_len: 128,
+        time_limit: None,
     };
     let calm = harness.run_job(&spec("calm"), &[], Policy::Elastic)?;
     println!("calm run: {} steps in {:.1}s", calm.steps, calm.wall_seconds);

@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 /// The admin token of the harness's cluster (it never leaves the hub namespace).
 pub const ADMIN: &str = "podctl-chaos-admin-token-0123456789abcdef";
 
+/// How long a coordinator node gets to open its port.
+const NODE_START: Duration = Duration::from_secs(60);
+
 /// Sends `signal` to `pid`.
 pub fn signal(pid: u32, signal: libc::c_int) -> Result<()> {
     // SAFETY: kill(2) on a child this harness started and has not reaped.
@@ -43,9 +46,22 @@ impl Node {
             .stderr(log)
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
+        // Its first line says it listens; read on a thread so a node that hangs fails the run.
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let Ok(line) = rx.recv_timeout(NODE_START) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("coordinator {} did not listen within {NODE_START:?}; see {}", self.id, self.log.display());
+        };
         if !line.starts_with("listening on ") {
+            let _ = child.kill();
+            let _ = child.wait();
             bail!("coordinator {} printed {line:?}; see {}", self.id, self.log.display());
         }
         self.child = Some(child);
