@@ -339,10 +339,11 @@ impl Harness {
             let mut tx = Some(tx);
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                if line.starts_with("job ") && line.contains(" submitted") {
-                    if let Some(tx) = tx.take() {
-                        let _ = tx.send(line.clone());
-                    }
+                if line.starts_with("job ")
+                    && line.contains(" submitted")
+                    && let Some(tx) = tx.take()
+                {
+                    let _ = tx.send(line.clone());
                 }
                 let _ = writeln!(log, "{line}");
             }
