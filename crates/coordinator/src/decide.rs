@@ -307,9 +307,11 @@ pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timin
 /// member's state comes from, and the steps to carry.
 ///
 /// Holders are candidates that were members of the previous generation: their state is at the
-/// `steps_done` they reported. `start_step` is the largest of those; a holder at it keeps its
-/// state, anyone else fetches it from a holder at it (spread over them). With no holder, every
-/// member restores the newest committed checkpoint, or starts fresh at step 0.
+/// `steps_done` they reported. `start_step` is the largest of those and of the newest committed
+/// checkpoint's step; a holder at it keeps its state, anyone else fetches it from a holder at it
+/// (spread over them). With no holder at it, every member restores that checkpoint, or starts
+/// fresh at step 0. A holder behind the checkpoint (a member formed a moment ago that had not yet
+/// restored or fetched its state) never drags the job back below what is committed.
 pub fn plan_generation(
     job: &Job,
     live: &JobLive,
@@ -325,11 +327,7 @@ pub fn plan_generation(
         .filter_map(|w| Some((w, live.workers.get(w)?.steps_done)))
         .collect();
     let checkpoint = job.last_checkpoint();
-    let start_step = match (holders.values().max(), checkpoint) {
-        (Some(&max), _) => max,
-        (None, Some(c)) => c.record.step,
-        (None, None) => 0,
-    };
+    let start_step = holders.values().copied().chain(checkpoint.map(|c| c.record.step)).max().unwrap_or(0);
     let sources: Vec<&String> = holders.iter().filter(|(_, s)| **s == start_step).map(|(w, _)| *w).collect();
     let mut by_lowest_rank: Vec<(&String, &Vec<u32>)> = placement.iter().collect();
     by_lowest_rank.sort_by_key(|(_, ranks)| ranks[0]);
@@ -679,6 +677,35 @@ mod tests {
         assert_eq!(plan.members[0].worker_id, r);
         assert!(matches!(plan.members[0].resume, ResumePlan::FromCheckpoint { step: 4, .. }));
         assert!(plan.carried.is_empty(), "steps 5.. are recomputed, never committed twice");
+    }
+
+    #[test]
+    fn a_holder_behind_the_last_checkpoint_restores_it_instead_of_dragging_the_job_back() {
+        let now = Instant::now();
+        let (mut job, mut live) = running(2, 12, now);
+        let [a, b] = [0, 1].map(|i| job.members[i].worker_id.clone());
+        job.checkpoints.push(CheckpointEntry {
+            record: checkpoint::CommitRecord {
+                step: 10,
+                save_id: "s10".into(),
+                bundle: "00".into(),
+                manifest_size: 1,
+                manifest_crc32c: 0,
+            },
+            uri: "file:///c/000000000010-s10".into(),
+            committed_unix: 0.0,
+            bytes: 1,
+        });
+        live.workers.get_mut(&b).unwrap().out = Some(Out::Preempted("spot".into()));
+        begin(&mut job, &mut live, now);
+        // a was formed a moment ago and answers before it restored anything: it holds step 0.
+        let wa = live.workers.get_mut(&a).unwrap();
+        wa.generation = 2;
+        wa.steps_done = 0;
+        let Some(Decision::Form(plan)) = decide_generation(now, &job, &live, &TIMING) else { panic!() };
+        assert_eq!(plan.start_step, 10, "never below the committed checkpoint");
+        assert!(matches!(plan.members[0].resume, ResumePlan::FromCheckpoint { step: 10, .. }), "{plan:?}");
+        assert!(plan.carried.is_empty());
     }
 
     #[test]
