@@ -3,7 +3,7 @@
 //! before/after report.
 
 use crate::connect::ConnectArgs;
-use crate::launch::spinner;
+use crate::launch::{compile_trainer, print_nothing_to_train};
 use crate::progress::{Progress, human_rate};
 use anyhow::{Context, Result, bail};
 use bundle::Bundle;
@@ -12,10 +12,8 @@ use job::JobSpec;
 use record::RunRecord;
 use serde::Serialize;
 use std::path::Path;
-use std::time::Instant;
 use worker::ckpt::{Resume, split_uri};
 use worker::grpo::{EvalReport, GrpoTask};
-use worker::{Slice, Trainer};
 
 /// Rewrites `grpo.init_from` into the checkpoint directory it means, so that every worker and
 /// every restart starts from the same one. An SFT job spec there (`*.yaml`) is launched first
@@ -149,14 +147,7 @@ pub fn run_local(
     parameters: u64,
 ) -> Result<()> {
     let manifest = bundle.manifest();
-    let spinner =
-        spinner(format!("compiling for {} {} devices", job.ici_mesh().num_devices(), manifest.platform));
-    let compile_started = Instant::now();
-    let slice = Slice::open(plugin, &manifest.platform, &job.ici_mesh())?;
-    let mut trainer = Trainer::new(slice, bundle)?;
-    let compile_seconds = compile_started.elapsed().as_secs_f64();
-    spinner.finish_and_clear();
-    println!("compiled in {compile_seconds:.1}s");
+    let (mut trainer, compile_seconds) = compile_trainer(job, bundle, plugin)?;
     let task = GrpoTask::new(job, manifest)?;
     if let Some(from) = &task.spec().init_from {
         println!("policy and reference start from {from}");
@@ -170,10 +161,7 @@ pub fn run_local(
     let record = progress.finish()?;
     let summary = outcome?;
     if summary.steps == 0 {
-        println!(
-            "nothing to train: the checkpoint restored is at step {}, the job's last",
-            summary.start_step
-        );
+        print_nothing_to_train(summary.start_step);
         return Ok(());
     }
     record.summary(&Summary {

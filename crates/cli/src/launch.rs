@@ -123,14 +123,7 @@ pub fn run(
         return crate::grpo::run_local(&job, &bundle, plugin, resume, parameters);
     }
 
-    let spinner =
-        spinner(format!("compiling for {} {} devices", job.ici_mesh().num_devices(), manifest.platform));
-    let compile_started = Instant::now();
-    let slice = Slice::open(plugin, &manifest.platform, &job.ici_mesh())?;
-    let mut trainer = Trainer::new(slice, &bundle)?;
-    let compile_seconds = compile_started.elapsed().as_secs_f64();
-    spinner.finish_and_clear();
-    println!("compiled in {compile_seconds:.1}s");
+    let (mut trainer, compile_seconds) = compile_trainer(&job, &bundle, plugin)?;
 
     let spec = BatchSpec::new(job.batch.global as usize, job.batch.micro as usize, job.seq_len as usize)?;
     let loader = Loader::from_config(&job.data, spec, job.seed)?;
@@ -142,10 +135,7 @@ pub fn run(
     let record = progress.finish()?;
     let summary = outcome?;
     if summary.steps == 0 {
-        println!(
-            "nothing to train: the checkpoint restored is at step {}, the job's last",
-            summary.start_step
-        );
+        print_nothing_to_train(summary.start_step);
         return Ok(());
     }
 
@@ -228,6 +218,30 @@ fn resolve_bundle(tools: &Toolchain, job: &JobSpec) -> Result<Bundle> {
         );
     }
     Ok(bundle)
+}
+
+/// Opens the job's slice on this machine's devices and compiles the bundle's programs, behind a
+/// spinner; returns the trainer and the compile time.
+pub(crate) fn compile_trainer(
+    job: &JobSpec,
+    bundle: &Bundle,
+    plugin: &'static pjrt::Plugin,
+) -> Result<(Trainer, f64)> {
+    let manifest = bundle.manifest();
+    let spinner =
+        spinner(format!("compiling for {} {} devices", job.ici_mesh().num_devices(), manifest.platform));
+    let compile_started = Instant::now();
+    let slice = Slice::open(plugin, &manifest.platform, &job.ici_mesh())?;
+    let trainer = Trainer::new(slice, bundle)?;
+    let compile_seconds = compile_started.elapsed().as_secs_f64();
+    spinner.finish_and_clear();
+    println!("compiled in {compile_seconds:.1}s");
+    Ok((trainer, compile_seconds))
+}
+
+/// What a launch says when the checkpoint it resumed from is already at the job's last step.
+pub(crate) fn print_nothing_to_train(start_step: u64) {
+    println!("nothing to train: the checkpoint restored is at step {start_step}, the job's last");
 }
 
 pub(crate) fn spinner(message: String) -> ProgressBar {
