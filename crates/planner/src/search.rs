@@ -567,42 +567,19 @@ fn search_cliff(rows: &mut [Row], chosen: usize, limit: u64, slack: f64, oracle:
         if !ahead.is_empty() {
             record(rows, &ahead, oracle);
         }
-        match ladder.get(at + 1) {
-            None => {
-                return Cliff {
-                    layout,
-                    remat,
-                    attention,
-                    offload,
-                    fits: side(&rows[ladder[at]]),
-                    next: None,
-                };
-            }
+        let next = match ladder.get(at + 1) {
+            None => None,
             Some(&next) => match rows[next].exact_peak() {
-                Some(peak) if peak <= limit => at += 1,
-                Some(_) => {
-                    return Cliff {
-                        layout,
-                        remat,
-                        attention,
-                        offload,
-                        fits: side(&rows[ladder[at]]),
-                        next: side(&rows[next]),
-                    };
+                Some(peak) if peak <= limit => {
+                    at += 1;
+                    continue;
                 }
+                Some(_) => side(&rows[next]),
                 // The next one failed to export or compile: the cliff cannot be placed exactly.
-                None => {
-                    return Cliff {
-                        layout,
-                        remat,
-                        attention,
-                        offload,
-                        fits: side(&rows[ladder[at]]),
-                        next: None,
-                    };
-                }
+                None => None,
             },
-        }
+        };
+        return Cliff { layout, remat, attention, offload, fits: side(&rows[ladder[at]]), next };
     }
 }
 
