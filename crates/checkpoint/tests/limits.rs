@@ -145,6 +145,9 @@ fn a_manifest_claiming_a_1tb_array_is_refused_before_any_allocation() {
     assert!(e.contains("params/huge") && e.contains("exceeds the limit"), "{e}");
 }
 
+// The guard only serializes tests of this process on a current-thread runtime: nothing else
+// awaits it.
+#[allow(clippy::await_holding_lock)]
 #[tokio::test]
 async fn a_1tb_claim_within_raised_limits_is_refused_by_the_objects_real_length() {
     let _one = MEASURING.lock().unwrap_or_else(|e| e.into_inner());

@@ -69,8 +69,11 @@ pub fn run(command: CkptCommand) -> Result<()> {
     })
 }
 
+/// The checkpoint directory a URI names below its root: (step, save id).
+type NamedDir = Option<(u64, String)>;
+
 /// Opens the root of `uri`; a local root must exist (opening one would create it).
-fn open(uri: &str) -> Result<(Storage, StoreCommitLog, Option<(u64, String)>)> {
+fn open(uri: &str) -> Result<(Storage, StoreCommitLog, NamedDir)> {
     let (root, dir) = split_uri(uri);
     let local = match root.strip_prefix("file://") {
         Some(path) => Some(PathBuf::from(path)),
@@ -87,7 +90,7 @@ fn open(uri: &str) -> Result<(Storage, StoreCommitLog, Option<(u64, String)>)> {
 }
 
 /// The commit of the checkpoint directory `uri` names.
-async fn commit_of(uri: &str, log: &StoreCommitLog, dir: Option<(u64, String)>) -> Result<CommitRecord> {
+async fn commit_of(uri: &str, log: &StoreCommitLog, dir: NamedDir) -> Result<CommitRecord> {
     let Some((step, save_id)) = dir else {
         bail!(
             "{uri} is not a checkpoint directory; name one as <root>/<step:012>-<save_id> (see `podctl ckpt list`)"

@@ -88,7 +88,7 @@ pub fn ensure_bundle(tools: &Toolchain, args: &[String], on_export: impl FnOnce(
     if !output.status.success() {
         let _ = std::fs::remove_dir_all(&staging);
         let stderr = String::from_utf8_lossy(&output.stderr);
-        let message = stderr.lines().filter(|l| !l.trim().is_empty()).next_back().unwrap_or("no message");
+        let message = stderr.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("no message");
         bail!("exporting the bundle failed: {}", message.trim_start_matches("error: "));
     }
     // Rename into place so that a concurrent or interrupted export never leaves half a bundle.

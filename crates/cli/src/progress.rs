@@ -116,7 +116,9 @@ impl Observer for Progress {
             _ => format!("loss {:.4}", m.loss),
         };
         self.bar.set_message(format!("{headline} · {}", human_rate(tokens_per_second)));
-        if !std::io::stderr().is_terminal() && (m.step % self.plain_every == 0 || m.step == self.total) {
+        if !std::io::stderr().is_terminal()
+            && (m.step.is_multiple_of(self.plain_every) || m.step == self.total)
+        {
             eprintln!(
                 "step {}/{} {headline} lr {:.2e} grad_norm {:.3} {}",
                 m.step,

@@ -67,9 +67,7 @@ fn another_job_or_placement_is_refused_with_the_reason() {
     // Both members dial each other; whichever refusal lands first stops its receiver, which may then
     // quit before answering the other hello, so either side may be the one that hears the reason.
     let (mine, theirs) = (mine.err().unwrap(), theirs.err().unwrap());
-    let names_the_job = |e: &Error, by: usize| {
-        matches!(e, Error::Refused { member, reason, .. } if *member == by && reason.contains("someone-else"))
-    };
+    let names_the_job = |e: &Error, by: usize| matches!(e, Error::Refused { member, reason, .. } if *member == by && reason.contains("someone-else"));
     assert!(names_the_job(&theirs, 0) || names_the_job(&mine, 1), "{mine} / {theirs}");
 
     let endpoints = common::endpoints(2);

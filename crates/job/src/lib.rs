@@ -374,8 +374,9 @@ impl JobSpec {
             return invalid("train.loss_chunk", "is 0; use a positive number of time steps".into());
         }
         // A chunk as long as the sequence or longer is one chunk: only a shorter one must divide it.
-        if self.seq_len % self.train.loss_chunk.min(self.seq_len) != 0 {
-            let divisor = (1..=self.train.loss_chunk.min(self.seq_len)).rev().find(|c| self.seq_len % c == 0);
+        if !self.seq_len.is_multiple_of(self.train.loss_chunk.min(self.seq_len)) {
+            let divisor =
+                (1..=self.train.loss_chunk.min(self.seq_len)).rev().find(|c| self.seq_len.is_multiple_of(*c));
             return invalid(
                 "train.loss_chunk",
                 format!(
@@ -584,7 +585,7 @@ fn read(path: &Path) -> Result<String, JobError> {
 /// The `(fsdp, tp)` pairs that use exactly `devices` devices, for error messages.
 fn tilings(devices: usize) -> String {
     (1..=devices)
-        .filter(|f| devices % f == 0)
+        .filter(|f| devices.is_multiple_of(*f))
         .map(|f| format!("({f},{})", devices / f))
         .collect::<Vec<_>>()
         .join(", ")

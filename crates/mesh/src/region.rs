@@ -135,6 +135,8 @@ pub fn copy_region(
 }
 
 #[cfg(test)]
+// `vec![0..2]` is a rank-1 region here, not a mistaken range of elements.
+#[allow(clippy::single_range_in_vec_init)]
 mod tests {
     use super::*;
 

@@ -826,7 +826,7 @@ impl TrainerSide {
             let loss = applied.loss_sum / applied.token_count.max(1.0);
             self.log("info", format!("step {} loss {loss:.4} ({seconds:.2}s)", step + 1));
             if let Some(saves) = &mut saves
-                && self.steps_done % saves.every == 0
+                && self.steps_done.is_multiple_of(saves.every)
                 && self.steps_done < spec.steps
             {
                 saves.start(self, trainer, self.steps_done)?;
@@ -1122,7 +1122,7 @@ impl Saves {
                         pending.copy_seconds()
                     ),
                 );
-                self.pending = Some(pending);
+                self.pending = Some(*pending);
             }
             SaveStart::Skipped { running_step, bytes_written, bytes_total } => {
                 side.metrics.checkpoint_skipped_total.add(1.0);

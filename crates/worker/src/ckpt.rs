@@ -279,7 +279,7 @@ impl StateSaver {
 /// What [`StateSaver::start_or_skip`] did.
 pub enum SaveStart {
     /// The state was copied off the devices and uploads in the background.
-    Started(PendingSave),
+    Started(Box<PendingSave>),
     /// The save of `running_step` is still uploading: this one was not taken.
     Skipped {
         /// The step whose save is uploading.
@@ -300,7 +300,7 @@ impl StateSaver {
         save_id: &str,
     ) -> Result<SaveStart, WorkerError> {
         match self.start(trainer, step, save_id) {
-            Ok(pending) => Ok(SaveStart::Started(pending)),
+            Ok(pending) => Ok(SaveStart::Started(Box::new(pending))),
             Err(WorkerError::Checkpoint(CheckpointError::SaveInProgress {
                 running_step,
                 bytes_written,
@@ -826,7 +826,7 @@ impl LocalCheckpoints {
                 SavePoll::Done(saved) => saves.commit(&self.runtime, saved?, observer)?,
             }
         }
-        if step % saves.every == 0 {
+        if step.is_multiple_of(saves.every) {
             saves.start(&self.runtime, trainer, step, observer)?;
         }
         Ok(())
@@ -881,7 +881,7 @@ impl LocalSaves {
         match self.saver.start_or_skip(trainer, step, &self.attempt)? {
             SaveStart::Started(pending) => {
                 observer.on_checkpoint(&started(step, &pending));
-                self.pending = Some(pending);
+                self.pending = Some(*pending);
             }
             SaveStart::Skipped { running_step, bytes_written, bytes_total } => {
                 observer.on_checkpoint(&CheckpointEvent::Skipped {

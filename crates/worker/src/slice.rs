@@ -27,7 +27,8 @@ impl Slice {
             .create_client(&options)
             .context(|| format!("creating a PJRT client from {}", plugin.path().display()))?;
         let found = client.platform_name().context(|| "reading the client's platform".into())?;
-        if !found.eq_ignore_ascii_case(platform) && !(platform == "tpu" && found.contains("tpu")) {
+        let same = found.eq_ignore_ascii_case(platform) || (platform == "tpu" && found.contains("tpu"));
+        if !same {
             return Err(WorkerError::Mismatch(format!(
                 "the bundle was lowered for platform '{platform}' but plugin {} is '{found}'; \
                  use the {platform} plugin or export the bundle for {found}",
