@@ -49,6 +49,12 @@ pub struct StoredSave {
     pub newest_write_unix: i64,
 }
 
+impl StoredSave {
+    fn empty(dir: String, step: u64, save_id: String) -> Self {
+        StoredSave { dir, step, save_id, objects: Vec::new(), bytes: 0, newest_write_unix: i64::MIN }
+    }
+}
+
 /// What a garbage collection will do.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GcPlan {
@@ -98,28 +104,16 @@ pub async fn scan(storage: &Storage) -> Result<Vec<StoredSave>> {
     for meta in storage.list_all().await? {
         let Some((dir, _)) = storage.split_key(&meta.location) else { continue };
         let Some((step, save_id)) = parse_dir_name(&dir) else { continue };
-        let entry = dirs.entry((step, save_id.clone())).or_insert_with(|| StoredSave {
-            dir,
-            step,
-            save_id,
-            objects: Vec::new(),
-            bytes: 0,
-            newest_write_unix: i64::MIN,
-        });
+        let entry =
+            dirs.entry((step, save_id.clone())).or_insert_with(|| StoredSave::empty(dir, step, save_id));
         entry.objects.push(meta.location);
         entry.bytes += meta.size;
         entry.newest_write_unix = entry.newest_write_unix.max(meta.last_modified.timestamp());
     }
     for (dir, newest) in storage.local_dirs()? {
         let Some((step, save_id)) = parse_dir_name(&dir) else { continue };
-        let entry = dirs.entry((step, save_id.clone())).or_insert_with(|| StoredSave {
-            dir,
-            step,
-            save_id,
-            objects: Vec::new(),
-            bytes: 0,
-            newest_write_unix: i64::MIN,
-        });
+        let entry =
+            dirs.entry((step, save_id.clone())).or_insert_with(|| StoredSave::empty(dir, step, save_id));
         entry.newest_write_unix = entry.newest_write_unix.max(newest);
     }
     Ok(dirs.into_values().collect())
