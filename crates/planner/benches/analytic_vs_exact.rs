@@ -18,7 +18,8 @@ const CHILD: &str = env!("CARGO_BIN_EXE_podctl-compile-stats");
 use mesh::DType;
 use planner::exact::ExactOracle;
 use planner::{
-    Accelerator, Candidate, GIB, Kind, Layout, Oracle, Remat, Target, Workload, estimate, format_bytes,
+    Accelerator, Attention, Candidate, GIB, Kind, Layout, Oracle, Remat, Target, Workload, estimate,
+    format_bytes,
 };
 use std::time::Instant;
 
@@ -55,6 +56,13 @@ fn config(
     }
 }
 
+/// `c` with other memory levers.
+fn levers(mut c: Config, attention: Attention, offload: bool) -> Config {
+    c.candidate.attention = attention;
+    c.candidate.offload = offload;
+    c
+}
+
 fn configs(quick: bool) -> Vec<Config> {
     let f32s = (DType::Float32, DType::Float32);
     let mixed = (DType::Float32, DType::Bfloat16);
@@ -85,6 +93,15 @@ fn configs(quick: bool) -> Vec<Config> {
             config(workload("qwen3-1.7b", grpo(256, 2048), 256, mixed, 256), v6e(), (2, 4), 64, Remat::Full),
             config(workload("qwen3-1.7b", grpo(256, 2048), 256, mixed, 256), v6e(), (1, 8), 32, Remat::Full),
         ]);
+        // What the seed-000 plan compiled (docs/PLANNER.md, "Seed 000, measured"): its choice,
+        // the far side of its cliff, and the other levers at that micro-batch.
+        let seed = || workload("qwen3-1.7b", grpo(256, 2048), 256, mixed, 256);
+        all.extend([
+            levers(config(seed(), v6e(), (2, 4), 64, Remat::Full), Attention::Pallas, false),
+            levers(config(seed(), v6e(), (2, 4), 128, Remat::Full), Attention::Pallas, false),
+            levers(config(seed(), v6e(), (2, 4), 128, Remat::Full), Attention::Pallas, true),
+            levers(config(seed(), v6e(), (2, 4), 128, Remat::Full), Attention::Blockwise, true),
+        ]);
     }
     all
 }
@@ -99,18 +116,40 @@ fn describe(c: &Config) -> String {
         c.candidate.layout,
         c.candidate.micro_batch,
         w.seq_len(),
-        c.candidate.remat
+        c.candidate.levers()
     )
 }
 
+/// The value after `flag`, parsed.
+fn flag<T: std::str::FromStr>(args: &[String], flag: &str) -> Option<T> {
+    let at = args.iter().position(|a| a == flag)?;
+    let value = args.get(at + 1).unwrap_or_else(|| panic!("{flag} needs a value"));
+    Some(value.parse().unwrap_or_else(|_| panic!("{flag} {value} is not valid")))
+}
+
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    // `--part i/n` measures every n-th configuration from the i-th (to fill the cache from
+    // several processes), `--only TEXT` those whose description contains TEXT; `--jobs` caps
+    // the compiles at once.
+    let part: Option<String> = flag(&args, "--part");
+    let (index, parts) = part.map_or((0, 1), |p| {
+        let (i, n) = p.split_once('/').expect("--part i/n");
+        (i.parse::<usize>().expect("--part i/n"), n.parse::<usize>().expect("--part i/n"))
+    });
     let started = Instant::now();
-    let configs = configs(quick);
+    let only: Option<String> = flag(&args, "--only");
+    let configs: Vec<Config> = configs(quick)
+        .into_iter()
+        .skip(index)
+        .step_by(parts)
+        .filter(|c| only.as_ref().is_none_or(|o| describe(c).contains(o.as_str())))
+        .collect();
     let cache = common::compile_cache();
     let cpu = common::compiler(CHILD, common::cpu_plugin());
     let tpu = common::compiler(CHILD, common::libtpu());
-    let parallelism = planner::exact::default_parallelism(6 * GIB);
+    let parallelism = flag(&args, "--jobs").unwrap_or_else(|| planner::exact::default_parallelism(6 * GIB));
     println!(
         "{} configurations, {parallelism} compiles at a time, cache {}",
         configs.len(),

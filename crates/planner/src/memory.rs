@@ -251,13 +251,26 @@ impl Dims {
     /// scores' in f32, and on TPU the scores' cotangent again in the compute dtype for the
     /// matmuls). XLA:TPU recomputes the whole layer before its backward starts; XLA:CPU
     /// recomputes as the backward goes, so only the attention half is live at once there.
+    ///
+    /// When XLA:TPU recomputes plain attention (`dots`, `full`), the recomputed softmax output
+    /// and probabilities die into the cotangents that replace them: its buffer assignment
+    /// holds one f32 and one compute-dtype score-sized array at a time, not the five the
+    /// recomputation and the cotangents would be apart (qwen3-1.7b GRPO, 8 rows of 2304 tokens
+    /// on (8,1) with `full`: 2.53 + 1.27 GiB of scores at the peak, docs/PLANNER.md).
     fn layer_backward(&self, remat: Remat) -> u64 {
         let recomputed = match self.platform {
             Platform::Tpu => self.saved_per_layer(Remat::None) - self.saved_per_layer(remat),
             Platform::Cpu if remat == Remat::None => 0,
             Platform::Cpu => self.attention_saved(),
         };
-        recomputed + self.attention_backward()
+        match (self.platform, self.attention) {
+            (Platform::Tpu, Attention::Xla) if remat != Remat::None => {
+                recomputed - self.attention_residuals()
+                    + self.scores(self.seq, DType::Float32)
+                    + self.scores(self.seq, self.compute)
+            }
+            _ => recomputed + self.attention_backward(),
+        }
     }
 
     /// The chunked loss (or log-prob) scan's working set: one chunk's f32 logits, their
