@@ -498,6 +498,7 @@ impl Oracle for ExactOracle<'_> {
                 programs: Vec::new(),
                 compiler_out_of_memory: false,
                 not_compiled: std::mem::take(&mut not_compiled[i]),
+                compiler_peaks: Vec::new(),
             };
             let mut failure = None;
             for (owner, program, key) in &needs {
@@ -516,7 +517,14 @@ impl Oracle for ExactOracle<'_> {
                 measured.compiler_out_of_memory |= matches!(outcome, CompileOutcome::OutOfMemory { .. });
                 match resident_outside(&bundle, program, &self.workload, &self.target) {
                     Ok((resident, arguments)) => {
-                        measured.programs.push((program.to_string(), outcome.bytes(arguments) + resident))
+                        measured.programs.push((program.to_string(), outcome.bytes(arguments) + resident));
+                        if let CompileOutcome::Compiled(stats) = outcome
+                            && stats.reported_peak > 0
+                        {
+                            measured
+                                .compiler_peaks
+                                .push((program.to_string(), stats.reported_peak + resident));
+                        }
                     }
                     Err(message) => {
                         failure = Some(message);
