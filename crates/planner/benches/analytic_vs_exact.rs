@@ -23,9 +23,9 @@
 //!   +17.3% (qwen3-0.6b grpo v6e-8 (4,2) mb=8 seq=1024 remat dots, attention xla), mean |error| 6.8%
 //! ```
 //!
-//! XLA:CPU: -4.3% to +0.5%. libtpu: -22.7% to +0.5% against exact mode, whose temp bytes exceed
-//! libtpu's own buffer assignment by 8-54%; every configuration's line is in docs/PLANNER.md
-//! ("How it is checked"), with the buffer-assignment evidence.
+//! XLA:CPU: -4.3% to +0.5%. libtpu: -22.7% to +0.5% against exact mode, whose temp bytes count
+//! libtpu's fragmentation of its temporaries twice (8-54% of them); every configuration's line
+//! is in docs/PLANNER.md ("How it is checked"), with libtpu's own accounting.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
