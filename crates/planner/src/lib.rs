@@ -24,8 +24,6 @@
 //! tokio; the same inputs give the same plan, byte for byte. Exact numbers enter the search
 //! only through the [`Oracle`] trait.
 #![deny(missing_docs)]
-// `u64::is_multiple_of` needs Rust 1.87; the workspace supports 1.85.
-#![allow(clippy::manual_is_multiple_of)]
 
 pub mod exact;
 mod hardware;

@@ -322,7 +322,7 @@ impl Dims {
 /// (the exporter's `attention.block_size`).
 pub fn block_size(seq: u64, block: u64) -> u64 {
     let mut b = block.min(seq).max(1);
-    while seq % b != 0 {
+    while !seq.is_multiple_of(b) {
         b -= 1;
     }
     b

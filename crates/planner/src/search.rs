@@ -227,14 +227,14 @@ fn does_not_divide(workload: &Workload, layout: &Layout) -> Option<String> {
         }
     }
     let fsdp = layout.fsdp as u64;
-    if m.hidden_size % fsdp != 0 {
+    if !m.hidden_size.is_multiple_of(fsdp) {
         return Some(format!(
             "fsdp={fsdp} does not divide the hidden size {} of {}",
             m.hidden_size, m.preset
         ));
     }
     let per_slice = workload.global_batch / layout.dcn as u64;
-    if workload.global_batch % layout.dcn as u64 != 0 || per_slice % fsdp != 0 {
+    if !workload.global_batch.is_multiple_of(layout.dcn as u64) || !per_slice.is_multiple_of(fsdp) {
         return Some(format!(
             "{} rows per step do not split over dcn={} x fsdp={fsdp}",
             workload.global_batch, layout.dcn
@@ -249,7 +249,7 @@ pub fn layouts(workload: &Workload, target: &Target) -> Vec<(Layout, Option<Stri
     let devices = target.accelerator.devices_per_slice;
     (1..=devices)
         .rev()
-        .filter(|fsdp| devices % fsdp == 0)
+        .filter(|fsdp| devices.is_multiple_of(*fsdp))
         .map(|fsdp| {
             let layout = Layout { dcn: target.slices, fsdp, tp: devices / fsdp };
             (layout, does_not_divide(workload, &layout))
@@ -275,7 +275,7 @@ fn micro_batches(workload: &Workload, layout: &Layout, only: Option<&[u64]>) -> 
     let fsdp = layout.fsdp as u64;
     (1..=per_slice / fsdp)
         .map(|k| k * fsdp)
-        .filter(|mb| per_slice % mb == 0)
+        .filter(|mb| per_slice.is_multiple_of(*mb))
         .filter(|mb| only.is_none_or(|only| only.contains(mb)))
         .collect()
 }

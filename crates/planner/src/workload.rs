@@ -142,7 +142,7 @@ impl Workload {
         if m.num_layers == 0 || m.hidden_size == 0 || m.num_heads == 0 || m.num_kv_heads == 0 {
             return invalid("model", format!("preset '{}' has a zero dimension", m.preset));
         }
-        if m.num_heads % m.num_kv_heads != 0 {
+        if !m.num_heads.is_multiple_of(m.num_kv_heads) {
             return invalid(
                 "model",
                 format!("{} query heads do not group into {} key/value heads", m.num_heads, m.num_kv_heads),
@@ -159,7 +159,7 @@ impl Workload {
                 if prompt_len == 0 || max_new_tokens == 0 {
                     return invalid("grpo", "prompt_len and max_new_tokens must both be at least 1".into());
                 }
-                if generations == 0 || self.global_batch % generations != 0 {
+                if generations == 0 || !self.global_batch.is_multiple_of(generations) {
                     return invalid(
                         "global_batch",
                         format!(
@@ -174,7 +174,7 @@ impl Workload {
         if self.loss_chunk == 0 && !self.is_grpo() {
             return invalid("loss_chunk", "is 0; the SFT loss is always chunked, use e.g. 64".into());
         }
-        if self.loss_chunk != 0 && self.seq_len() % self.chunk() != 0 {
+        if self.loss_chunk != 0 && !self.seq_len().is_multiple_of(self.chunk()) {
             return invalid(
                 "loss_chunk",
                 format!(
