@@ -73,18 +73,26 @@ impl CompileCache {
         &self.dir
     }
 
-    fn path(&self, key: &CacheKey<'_>) -> PathBuf {
-        self.dir.join(format!("{}.pjrt", key.digest()))
+    /// Where `key`'s program is kept: the key is hashed once, for the lookup and the store.
+    pub fn entry(&self, key: &CacheKey<'_>) -> Entry {
+        Entry { path: self.dir.join(format!("{}.pjrt", key.digest())) }
     }
+}
 
-    /// The serialized program stored under `key`, if there is an intact one.
-    pub fn get(&self, key: &CacheKey<'_>) -> Option<Vec<u8>> {
-        let path = self.path(key);
-        let size = std::fs::metadata(&path).ok()?.len();
+/// One compiled program's file in the cache.
+pub struct Entry {
+    path: PathBuf,
+}
+
+impl Entry {
+    /// The serialized program stored here, if there is an intact one.
+    pub fn get(&self) -> Option<Vec<u8>> {
+        let path = &self.path;
+        let size = std::fs::metadata(path).ok()?.len();
         if size > MAX_ENTRY_BYTES {
             return None;
         }
-        let bytes = std::fs::read(&path).ok()?;
+        let bytes = std::fs::read(path).ok()?;
         let payload = bytes.get(36..)?;
         if &bytes[..4] != MAGIC || bytes[4..36] != Sha256::digest(payload)[..] {
             tracing::warn!(path = %path.display(), "a damaged compiled program in the cache; compiling again");
@@ -93,20 +101,21 @@ impl CompileCache {
         Some(payload.to_vec())
     }
 
-    /// Stores a serialized program under `key`; a failure only costs a compile next time.
-    pub fn put(&self, key: &CacheKey<'_>, payload: &[u8]) {
+    /// Stores a serialized program here; a failure only costs a compile next time.
+    pub fn put(&self, payload: &[u8]) {
         if payload.len() as u64 > MAX_ENTRY_BYTES {
             return;
         }
-        let path = self.path(key);
+        let path = &self.path;
+        let dir = path.parent().unwrap_or(Path::new("."));
         let write = || -> std::io::Result<()> {
-            std::fs::create_dir_all(&self.dir)?;
-            let mut file = tempfile::NamedTempFile::new_in(&self.dir)?;
+            std::fs::create_dir_all(dir)?;
+            let mut file = tempfile::NamedTempFile::new_in(dir)?;
             file.write_all(MAGIC)?;
             file.write_all(&Sha256::digest(payload))?;
             file.write_all(payload)?;
             file.as_file().sync_all()?;
-            file.persist(&path).map_err(|e| e.error)?;
+            file.persist(path).map_err(|e| e.error)?;
             Ok(())
         };
         if let Err(e) = write() {

@@ -96,14 +96,14 @@ impl Slice {
         let compile = || self.client.compile(mlir, options).context(|| format!("compiling program '{name}'"));
         let Some(cache) = &self.cache else { return compile() };
         let encoded = options.encode().context(|| format!("compile options of '{name}'"))?;
-        let key = CacheKey {
+        let entry = cache.entry(&CacheKey {
             plugin: self.client.plugin(),
             platform: &self.platform,
             program: mlir,
             options: &encoded,
             devices: ids,
-        };
-        if let Some(bytes) = cache.get(&key) {
+        });
+        if let Some(bytes) = entry.get() {
             match self.client.deserialize_and_load(&bytes) {
                 Ok(exe) => return Ok(exe),
                 Err(e) => {
@@ -113,7 +113,7 @@ impl Slice {
         }
         let exe = compile()?;
         match exe.serialize() {
-            Ok(bytes) => cache.put(&key, &bytes),
+            Ok(bytes) => entry.put(&bytes),
             Err(e) => tracing::debug!("program '{name}' cannot be kept in the compile cache: {e}"),
         }
         Ok(exe)
