@@ -169,9 +169,12 @@ impl Dims {
 
     /// The attention's own working set in the backward pass: plain attention's score
     /// cotangents (f32 probabilities' and scores', and on TPU the scores' again in the compute
-    /// dtype for the matmuls); one key block's scores, probabilities and their cotangents plus
-    /// the f32 query-gradient accumulator for blockwise; the Pallas kernels' f32 gradients of the
-    /// query, key and value heads.
+    /// dtype for the matmuls); for blockwise one key block's scores, probabilities and their
+    /// cotangents plus the f32 query-gradient accumulator, where XLA:TPU holds only one f32 and
+    /// one compute-dtype block (the recomputed block dies into its cotangents, as plain
+    /// attention's scores do in `layer_backward`; its peak equals the Pallas program's at the
+    /// same shapes, docs/PLANNER.md); the Pallas kernels' f32 gradients of the query, key and
+    /// value heads.
     fn attention_backward(&self) -> u64 {
         let f32 = DType::Float32;
         match self.attention {
@@ -183,7 +186,11 @@ impl Dims {
                 }
             }
             Attention::Blockwise => {
-                3 * self.per_head(self.block, f32)
+                let f32_blocks = match self.platform {
+                    Platform::Tpu => 1,
+                    Platform::Cpu => 3,
+                };
+                f32_blocks * self.per_head(self.block, f32)
                     + self.per_head(self.block, self.compute)
                     + self.rows(self.seq, self.q_width, f32)
             }
@@ -279,13 +286,17 @@ impl Dims {
         3 * self.rows(self.chunk, self.vocab, DType::Float32)
     }
 
-    /// The embedding's share of the loss backward: the f32 accumulator of its gradient over
-    /// the chunks, one device's vocabulary rows at full width (the rows of the batch are split
-    /// over `fsdp`, so each device sums a partial gradient until the reduction after the scan),
-    /// and the compute-dtype copy the reduction sends.
+    /// The f32 accumulator of the embedding's gradient over the loss chunks: one device's
+    /// vocabulary rows at full width (the rows of the batch are split over `fsdp`, so each
+    /// device sums a partial gradient until the reduction after the scan).
     fn embedding_gradient(&self) -> u64 {
         laid_out_bytes(&[self.vocab, self.hidden], DType::Float32, self.platform)
-            + laid_out_bytes(&[self.vocab, self.hidden], self.compute, self.platform)
+    }
+
+    /// The compute-dtype copy of the embedding gradient that the reduction after the loss scan
+    /// sends (the chunk's logits and the gathered embedding are gone by then).
+    fn embedding_gradient_copy(&self) -> u64 {
+        laid_out_bytes(&[self.vocab, self.hidden], self.compute, self.platform)
     }
 
     /// The attention mask. XLA:TPU fuses it into the masking and keeps only the mask itself,
@@ -465,47 +476,61 @@ pub fn estimate(workload: &Workload, candidate: &Candidate, accelerator: &Accele
         ));
     }
     // The backward pass has two phases, and the larger one sets the peak: the loss (or
-    // log-prob) scan's backward, with the embedding gradient and a chunk of logits live, then
-    // the scan over layers, with the stacked f32 gradient of the layer weights it fills and one
-    // layer's working set. GRPO's log-prob scan emits a value per token instead of summing into
-    // one, and the compiled grpo_grad_step holds a second f32 embedding-gradient buffer through
-    // it (measured: exactly one more [vocab/tp, hidden] f32 than grad_step with the same shapes).
-    // LoRA's embedding is frozen: no embedding gradient, only the gathered embedding.
-    let gradient_buffers = if workload.is_grpo() { 2 } else { 1 };
-    let f32_gradient = laid_out_bytes(&[d.vocab, d.hidden], DType::Float32, platform);
-    let embedding = match frozen {
-        None => d.embedding_gradient() + (gradient_buffers - 1) * f32_gradient + d.gathered_embedding(),
-        Some(_) => d.gathered_embedding(),
+    // log-prob) scan's backward, then the scan over layers, with the stacked f32 gradient of the
+    // layer weights it fills and one layer's working set. During the loss scan the f32
+    // embedding-gradient accumulator, the gathered embedding and one chunk of logits are live;
+    // after it, the accumulator and its compute-dtype copy for the reduction. GRPO's per-token
+    // log-prob scan peaks as high as SFT's loss scan at the same shapes (libtpu's peaks for
+    // qwen3-0.6b, docs/PLANNER.md). LoRA's embedding is frozen: no gradient, only the gathered
+    // embedding.
+    let (accumulator, copy) = match frozen {
+        None => (d.embedding_gradient(), d.embedding_gradient_copy()),
+        Some(_) => (0, 0),
     };
     let logits = d.logits_working_set();
+    let in_scan = d.gathered_embedding() + logits;
     let layer_gradients = layer_params / pdtype.size() as u64 * 4;
     let layer_backward = d.layer_backward(candidate.remat);
     let loss_chunk =
         if workload.loss_chunk == 0 { "unchunked".to_string() } else { format!("chunks of {}", d.chunk) };
-    let (loss_total, layers_total) = (embedding + logits, layer_gradients + layer_backward);
+    let (loss_total, layers_total) = (accumulator + in_scan.max(copy), layer_gradients + layer_backward);
     if loss_total >= layers_total {
-        let what = match frozen {
-            None => format!(
-                "loss backward: {gradient_buffers} x f32 [{} x {}] partial sums, {} copy, gathered embedding",
-                d.vocab, d.hidden, workload.compute_dtype
-            ),
-            Some(_) => format!("loss backward: the frozen embedding gathered in {}", workload.compute_dtype),
-        };
-        train.push(term(
-            "embedding gradient",
-            format!(
-                "{what} (the layer backward needs {} instead)",
-                crate::report::format_bytes(layers_total)
-            ),
-            TermKind::Temporary,
-            embedding,
-        ));
-        train.push(term(
-            "logits",
-            format!("loss backward: f32 [{} x {} x {}] x3, {loss_chunk}", d.b, d.chunk, d.vocab),
-            TermKind::Temporary,
-            logits,
-        ));
+        let instead =
+            format!("(the layer backward needs {} instead)", crate::report::format_bytes(layers_total));
+        let partial_sums = format!("f32 [{} x {}] partial sums", d.vocab, d.hidden);
+        if in_scan >= copy {
+            let what = match frozen {
+                None => format!(
+                    "loss backward: {partial_sums}, the embedding gathered in {}",
+                    workload.compute_dtype
+                ),
+                Some(_) => {
+                    format!("loss backward: the frozen embedding gathered in {}", workload.compute_dtype)
+                }
+            };
+            train.push(term(
+                "embedding gradient",
+                format!("{what} {instead}"),
+                TermKind::Temporary,
+                accumulator + d.gathered_embedding(),
+            ));
+            train.push(term(
+                "logits",
+                format!("loss backward: f32 [{} x {} x {}] x3, {loss_chunk}", d.b, d.chunk, d.vocab),
+                TermKind::Temporary,
+                logits,
+            ));
+        } else {
+            train.push(term(
+                "embedding gradient",
+                format!(
+                    "after the loss backward: {partial_sums} and their {} copy for the reduction {instead}",
+                    workload.compute_dtype
+                ),
+                TermKind::Temporary,
+                accumulator + copy,
+            ));
+        }
     } else {
         train.push(term(
             "layer gradients",

@@ -27,11 +27,6 @@ pub struct Measured {
     /// program (it sets the peak): (name, analytic peak bytes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_compiled: Vec<(String, u64)>,
-    /// Per program, where the compiler reports its own peak (libtpu's `peak_memory_in_bytes`,
-    /// the peak of its buffer assignment): that peak plus the same resident state. Kept for
-    /// comparison: libtpu's temp bytes exceed its buffer assignment's (docs/PLANNER.md).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub compiler_peaks: Vec<(String, u64)>,
 }
 
 impl Measured {

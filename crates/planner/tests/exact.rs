@@ -10,8 +10,8 @@ use planner::exact::{
     BundleRequest, CompileJob, CompileOutcome, Compiler, DiskCache, ExactOracle, resident_outside,
 };
 use planner::{
-    Accelerator, Attention, Candidate, GIB, Kind, Layout, Oracle, PlanOptions, Remat, Target, Workload,
-    estimate, peak_programs,
+    Accelerator, Attention, Candidate, GIB, Kind, Layout, Oracle, PlanOptions, Platform, Remat, Target,
+    Workload, estimate, peak_programs,
 };
 
 fn tiny_sft() -> Workload {
@@ -45,8 +45,8 @@ fn direct_peak(workload: &Workload, target: &Target, micro_batch: u64) -> u64 {
         .map(|&program| {
             let module = bundle.dir().join(&bundle.program(program).unwrap().file);
             let outcome = compiler.compile(&CompileJob { module, partitions: 4, topology: None }).unwrap();
-            let (resident, arguments) = resident_outside(&bundle, program, workload, target).unwrap();
-            outcome.bytes(arguments) + resident
+            let (resident, inputs) = resident_outside(&bundle, program, workload, target).unwrap();
+            outcome.bytes(&inputs, Platform::Cpu) + resident
         })
         .max()
         .unwrap()

@@ -8,11 +8,12 @@
 //! [`DiskCache`] keyed by the program's content, the partition count, the topology and the
 //! plugin, so that a second plan of the same job compiles nothing.
 //!
-//! A program's peak on one device is `argument + output - alias + temp + generated_code` from
-//! its compiled statistics (JAX's `memory_analysis()` fields; arguments and outputs that alias
-//! share memory), plus the train state that stays resident beside it without being one of its
-//! arguments. When libtpu refuses a program because it does not fit, its error gives the bytes
-//! it would have used, and those stand in for the peak.
+//! A program's peak on one device comes from its compiled statistics (JAX's
+//! `memory_analysis()` fields, [`ProgramStats::peak`]): on TPU libtpu's own peak, the count its
+//! out-of-memory check uses; on CPU `argument + output - alias + temp + generated_code`. Then
+//! the train state that stays resident beside it without being one of its arguments is added.
+//! When libtpu refuses a program because it does not fit, its error gives the bytes it would
+//! have used, and those stand in for the peak.
 
 mod cache;
 mod child;
@@ -20,7 +21,7 @@ mod child;
 pub use cache::{CacheEntry, DiskCache, cache_key};
 pub use child::{ChildReport, ProcessCompiler, child_main, parse_out_of_memory};
 
-use crate::hardware::Target;
+use crate::hardware::{Platform, Target};
 use crate::memory::peak_programs;
 use crate::search::{Measured, Oracle};
 use crate::shapes::laid_out_bytes;
@@ -45,16 +46,28 @@ pub struct ProgramStats {
     pub temp: u64,
     /// Bytes of the compiled code.
     pub generated_code: u64,
-    /// The plugin's own peak (`peak_memory_in_bytes`, 0 where it reports none): libtpu's differs
-    /// from [`ProgramStats::peak`] (docs/PLANNER.md), so it is kept for comparison.
+    /// The plugin's own peak (`peak_memory_in_bytes`, 0 where it reports none).
     #[serde(default)]
     pub reported_peak: u64,
 }
 
 impl ProgramStats {
-    /// `argument + output - alias + temp + generated_code`: what the program occupies.
-    pub fn peak(&self) -> u64 {
+    /// `argument + output - alias + temp + generated_code`: the sum of the fields.
+    pub fn sum(&self) -> u64 {
         (self.argument + self.output + self.temp + self.generated_code).saturating_sub(self.alias)
+    }
+
+    /// What the program occupies on a device of `platform`, given its `inputs`. libtpu's temp
+    /// bytes count the fragmentation of its temporaries twice (8-54% of them, docs/PLANNER.md),
+    /// so on TPU it is libtpu's own peak, the arguments plus its temporaries' allocation (what
+    /// its out-of-memory check compares with the HBM), less the inputs it counts there although
+    /// they live in host memory (offloaded optimizer state). XLA:CPU's peak counts only the
+    /// arguments; there the sum of the fields is the allocation.
+    pub fn peak(&self, platform: Platform, inputs: &Inputs) -> u64 {
+        match platform {
+            Platform::Tpu if self.reported_peak > 0 => self.reported_peak.saturating_sub(inputs.host),
+            _ => self.sum(),
+        }
     }
 }
 
@@ -76,15 +89,24 @@ pub enum CompileOutcome {
 }
 
 impl CompileOutcome {
-    /// Bytes the program occupies on one device; `arguments` (its inputs' bytes) complete an
+    /// Bytes the program occupies on one device of `platform`; its `inputs` complete an
     /// out-of-memory count that covers the scratch memory only.
-    pub fn bytes(&self, arguments: u64) -> u64 {
+    pub fn bytes(&self, inputs: &Inputs, platform: Platform) -> u64 {
         match *self {
-            CompileOutcome::Compiled(stats) => stats.peak(),
+            CompileOutcome::Compiled(stats) => stats.peak(platform, inputs),
             CompileOutcome::OutOfMemory { used, temporaries_only: false, .. } => used,
-            CompileOutcome::OutOfMemory { used, temporaries_only: true, .. } => used + arguments,
+            CompileOutcome::OutOfMemory { used, temporaries_only: true, .. } => used + inputs.device,
         }
     }
+}
+
+/// Bytes of a program's inputs on one device, by where they live.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Inputs {
+    /// In device memory.
+    pub device: u64,
+    /// In host memory (offloaded optimizer state).
+    pub host: u64,
 }
 
 /// One module to compile.
@@ -343,7 +365,7 @@ impl<'a> ExactOracle<'a> {
         self.report(Progress::Compiled {
             candidate: *candidate,
             program: program.to_string(),
-            bytes: outcome.bytes(0),
+            bytes: outcome.bytes(&Inputs::default(), self.target.accelerator.platform),
             seconds,
         });
         {
@@ -390,16 +412,16 @@ fn run_parallel<T: Sync, R: Send>(tasks: &[T], threads: usize, work: impl Fn(&T)
         .collect()
 }
 
-/// `(resident, arguments)` on one device during `program`: bytes of train state resident that
-/// it does not take as arguments (the parameters, both AdamW moments unless offloaded to host
+/// `(resident, inputs)` on one device during `program`: bytes of train state resident that it
+/// does not take as arguments (the parameters, both AdamW moments unless offloaded to host
 /// memory, the gradient accumulator, LoRA's frozen base and, for GRPO, the reference model,
-/// minus what its inputs hold), and device bytes of its inputs.
+/// minus what its inputs hold), and the bytes of its inputs.
 pub fn resident_outside(
     bundle: &Bundle,
     program: &str,
     workload: &Workload,
     target: &Target,
-) -> Result<(u64, u64), String> {
+) -> Result<(u64, Inputs), String> {
     let manifest = bundle.manifest();
     let platform = target.accelerator.platform;
     let mesh = &manifest.mesh;
@@ -407,7 +429,9 @@ pub fn resident_outside(
     let laid_out =
         |t: &bundle::TensorSpec| laid_out_bytes(&t.sharding.shard_shape(&t.shape, mesh), t.dtype, platform);
     // Inputs in host memory (offloaded AdamW state) take no device memory.
-    let arguments = spec.inputs.iter().filter(|t| t.memory_kind.is_none()).map(laid_out).sum();
+    let on_host =
+        |host: bool| spec.inputs.iter().filter(|t| t.memory_kind.is_some() == host).map(laid_out).sum();
+    let inputs = Inputs { device: on_host(false), host: on_host(true) };
     let per_param = |prefix: &str| -> u64 {
         manifest
             .params
@@ -435,7 +459,7 @@ pub fn resident_outside(
         // place of the parameters.
         bytes += manifest.params.iter().map(laid_out).sum::<u64>();
     }
-    Ok((bytes, arguments))
+    Ok((bytes, inputs))
 }
 
 impl Oracle for ExactOracle<'_> {
@@ -498,7 +522,6 @@ impl Oracle for ExactOracle<'_> {
                 programs: Vec::new(),
                 compiler_out_of_memory: false,
                 not_compiled: std::mem::take(&mut not_compiled[i]),
-                compiler_peaks: Vec::new(),
             };
             let mut failure = None;
             for (owner, program, key) in &needs {
@@ -516,15 +539,9 @@ impl Oracle for ExactOracle<'_> {
                 };
                 measured.compiler_out_of_memory |= matches!(outcome, CompileOutcome::OutOfMemory { .. });
                 match resident_outside(&bundle, program, &self.workload, &self.target) {
-                    Ok((resident, arguments)) => {
-                        measured.programs.push((program.to_string(), outcome.bytes(arguments) + resident));
-                        if let CompileOutcome::Compiled(stats) = outcome
-                            && stats.reported_peak > 0
-                        {
-                            measured
-                                .compiler_peaks
-                                .push((program.to_string(), stats.reported_peak + resident));
-                        }
+                    Ok((resident, inputs)) => {
+                        let bytes = outcome.bytes(&inputs, self.target.accelerator.platform);
+                        measured.programs.push((program.to_string(), bytes + resident));
                     }
                     Err(message) => {
                         failure = Some(message);
