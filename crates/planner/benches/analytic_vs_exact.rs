@@ -1,8 +1,7 @@
 //! Analytic vs exact peak bytes per device, program by program, for SFT and GRPO over several
 //! models, meshes, micro-batches, remat policies and memory levers: the XLA:CPU plugin on
 //! `small`, and libtpu compiling for v6e:2x4 on `qwen3-0.6b`/`qwen3-1.7b` (with seed 000's
-//! candidates). For libtpu it also prints the error against libtpu's own peak (its buffer
-//! assignment's) plus the resident state, then the largest error of each kind.
+//! candidates). Then the largest error, overall and per compiler.
 //!
 //! ```text
 //! cargo bench -p podctl-planner --bench analytic_vs_exact            # all (libtpu: long, cached)
@@ -13,19 +12,17 @@
 //!
 //! Bundles and compiled statistics are cached under `target/planner-cache`, so a second run
 //! only recomputes the analytic side. Measured 2026-11-24 (all 21 from the cache, 0.25 s; cold,
-//! the 15 libtpu configurations took 33 minutes in two processes under a load average of 3-15;
-//! `uptime` at the cached run: load average 3.10, 7.01, 7.94):
+//! the 15 libtpu configurations took 33 minutes in two processes under a load average of 3-15):
 //!
 //! ```text
-//! relative error of the peak, analytic against exact: largest -22.7% (qwen3-1.7b grpo v6e-8
-//!   (4,2) mb=64 seq=2304 remat full, attention xla), mean |error| 10.9%
-//! the same against libtpu's own peak plus the resident state (15 configurations): largest
-//!   +17.3% (qwen3-0.6b grpo v6e-8 (4,2) mb=8 seq=1024 remat dots, attention xla), mean |error| 6.8%
+//! relative error of the peak, analytic against exact: 21 configurations, largest +9.7%
+//!   (qwen3-1.7b grpo v6e-8 (8,1) mb=64 seq=2304 remat full, attention xla), mean |error| 3.3%
+//!   XLA:CPU: 6 configurations, largest -4.3% (small sft cpu-4 (2,2) mb=32 seq=256 remat none,
+//!     attention xla), mean |error| 1.9%
+//!   libtpu:  15 configurations, largest +9.7% (the same), mean |error| 3.8%
 //! ```
 //!
-//! XLA:CPU: -4.3% to +0.5%. libtpu: -22.7% to +0.5% against exact mode, whose temp bytes count
-//! libtpu's fragmentation of its temporaries twice (8-54% of them); every configuration's line
-//! is in docs/PLANNER.md ("How it is checked"), with libtpu's own accounting.
+//! Every configuration's line is in docs/PLANNER.md ("How it is checked").
 
 #[path = "../tests/common/mod.rs"]
 mod common;

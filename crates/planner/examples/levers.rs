@@ -258,8 +258,8 @@ fn run(args: Args) -> Result<(), String> {
         println!("{:<20} {:>22} {:>13}   {:<52} {}", l.name, peak, saving, fits, next);
     }
     println!(
-        "{compiles} compiles ({parallelism} at a time), {:.0} s; exact = libtpu's argument + output - alias + temp + code, plus \
-         the train state resident beside the program",
+        "{compiles} compiles ({parallelism} at a time), {:.0} s; exact = libtpu's own peak (less host-memory inputs), plus the \
+         train state resident beside the program",
         started.elapsed().as_secs_f64()
     );
     Ok(())
