@@ -96,6 +96,8 @@ mod tests {
             // XLA:CPU's own peak is its arguments: the fields' sum is the allocation there.
             assert_eq!(stats.peak(Platform::Cpu, &Inputs::default()), 1 + 2 - 1 + 7 + 3);
             assert_eq!(stats.peak(Platform::Tpu, &Inputs::default()), 5);
+            // libtpu's peak counts inputs in host memory, which take no HBM.
+            assert_eq!(stats.peak(Platform::Tpu, &Inputs { device: 1, host: 2 }), 3);
             let silent = ProgramStats { reported_peak: 0, ..stats };
             assert_eq!(silent.peak(Platform::Tpu, &Inputs::default()), silent.sum());
         }
