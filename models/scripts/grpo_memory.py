@@ -34,9 +34,10 @@ GIB = 2**30
 
 
 def export(out: Path, micro_batch: int, prompt_len: int, max_new_tokens: int, chunk: int,
-           remat: str) -> None:
+           remat: str, attention: str) -> None:
     train = TrainConfig.grpo(prompt_len, max_new_tokens, chunk, micro_batch=micro_batch,
-                             param_dtype="float32", compute_dtype="bfloat16", remat=remat)
+                             param_dtype="float32", compute_dtype="bfloat16", remat=remat,
+                             attention=attention)
     cfg = BundleConfig(preset("qwen3-1.7b"), train, mesh=MESH, platform="tpu")
     start = time.perf_counter()
     write_bundle(cfg, out)
@@ -59,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logprob-chunk", type=int, default=256,
                         help="time steps per chunk on the chunked path")
     parser.add_argument("--remat", default="dots")
+    parser.add_argument("--attention", default="xla", choices=("xla", "blockwise", "pallas"),
+                        help="the layers' attention (pallas: the seed-000 plan's choice)")
     parser.add_argument("--topology", default="v6e:2x4")
     parser.add_argument("--out", type=Path, default=Path("/tmp/podctl-grpo-memory"))
     parser.add_argument("--also", nargs="*", default=[], choices=("rollout", "logprobs"),
@@ -68,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     results, extra = {}, {}
     for name, chunk in (("chunked", args.logprob_chunk), ("unchunked", 0)):
         bundle = args.out / name
-        export(bundle, args.micro_batch, args.prompt_len, args.max_new_tokens, chunk, args.remat)
+        export(bundle, args.micro_batch, args.prompt_len, args.max_new_tokens, chunk, args.remat,
+               args.attention)
         results[name] = compiled(bundle, "grpo_grad_step", args.topology)
         for program in args.also if chunk else ():
             extra[program] = compiled(bundle, program, args.topology)
@@ -81,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     chunk_logits = args.micro_batch // fsdp * args.logprob_chunk * (model.vocab_size // tp) * 4
     print(f"\nqwen3-1.7b grpo_grad_step on {args.topology} (fsdp={fsdp}, tp={tp}): micro-batch "
           f"{args.micro_batch}, seq {seq} = {args.prompt_len} prompt + {args.max_new_tokens} "
-          f"generated, bf16 compute, f32 params, remat {args.remat}")
+          f"generated, bf16 compute, f32 params, remat {args.remat}, attention {args.attention}")
     print(f"{'per chip':<12}{'chunked':>14}{'unchunked':>14}   (chunk {args.logprob_chunk} steps)")
     for key in ("argument", "output", "alias", "temp", "reserved", "peak"):
         row = "".join(f"{results[n][key] / GIB:>10.2f} GiB" for n in ("chunked", "unchunked"))
