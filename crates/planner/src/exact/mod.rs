@@ -217,8 +217,8 @@ pub enum Progress {
         candidate: Candidate,
         /// The program.
         program: String,
-        /// Its peak bytes (without resident state; scratch only if the compiler ran out of memory
-        /// early).
+        /// The compiler's count for the program alone: no resident state, host-memory inputs
+        /// not yet taken off libtpu's peak, scratch only if the compiler ran out of memory early.
         bytes: u64,
         /// Wall time of the compile.
         seconds: f64,
