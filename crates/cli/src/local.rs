@@ -289,8 +289,6 @@ async fn launch(job: &JobSpec, bundle: &Bundle, plugin: &Path, compile_cache: &P
         let _ = client.stop_job(&submitted.job_id).await;
     }
     tokio::task::block_in_place(|| workers.reap());
-    // The run record closes when the coordinator applies the job's end; give it a moment.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     node.stop().await.context("stopping the embedded coordinator")?;
     let status = outcome?;
     ended(&status, &run_dir).with_context(|| format!("worker logs in {}", run_dir.join("workers").display()))

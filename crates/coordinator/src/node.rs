@@ -186,9 +186,8 @@ impl Node {
             tasks.spawn(crate::metrics::serve(ctx.clone(), counters, metrics_listener, stop_rx.clone()));
         }
         tasks.spawn(crate::leader::run(ctx.clone(), stop_rx.clone()));
-        if ctx.config.record_runs {
-            tasks.spawn(crate::recorder::run(ctx.clone(), stop_rx.clone()));
-        }
+        let recorder =
+            ctx.config.record_runs.then(|| tokio::spawn(crate::recorder::run(ctx.clone(), stop_rx.clone())));
         tasks.spawn(initialize_when_first(ctx.clone()));
 
         let mut builder = tonic::transport::Server::builder()
@@ -213,6 +212,10 @@ impl Node {
         let _ = stop_tx.send(true);
         // Streams (sessions, watches) would hold the graceful shutdown open: give them a moment.
         let served = tokio::time::timeout(Duration::from_secs(5), server).await;
+        // The recorder finishes on its own: it writes what was applied before the stop.
+        if let Some(recorder) = recorder {
+            let _ = recorder.await;
+        }
         tasks.shutdown().await;
         let _ = ctx.raft.shutdown().await;
         match served {

@@ -8,11 +8,12 @@
 
 use crate::node::Ctx;
 use crate::state::{Command, Response, StepCommit};
+use crate::store::Applied;
 use record::RunRecord;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
 fn step_line(commit: &StepCommit, generation: u64) -> Value {
     let mut line = json!({
@@ -34,25 +35,41 @@ fn step_line(commit: &StepCommit, generation: u64) -> Value {
     line
 }
 
-/// Writes run records until `shutdown` fires.
+/// Writes run records until `shutdown` fires, then takes what was applied before it.
 pub async fn run(ctx: Arc<Ctx>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
     let mut applied = ctx.shared.commands.subscribe();
-    let mut records: BTreeMap<String, RunRecord> = BTreeMap::new();
-    let mut closed: BTreeSet<String> = BTreeSet::new();
+    let mut recorder = Recorder::default();
     loop {
-        let item = tokio::select! {
-            _ = shutdown.changed() => return,
-            item = applied.recv() => item,
-        };
-        let applied = match item {
-            Ok(a) => a,
-            Err(RecvError::Lagged(n)) => {
-                tracing::warn!("the run recorder skipped {n} applied commands");
-                continue;
-            }
-            Err(RecvError::Closed) => return,
-        };
-        if let Err(e) = write(&ctx, &mut records, &mut closed, &applied.command, &applied.response) {
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            item = applied.recv() => match item {
+                Ok(a) => recorder.take(&ctx, &a),
+                Err(RecvError::Lagged(n)) => tracing::warn!("the run recorder skipped {n} applied commands"),
+                Err(RecvError::Closed) => return,
+            },
+        }
+    }
+    // A job's end applied before the stop still closes its record and draws its plots: the
+    // store queues commands before the state shows them, so the queue holds them by now.
+    loop {
+        match applied.try_recv() {
+            Ok(a) => recorder.take(&ctx, &a),
+            Err(TryRecvError::Lagged(n)) => tracing::warn!("the run recorder skipped {n} applied commands"),
+            Err(TryRecvError::Empty | TryRecvError::Closed) => return,
+        }
+    }
+}
+
+/// The open records, and the jobs whose record is closed.
+#[derive(Default)]
+struct Recorder {
+    records: BTreeMap<String, RunRecord>,
+    closed: BTreeSet<String>,
+}
+
+impl Recorder {
+    fn take(&mut self, ctx: &Ctx, applied: &Applied) {
+        if let Err(e) = write(ctx, &mut self.records, &mut self.closed, &applied.command, &applied.response) {
             tracing::warn!("run record: {e}");
         }
     }

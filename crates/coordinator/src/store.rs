@@ -383,12 +383,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 };
                 responses.push(response);
             }
+            // Queued before the lock is released: whoever reads the new state finds its
+            // commands already queued (local mode stops the node, and its recorder drains
+            // the queue, as soon as it reads that the job ended). Nobody listening is fine.
+            for a in applied {
+                let _ = self.shared.commands.send(a);
+            }
             machine.last_applied.map_or(0, |l| l.index)
         };
-        for a in applied {
-            // Nobody listening is fine: the recorder and waiters are optional.
-            let _ = self.shared.commands.send(a);
-        }
         self.shared.applied.send_replace(last_index);
         Ok(responses)
     }
