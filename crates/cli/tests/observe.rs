@@ -1,6 +1,7 @@
 //! What an operator sees of a local job of two slices: Prometheus series of the coordinator and
 //! of a worker that move, `podctl status --watch` in a real terminal (tmux) with the step
-//! advancing, and `--json` that parses.
+//! advancing, and `--json` that parses. The job is long and is stopped once everything was seen, so
+//! no observation races its end.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -70,14 +71,20 @@ fn metrics_move_and_status_watches_the_step_advance() {
         &spec,
         format!(
             "name: observed\nmodel: tiny\nmesh: {{ dcn: 2, ici: {{ fsdp: 2, tp: 1 }} }}\n\
-             batch: {{ global: 16, micro: 4 }}\nseq_len: 128\nsteps: 60\n\
+             batch: {{ global: 16, micro: 4 }}\nseq_len: 128\nsteps: 100000\n\
              data: {{ kind: arithmetic }}\ncheckpoint: {{ every: 5, keep: 2 }}\noutput: {}\n",
             run.display()
         ),
     )
     .unwrap();
-    let mut launch =
-        podctl().arg("launch").arg(&spec).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let launch_log = dir.path().join("launch.log");
+    let mut launch = podctl()
+        .arg("launch")
+        .arg(&spec)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&launch_log).unwrap())
+        .spawn()
+        .unwrap();
     let limit = Duration::from_secs(300);
 
     let worker =
@@ -142,5 +149,16 @@ fn metrics_move_and_status_watches_the_step_advance() {
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     println!("status --json: {json}");
 
-    assert!(launch.wait().unwrap().success(), "the job failed");
+    assert_eq!(json["state"], "running", "{json}");
+
+    let out = podctl()
+        .args(["stop", "observed-1", "--coordinator", &address, "--insecure-plaintext", "--token-file"])
+        .arg(&token)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "observed-1: stopped");
+    let ended = wait_for("launch to end", Duration::from_secs(60), || launch.try_wait().unwrap());
+    let log = std::fs::read_to_string(&launch_log).unwrap();
+    assert!(!ended.success() && log.contains("the job ended Stopped"), "{ended}:\n{log}");
 }

@@ -8,6 +8,7 @@ use serde_json::Value;
 use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
 
 const ADMIN: &str = "admin-token-for-cli-tests-0123456789";
 
@@ -110,20 +111,37 @@ async fn status_logs_and_stop_against_a_local_coordinator() {
     let slice0 = text(&podctl(&["logs", &job, "--slice", "0", "--tail", "1"], &addr, ADMIN).await);
     assert_eq!(slice0.trim(), "00:00:03.000 s0 w0 g1 step 3 INFO  two");
 
-    // A watch prints JSON lines until the job ends; stopping it ends the watch.
-    let watch = {
-        let addr = addr.clone();
-        let job = job.clone();
-        tokio::spawn(async move {
-            podctl(&["status", &job, "--watch", "--json", "--interval-ms", "200"], &addr, ADMIN).await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A watch prints JSON lines until the job ends; stopping it ends the watch. The stop waits
+    // for the watch's first line, so the watch has seen the job before it ends.
+    let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_podctl"))
+        .args(["status", &job, "--watch", "--json", "--interval-ms", "200"])
+        .args(["--coordinator", &addr, "--insecure-plaintext"])
+        .env_remove("PODCTL_COORDINATOR")
+        .env("PODCTL_TOKEN", ADMIN)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("the watch prints within a minute")
+        .unwrap()
+        .expect("the watch printed a line");
     let stopped = text(&podctl(&["stop", "watched"], &addr, ADMIN).await);
     assert_eq!(stopped.trim(), "watched: stopped");
-    let watched = text(&tokio::time::timeout(Duration::from_secs(30), watch).await.unwrap().unwrap());
-    let states: Vec<String> = watched
-        .lines()
+    let mut states = vec![first];
+    while let Some(line) = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the watch ends once the job is stopped")
+        .unwrap()
+    {
+        states.push(line);
+    }
+    assert!(watch.wait().await.unwrap().success());
+    let watched = states.join("\n");
+    let states: Vec<String> = states
+        .iter()
         .map(|l| serde_json::from_str::<Value>(l).unwrap()["state"].as_str().unwrap().to_string())
         .collect();
     assert!(states.len() >= 2, "{watched}");

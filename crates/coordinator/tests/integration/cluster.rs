@@ -7,11 +7,11 @@ use coordinator::tls::ClientTls;
 use proto::v1::JobState;
 use std::time::{Duration, Instant};
 
-/// Asks `addr` alone about the cluster.
+/// Asks `addr` alone about the cluster, once (a loaded machine may take a while to answer).
 async fn info_of(addr: &str, tls: &ClientTls) -> Option<proto::v1::ClusterInfo> {
     let mut config = coordinator::client::ClientConfig::new(vec![addr.into()], ADMIN, Some(tls.clone()));
     config.retry_for = Duration::ZERO;
-    config.call_timeout = Duration::from_millis(300);
+    config.call_timeout = Duration::from_secs(5);
     Client::new(config).ok()?.cluster_info().await.ok()
 }
 

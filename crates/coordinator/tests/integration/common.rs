@@ -50,8 +50,10 @@ pub fn local_config(data_dir: &Path, tls: Option<TlsFiles>) -> Config {
     let mut config = Config::new(1, "127.0.0.1:0".parse().unwrap(), data_dir, ADMIN);
     config.insecure_plaintext = tls.is_none();
     config.tls = tls;
+    // Fast beats, but a lease of 15 of them: a loaded machine can stall a test's runtime for a
+    // second, and only the tests that cut a worker off should see a lease expire.
     config.timeouts.heartbeat = Duration::from_millis(200);
-    config.timeouts.lease = Duration::from_millis(1200);
+    config.timeouts.lease = Duration::from_secs(3);
     config.timeouts.formation_wait = Duration::from_secs(30);
     config
 }

@@ -3,6 +3,8 @@
 use crate::common::*;
 use coordinator::tls::ClientTls;
 use proto::v1::{Heartbeat, RegisterRequest, StepReport, WorkerEvent, directive, worker_event};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tonic::Code;
 
@@ -87,14 +89,28 @@ async fn a_report_from_an_older_generation_is_refused() {
     let job = admin.submit(submit_request(spec("fence", 1, 50, None, dir.path()))).await.unwrap();
     let worker = client(vec![addr.clone()], &job.job_token, Some(ClientTls::with_identity(&files).unwrap()));
     let worker_id = worker.register(register(&job.job_id, "old")).await.unwrap().worker_id;
-    let beat = |generation| WorkerEvent {
-        event: Some(worker_event::Event::Heartbeat(Heartbeat {
-            worker_id: worker_id.clone(),
-            generation,
-            ..Default::default()
-        })),
+    let beat = {
+        let worker_id = worker_id.clone();
+        move |generation| WorkerEvent {
+            event: Some(worker_event::Event::Heartbeat(Heartbeat {
+                worker_id: worker_id.clone(),
+                generation,
+                ..Default::default()
+            })),
+        }
     };
     let mut session = worker.session(beat(0)).await.unwrap();
+    // Beat, in the generation last assigned, until the test cuts the worker off: a loaded
+    // machine may take longer than one lease to form the group and commit the report.
+    let assigned = Arc::new(AtomicU64::new(0));
+    let beating = {
+        let (events, beat, assigned) = (session.events.clone(), beat.clone(), assigned.clone());
+        tokio::spawn(async move {
+            while events.send(beat(assigned.load(Ordering::Relaxed))).await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
     let assignment = loop {
         let d = tokio::time::timeout(Duration::from_secs(10), session.directives.message())
             .await
@@ -105,6 +121,7 @@ async fn a_report_from_an_older_generation_is_refused() {
         }
     };
     assert_eq!(assignment.generation, 1);
+    assigned.store(1, Ordering::Relaxed);
     let report = |generation| StepReport {
         job_id: job.job_id.clone(),
         worker_id: worker_id.clone(),
@@ -115,6 +132,8 @@ async fn a_report_from_an_older_generation_is_refused() {
     };
     assert_eq!(worker.report_step(report(1)).await.unwrap().committed_step, 1);
     // The worker goes silent (a partition): after a lease the job moves to generation 2.
+    beating.abort();
+    let _ = beating.await;
     drop(session);
     eventually("generation 2", Duration::from_secs(15), || async {
         (admin.get_job(&job.job_id).await.ok()?.generation == 2).then_some(())

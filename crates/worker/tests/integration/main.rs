@@ -7,6 +7,7 @@ mod ckpt;
 mod determinism;
 mod grpo;
 mod lora;
+mod members;
 mod multislice;
 mod parity;
 mod support;

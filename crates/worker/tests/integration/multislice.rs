@@ -2,8 +2,8 @@
 //! in podctl's ring all-reduce over loopback. The loss matches a single slice with the same
 //! global batch, and the parameters are bitwise the same however the logical ranks are placed.
 
-use crate::support;
-use collective::{AbortHandle, Config, Endpoint, GroupSpec};
+use crate::{members, support};
+use collective::{AbortHandle, Endpoint, GroupSpec};
 use worker::{Reduce, Slice, Trainer, run_step};
 
 const GLOBAL: usize = 16;
@@ -38,11 +38,14 @@ fn member_process() {
     let bundle = bundle::Bundle::load(&task.bundle).unwrap();
     let dp = task.spec.ranks();
     let accum = (GLOBAL / MICRO / dp) as u64;
+    // Bind before compiling, so the port noted by the parent is held; the peers compile at
+    // their own pace, so forming waits as long as the worker's does.
+    let endpoint = Endpoint::bind(task.spec.members[task.spec.me]).unwrap();
     let slice = Slice::open(support::plugin(), "cpu", bundle.mesh()).unwrap();
     let mut trainer = Trainer::new(slice, &bundle).unwrap();
     trainer.init(5).unwrap();
-    let endpoint = Endpoint::bind(task.spec.members[task.spec.me]).unwrap();
-    let group = (dp > 1).then(|| endpoint.form(&task.spec, &Config::default(), &AbortHandle::new()).unwrap());
+    let group =
+        (dp > 1).then(|| endpoint.form(&task.spec, &members::forming(), &AbortHandle::new()).unwrap());
     let ranks = task.spec.local_ranks();
     let loader = loader();
     let mut sums = Vec::new();
@@ -59,13 +62,10 @@ fn member_process() {
 /// Trains `STEPS` steps with `dp` logical ranks placed on member processes by `placement`.
 fn run(bundle: &bundle::Bundle, dp: usize, placement: &[usize]) -> Run {
     assert_eq!(placement.len(), dp);
-    let members = placement.iter().max().unwrap() + 1;
-    // Free loopback ports: bind, note, release; the members bind them again at once.
-    let addrs: Vec<_> = (0..members)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap())
-        .collect();
+    let member_count = placement.iter().max().unwrap() + 1;
+    let addrs = members::free_addrs(member_count);
     let dir = tempfile::tempdir().unwrap();
-    let children: Vec<_> = (0..members)
+    let children: Vec<_> = (0..member_count)
         .map(|me| {
             let task = MemberTask {
                 bundle: bundle.dir().to_path_buf(),
@@ -90,7 +90,7 @@ fn run(bundle: &bundle::Bundle, dp: usize, placement: &[usize]) -> Run {
         assert!(child.wait().unwrap().success(), "a member failed");
     }
     type Outcome = (Vec<(f64, f64)>, Vec<(String, Vec<u8>)>);
-    let results: Vec<Outcome> = (0..members)
+    let results: Vec<Outcome> = (0..member_count)
         .map(|me| {
             serde_json::from_reader(std::fs::File::open(dir.path().join(format!("{me}.json"))).unwrap())
                 .unwrap()
