@@ -14,7 +14,8 @@ mod status;
 mod toolchain;
 mod worker;
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -82,12 +83,20 @@ enum Command {
     Logs(logs::LogsArgs),
     /// Stop a job.
     Stop(status::StopArgs),
+    /// Run a coordinator node (what the `podctl-coordinator` binary runs), or `dev-ca` to write
+    /// development certificates.
+    Coordinator(coordinator::command::NodeCommand),
 }
 
 fn main() -> ExitCode {
     quiet_xla_logs();
-    let cli = Cli::parse();
-    init_logging(&cli.log, cli.log_json);
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let log = match (&cli.command, matches.value_source("log")) {
+        (Command::Coordinator(_), Some(ValueSource::DefaultValue)) => coordinator::command::DEFAULT_LOG,
+        _ => &cli.log,
+    };
+    init_logging(log, cli.log_json);
     let result = match cli.command {
         Command::Launch { job, dry_run, out, resume, render, release, connect } => match render {
             true => launch::render(&job, &release),
@@ -102,6 +111,9 @@ fn main() -> ExitCode {
         Command::Status(args) => status::run(&args),
         Command::Logs(args) => logs::run(&args),
         Command::Stop(args) => status::stop(&args),
+        Command::Coordinator(node) => tokio::runtime::Runtime::new()
+            .map_err(Into::into)
+            .and_then(|r| r.block_on(coordinator::command::run(node))),
         Command::CompileStats { args } => return planner::exact::child_main(args.into_iter()),
     };
     match result {

@@ -114,3 +114,24 @@ fn optimizer_offload_on_the_cpu_plugin() {
     ));
     assert!(e.contains("this launch runs on the CPU plugin, which has none"), "{e}");
 }
+
+#[test]
+fn a_coordinator_node_without_its_id_data_dir_or_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_podctl"))
+            .arg("coordinator")
+            .args(args)
+            .env_remove("PODCTL_ADMIN_TOKEN")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "expected exit status 2, stderr:\n{stderr}");
+        assert!(stderr.starts_with("error: ") && !stderr.contains("panicked"), "{stderr}");
+        stderr
+    };
+    let data = dir.path().join("raft").display().to_string();
+    assert!(node(&[]).contains("--id"));
+    assert!(node(&["--id", "1"]).contains("--data-dir"));
+    assert!(node(&["--id", "1", "--data-dir", &data]).contains("PODCTL_ADMIN_TOKEN"));
+}

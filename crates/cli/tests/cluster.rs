@@ -1,4 +1,4 @@
-//! Three `podctl-coordinator` processes on loopback with mutual TLS, a job submitted from
+//! Three `podctl coordinator` processes on loopback with mutual TLS, a job submitted from
 //! `podctl launch --coordinator`, and two `podctl worker` processes training it on the CPU
 //! plugin. The Raft leader is SIGKILLed mid-run: a new one is elected, the job goes on, and the
 //! final state is bitwise that of the same job run locally, so no step was lost or repeated.
@@ -21,19 +21,6 @@ fn plugin() -> PathBuf {
     root().join(".venv/lib/python3.11/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
 }
 
-/// The coordinator binary beside `podctl` (built by `cargo build` of the coordinator crate).
-fn coordinator_bin() -> PathBuf {
-    let bin = Path::new(env!("CARGO_BIN_EXE_podctl")).with_file_name("podctl-coordinator");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "-q", "-p", "podctl-coordinator", "--bin", "podctl-coordinator"])
-        .current_dir(root())
-        .status()
-        .unwrap();
-    assert!(status.success() && bin.exists(), "cannot build {}", bin.display());
-    bin
-}
-
 fn podctl() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_podctl"));
     command.env("PODCTL_HOME", root()).env("PODCTL_CACHE", root().join("target/test-cache"));
@@ -47,9 +34,10 @@ struct Node {
 }
 
 impl Node {
-    fn start(bin: &Path, args: Vec<String>, log: PathBuf) -> Node {
+    fn start(args: Vec<String>, log: PathBuf) -> Node {
         let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
-        let mut child = Command::new(bin)
+        let mut child = Command::new(env!("CARGO_BIN_EXE_podctl"))
+            .arg("coordinator")
             .args(&args)
             .env("PODCTL_ADMIN_TOKEN", ADMIN)
             .env("RUST_LOG", "info,openraft=warn,h2=warn,hyper=warn,tower=warn")
@@ -107,7 +95,6 @@ fn a_job_survives_the_leaders_sigkill_with_real_workers() {
     let files = coordinator::tls::create_dev_ca(&tls, &[]).unwrap();
     std::fs::write(dir.join("admin-token"), ADMIN).unwrap();
 
-    let bin = coordinator_bin();
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let peers = (1..=3).map(|i| format!("{i}={}", addrs[i - 1])).collect::<Vec<_>>().join(",");
@@ -125,7 +112,7 @@ fn a_job_survives_the_leaders_sigkill_with_real_workers() {
                 "--tls-dir".into(),
                 tls.display().to_string(),
             ];
-            Node::start(&bin, args, dir.join(format!("node{i}.log")))
+            Node::start(args, dir.join(format!("node{i}.log")))
         })
         .collect();
 
@@ -224,7 +211,7 @@ fn a_job_survives_the_leaders_sigkill_with_real_workers() {
 
     // The killed node comes back and catches up from the log or a snapshot.
     let (args, log) = (nodes[leader as usize - 1].args.clone(), nodes[leader as usize - 1].log.clone());
-    nodes[leader as usize - 1] = Node::start(&bin, args, log);
+    nodes[leader as usize - 1] = Node::start(args, log);
 
     let out = launch.wait_with_output().unwrap();
     assert!(out.status.success(), "launch failed: {}", String::from_utf8_lossy(&out.stderr));

@@ -39,18 +39,6 @@ fn plugin() -> PathBuf {
     root().join(".venv/lib/python3.11/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
 }
 
-fn coordinator_bin() -> PathBuf {
-    let bin = Path::new(env!("CARGO_BIN_EXE_podctl")).with_file_name("podctl-coordinator");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "-q", "-p", "podctl-coordinator", "--bin", "podctl-coordinator"])
-        .current_dir(root())
-        .status()
-        .unwrap();
-    assert!(status.success() && bin.exists(), "cannot build {}", bin.display());
-    bin
-}
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -323,12 +311,14 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
     let kubeconfig = dir.join("kubeconfig");
     std::fs::write(&kubeconfig, api.kubeconfig_yaml(CONTEXT, NS)).unwrap();
 
-    // One coordinator, as the chart runs it (the controller on), told about the API server by
-    // the kubeconfig instead of a service account.
+    // One coordinator with the chart's flags (the controller on; `podctl coordinator` is what
+    // the chart's `podctl-coordinator` runs), told about the API server by the kubeconfig
+    // instead of a service account.
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let mut coordinator = Command::new(coordinator_bin());
+    let mut coordinator = Command::new(env!("CARGO_BIN_EXE_podctl"));
     coordinator
+        .arg("coordinator")
         .args(["--id", "1", "--listen", &addr, "--peers", &format!("1={addr}"), "--data-dir"])
         .arg(dir.join("raft"))
         .arg("--tls-dir")

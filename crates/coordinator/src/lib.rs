@@ -21,6 +21,7 @@
 //! - [`client`]: the client library podctl and workers use (leader discovery, redirects,
 //!   retries, deadlines).
 //! - [`tls`]: a development CA and certificates, and loading them.
+//! - [`command`]: a node's command line (`podctl-coordinator`, `podctl coordinator`).
 //! - [`metrics`]: Prometheus `/metrics` (jobs' steps, step times, recoveries, checkpoints, Raft),
 //!   served when `Config::metrics_listen` is set.
 //! - [`recorder`]: a job's run record (`metrics.jsonl`, `events.jsonl`, plots), when asked.
@@ -33,6 +34,7 @@
 #![deny(missing_docs)]
 
 pub mod client;
+pub mod command;
 mod config;
 pub mod decide;
 mod error;

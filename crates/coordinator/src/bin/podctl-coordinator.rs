@@ -1,270 +1,18 @@
-//! Runs one coordinator node (the container image and process tests use it; `podctl
-//! coordinator` calls the same library function), or makes development certificates.
-//!
-//! ```text
-//! podctl-coordinator --id 1 --listen 127.0.0.1:7001 --peers 1=127.0.0.1:7001,2=...,3=... \
-//!     --data-dir /var/lib/podctl/1 --tls-dir certs/   (admin token in PODCTL_ADMIN_TOKEN)
-//! podctl-coordinator dev-ca --dir certs/ --host coordinator-0.example
-//! ```
-//!
-//! With `--kubernetes` the node also runs the controller (`crates/controller`): on the Raft
-//! leader only, it creates, watches and replaces the worker pods of every job (the chart in
-//! `charts/podctl` passes every `--kube-*` flag; docs/KUBERNETES.md).
+//! Runs one coordinator node (the container image and process tests use it), or makes
+//! development certificates: [`coordinator::command`] has the flags, and `podctl coordinator`
+//! is the same command.
 
 // The workspace names this crate `coordinator` everywhere else.
 extern crate podctl_coordinator as coordinator;
 
-use anyhow::{Context, bail};
-use clap::{Args, Parser, Subcommand};
-use coordinator::{Config, TlsFiles};
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::path::PathBuf;
+use clap::Parser;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::Duration;
 
 #[derive(Parser)]
-#[command(version, about = "A podctl coordinator node", args_conflicts_with_subcommands = true)]
+#[command(version, about = "A podctl coordinator node")]
 struct Cli {
-    #[command(subcommand)]
-    command: Option<Command>,
     #[command(flatten)]
-    node: NodeArgs,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Writes a development CA, a server certificate and a client certificate.
-    DevCa {
-        /// Where to write them.
-        #[arg(long)]
-        dir: PathBuf,
-        /// Extra host names or IPs the server certificate is valid for (localhost and 127.0.0.1
-        /// always are).
-        #[arg(long = "host")]
-        hosts: Vec<String>,
-    },
-}
-
-#[derive(Args)]
-struct NodeArgs {
-    /// This node's id (1, 2, 3, ...).
-    #[arg(long, conflicts_with = "id_from_hostname")]
-    id: Option<u64>,
-    /// Take the id from the StatefulSet ordinal that ends the host name: `podctl-0` is node 1.
-    #[arg(long)]
-    id_from_hostname: bool,
-    /// Where to listen.
-    #[arg(long, default_value = "127.0.0.1:7001")]
-    listen: SocketAddr,
-    /// The address others reach this node at (default: the listen address).
-    #[arg(long)]
-    advertise: Option<String>,
-    /// The initial cluster: `id=host:port,...`, this node included. Omit on a node that will
-    /// be added with `podctl coordinator add`.
-    #[arg(long, value_delimiter = ',')]
-    peers: Vec<String>,
-    /// Where the Raft log and snapshots live.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
-    /// A directory with ca.pem, server.pem/key and client.pem/key (see `dev-ca`).
-    #[arg(long)]
-    tls_dir: Option<PathBuf>,
-    /// Serve without TLS (local mode on loopback only).
-    #[arg(long)]
-    insecure_plaintext: bool,
-    /// The admin bearer token.
-    #[arg(long, env = "PODCTL_ADMIN_TOKEN", hide_env_values = true)]
-    admin_token: Option<String>,
-    /// Snapshot after this many log entries.
-    #[arg(long, default_value_t = 5000)]
-    snapshot_every: u64,
-    /// Worker lease, milliseconds.
-    #[arg(long, default_value_t = 3000)]
-    lease_ms: u64,
-    /// Worker heartbeat interval, milliseconds.
-    #[arg(long, default_value_t = 1000)]
-    heartbeat_ms: u64,
-    /// Write each job's run record into its output directory.
-    #[arg(long)]
-    record_runs: bool,
-    /// Serve Prometheus metrics (`GET /metrics`, plain HTTP) at this address.
-    #[arg(long, env = "PODCTL_METRICS_LISTEN")]
-    metrics_listen: Option<SocketAddr>,
-    #[command(flatten)]
-    kube: KubeArgs,
-}
-
-/// The controller's settings (`--kubernetes`).
-#[derive(Args)]
-struct KubeArgs {
-    /// Run the Kubernetes controller: the Raft leader creates, watches and replaces the worker
-    /// pods of every job, with the pod's service account.
-    #[arg(long)]
-    kubernetes: bool,
-    /// The namespace of worker pods (the coordinator's own).
-    #[arg(long, env = "POD_NAMESPACE")]
-    kube_namespace: Option<String>,
-    /// The Helm release: labels the pods, so two installs never touch each other's.
-    #[arg(long, default_value = "podctl")]
-    kube_instance: String,
-    /// The worker image (it runs `podctl worker`).
-    #[arg(long)]
-    kube_worker_image: Option<String>,
-    /// The address workers dial: the coordinator's client Service, `host:port`.
-    #[arg(long)]
-    kube_coordinator_address: Option<String>,
-    /// The headless Service that names the hosts of a slice.
-    #[arg(long, default_value = "podctl-workers")]
-    kube_worker_subdomain: String,
-    /// The service account of worker pods (Workload Identity).
-    #[arg(long)]
-    kube_worker_service_account: Option<String>,
-    /// The Secret with ca.pem, client.pem and client.key that worker pods mount.
-    #[arg(long)]
-    kube_worker_tls_secret: Option<String>,
-    /// The TPU type of the node pools (`cloud.google.com/gke-tpu-accelerator`).
-    #[arg(long, default_value = "tpu-v6e-slice")]
-    kube_tpu_accelerator: String,
-    /// The slice topology (`cloud.google.com/gke-tpu-topology`).
-    #[arg(long, default_value = "2x4")]
-    kube_tpu_topology: String,
-    /// Chips per host (default: from the accelerator and topology).
-    #[arg(long)]
-    kube_tpu_chips_per_host: Option<u32>,
-    /// Run workers on Spot VMs.
-    #[arg(long)]
-    kube_spot: bool,
-    /// Seconds a worker pod gets between SIGTERM and SIGKILL.
-    #[arg(long, default_value_t = 30)]
-    kube_grace_period_seconds: i64,
-}
-
-impl KubeArgs {
-    fn config(&self) -> anyhow::Result<Option<controller::ControllerConfig>> {
-        if !self.kubernetes {
-            return Ok(None);
-        }
-        let need = |value: &Option<String>, flag: &str| {
-            value.clone().with_context(|| format!("--kubernetes needs {flag}"))
-        };
-        let slice = controller::TpuSlice::new(
-            &self.kube_tpu_accelerator,
-            &self.kube_tpu_topology,
-            self.kube_tpu_chips_per_host,
-        )?;
-        Ok(Some(controller::ControllerConfig {
-            template: controller::WorkerTemplate {
-                namespace: need(&self.kube_namespace, "--kube-namespace (or POD_NAMESPACE)")?,
-                instance: self.kube_instance.clone(),
-                image: need(&self.kube_worker_image, "--kube-worker-image")?,
-                coordinator: need(&self.kube_coordinator_address, "--kube-coordinator-address")?,
-                slice,
-                spot: self.kube_spot,
-                grace_period_seconds: self.kube_grace_period_seconds,
-                service_account: self.kube_worker_service_account.clone(),
-                subdomain: self.kube_worker_subdomain.clone(),
-                tls_secret: self.kube_worker_tls_secret.clone(),
-            },
-            resync: Duration::from_secs(1),
-        }))
-    }
-}
-
-/// The node id of a StatefulSet pod: its ordinal + 1.
-fn id_from_hostname(hostname: &str) -> anyhow::Result<u64> {
-    let ordinal = hostname.rsplit_once('-').and_then(|(_, n)| n.parse::<u64>().ok());
-    ordinal.map(|n| n + 1).with_context(|| format!("host name '{hostname}' does not end in -<ordinal>"))
-}
-
-fn parse_peers(peers: &[String]) -> anyhow::Result<BTreeMap<u64, String>> {
-    peers
-        .iter()
-        .map(|p| {
-            let (id, addr) = p.split_once('=').with_context(|| format!("peer '{p}' is not id=host:port"))?;
-            Ok((id.parse().with_context(|| format!("peer id '{id}' is not a number"))?, addr.to_string()))
-        })
-        .collect()
-}
-
-fn config(args: NodeArgs) -> anyhow::Result<Config> {
-    let id = if args.id_from_hostname {
-        let hostname = match std::env::var("HOSTNAME") {
-            Ok(name) => name,
-            Err(_) => {
-                std::fs::read_to_string("/proc/sys/kernel/hostname").context("reading the host name")?
-            }
-        };
-        Some(id_from_hostname(hostname.trim())?)
-    } else {
-        args.id
-    };
-    let Some(id) = id else { bail!("--id (or --id-from-hostname) is required to run a node") };
-    let Some(data_dir) = args.data_dir else { bail!("--data-dir is required to run a node") };
-    let Some(token) = args.admin_token else {
-        bail!("give the admin token with --admin-token or PODCTL_ADMIN_TOKEN")
-    };
-    let mut config = Config::new(id, args.listen, data_dir, token);
-    config.advertise = args.advertise;
-    config.peers = parse_peers(&args.peers)?;
-    config.tls = args.tls_dir.as_deref().map(TlsFiles::in_dir);
-    config.insecure_plaintext = args.insecure_plaintext;
-    config.snapshot_every = args.snapshot_every;
-    config.record_runs = args.record_runs;
-    config.metrics_listen = args.metrics_listen;
-    config.timeouts.lease = Duration::from_millis(args.lease_ms);
-    config.timeouts.heartbeat = Duration::from_millis(args.heartbeat_ms);
-    Ok(config)
-}
-
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-    }
-}
-
-async fn main_inner() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    if let Some(Command::DevCa { dir, hosts }) = cli.command {
-        let files = coordinator::tls::create_dev_ca(&dir, &hosts)?;
-        println!(
-            "wrote {}, {}, {}",
-            files.ca.display(),
-            files.server_cert.display(),
-            files.client_cert.display()
-        );
-        return Ok(());
-    }
-    let kube = cli.node.kube.config()?;
-    let config = config(cli.node)?;
-    let node = coordinator::Node::bind(config).await?;
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let wait = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = stopped.wait_for(|s| *s).await;
-    };
-    let controller = match kube {
-        Some(kube) => {
-            let client = controller::reconcile::in_cluster().await?;
-            let plane = Arc::new(coordinator::kubernetes::Plane(node.ctx()));
-            let controller = controller::Controller::new(client, kube, plane);
-            Some(tokio::spawn(controller.run(wait(stopped.clone()))))
-        }
-        None => None,
-    };
-    // Process tests and scripts read this line to learn the port.
-    println!("listening on {}", node.local_addr());
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        let _ = stop.send(true);
-    });
-    node.serve(wait(stopped)).await?;
-    if let Some(controller) = controller {
-        let _ = controller.await;
-    }
-    Ok(())
+    node: coordinator::command::NodeCommand,
 }
 
 #[tokio::main]
@@ -272,54 +20,15 @@ async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,openraft=warn,h2=warn,tower=warn,hyper=warn".into()),
+                .unwrap_or_else(|_| coordinator::command::DEFAULT_LOG.into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    match main_inner().await {
+    match coordinator::command::run(Cli::parse().node).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("podctl-coordinator: {e:#}");
             ExitCode::FAILURE
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn peers_parse_and_bad_ones_are_named() {
-        let peers = parse_peers(&["1=127.0.0.1:1".into(), "2=h:2".into()]).unwrap();
-        assert_eq!(peers[&2], "h:2");
-        assert!(parse_peers(&["x".into()]).unwrap_err().to_string().contains("'x'"));
-    }
-
-    #[test]
-    fn stateful_set_pods_number_their_nodes_from_one() {
-        assert_eq!(id_from_hostname("podctl-0").unwrap(), 1);
-        assert_eq!(id_from_hostname("my-release-podctl-2").unwrap(), 3);
-        assert!(id_from_hostname("laptop").unwrap_err().to_string().contains("'laptop'"));
-    }
-
-    #[test]
-    fn the_chart_s_flags_make_a_controller_config() {
-        let cli = Cli::try_parse_from([
-            "podctl-coordinator",
-            "--id-from-hostname",
-            "--kubernetes",
-            "--kube-namespace=train",
-            "--kube-worker-image=w:1",
-            "--kube-coordinator-address=podctl.train.svc:7001",
-            "--kube-tpu-topology=4x4",
-            "--kube-spot",
-        ])
-        .unwrap();
-        let config = cli.node.kube.config().unwrap().unwrap();
-        assert_eq!(config.template.slice.hosts(), 4);
-        assert!(config.template.spot);
-        let e = Cli::try_parse_from(["podctl-coordinator", "--kubernetes", "--kube-namespace=t"]).unwrap();
-        assert!(e.node.kube.config().unwrap_err().to_string().contains("--kube-worker-image"));
     }
 }
