@@ -14,6 +14,7 @@ mod status;
 mod toolchain;
 mod worker;
 
+use anyhow::Context;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::PathBuf;
@@ -111,8 +112,9 @@ fn main() -> ExitCode {
         Command::Status(args) => status::run(&args),
         Command::Logs(args) => logs::run(&args),
         Command::Stop(args) => status::stop(&args),
+        // Every core, as the `podctl-coordinator` binary's runtime has.
         Command::Coordinator(node) => tokio::runtime::Runtime::new()
-            .map_err(Into::into)
+            .context("cannot start the async runtime")
             .and_then(|r| r.block_on(coordinator::command::run(node))),
         Command::CompileStats { args } => return planner::exact::child_main(args.into_iter()),
     };

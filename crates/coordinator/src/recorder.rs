@@ -38,12 +38,18 @@ fn step_line(commit: &StepCommit, generation: u64) -> Value {
 /// Writes run records until `shutdown` fires, then takes what was applied before it.
 pub async fn run(ctx: Arc<Ctx>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
     let mut applied = ctx.shared.commands.subscribe();
-    let mut recorder = Recorder::default();
+    let mut records: BTreeMap<String, RunRecord> = BTreeMap::new();
+    let mut closed: BTreeSet<String> = BTreeSet::new();
+    let mut take = |a: Applied| {
+        if let Err(e) = write(&ctx, &mut records, &mut closed, &a.command, &a.response) {
+            tracing::warn!("run record: {e}");
+        }
+    };
     loop {
         tokio::select! {
             _ = shutdown.changed() => break,
             item = applied.recv() => match item {
-                Ok(a) => recorder.take(&ctx, &a),
+                Ok(a) => take(a),
                 Err(RecvError::Lagged(n)) => tracing::warn!("the run recorder skipped {n} applied commands"),
                 Err(RecvError::Closed) => return,
             },
@@ -53,24 +59,9 @@ pub async fn run(ctx: Arc<Ctx>, mut shutdown: tokio::sync::watch::Receiver<bool>
     // store queues commands before the state shows them, so the queue holds them by now.
     loop {
         match applied.try_recv() {
-            Ok(a) => recorder.take(&ctx, &a),
+            Ok(a) => take(a),
             Err(TryRecvError::Lagged(n)) => tracing::warn!("the run recorder skipped {n} applied commands"),
             Err(TryRecvError::Empty | TryRecvError::Closed) => return,
-        }
-    }
-}
-
-/// The open records, and the jobs whose record is closed.
-#[derive(Default)]
-struct Recorder {
-    records: BTreeMap<String, RunRecord>,
-    closed: BTreeSet<String>,
-}
-
-impl Recorder {
-    fn take(&mut self, ctx: &Ctx, applied: &Applied) {
-        if let Err(e) = write(ctx, &mut self.records, &mut self.closed, &applied.command, &applied.response) {
-            tracing::warn!("run record: {e}");
         }
     }
 }

@@ -46,7 +46,7 @@ fn direct_peak(workload: &Workload, target: &Target, micro_batch: u64) -> u64 {
             let module = bundle.dir().join(&bundle.program(program).unwrap().file);
             let outcome = compiler.compile(&CompileJob { module, partitions: 4, topology: None }).unwrap();
             let (resident, inputs) = resident_outside(&bundle, program, workload, target).unwrap();
-            outcome.bytes(&inputs, Platform::Cpu) + resident
+            outcome.bytes(Platform::Cpu, &inputs) + resident
         })
         .max()
         .unwrap()

@@ -91,7 +91,7 @@ pub enum CompileOutcome {
 impl CompileOutcome {
     /// Bytes the program occupies on one device of `platform`; its `inputs` complete an
     /// out-of-memory count that covers the scratch memory only.
-    pub fn bytes(&self, inputs: &Inputs, platform: Platform) -> u64 {
+    pub fn bytes(&self, platform: Platform, inputs: &Inputs) -> u64 {
         match *self {
             CompileOutcome::Compiled(stats) => stats.peak(platform, inputs),
             CompileOutcome::OutOfMemory { used, temporaries_only: false, .. } => used,
@@ -365,7 +365,7 @@ impl<'a> ExactOracle<'a> {
         self.report(Progress::Compiled {
             candidate: *candidate,
             program: program.to_string(),
-            bytes: outcome.bytes(&Inputs::default(), self.target.accelerator.platform),
+            bytes: outcome.bytes(self.target.accelerator.platform, &Inputs::default()),
             seconds,
         });
         {
@@ -540,7 +540,7 @@ impl Oracle for ExactOracle<'_> {
                 measured.compiler_out_of_memory |= matches!(outcome, CompileOutcome::OutOfMemory { .. });
                 match resident_outside(&bundle, program, &self.workload, &self.target) {
                     Ok((resident, inputs)) => {
-                        let bytes = outcome.bytes(&inputs, self.target.accelerator.platform);
+                        let bytes = outcome.bytes(self.target.accelerator.platform, &inputs);
                         measured.programs.push((program.to_string(), bytes + resident));
                     }
                     Err(message) => {
