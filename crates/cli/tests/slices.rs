@@ -176,15 +176,29 @@ fn preempted_and_killed_workers_change_nothing_in_the_parameters() {
     finish(child, "the chaos run");
 
     // A step computed again after the restore is recorded again: compare each step's last line.
+    // A step carried into a new generation (a survivor finished it, but a member died before
+    // reporting it) is committed with the reports that came: fewer reporters than members, and
+    // a partial loss or none. Members are at most a step apart, so each of the three failures
+    // carries at most two such steps.
     let mut by_step = std::collections::BTreeMap::new();
+    let mut incomplete = std::collections::BTreeSet::new();
     for line in jsonl(&run_dir(&chaos).join("metrics.jsonl")) {
-        by_step.insert(line["step"].as_u64().unwrap(), line["loss"].as_f64().unwrap());
+        let step = line["step"].as_u64().unwrap();
+        if line["reporters"] == line["members"] {
+            by_step.insert(step, line["loss"].as_f64().unwrap());
+        } else {
+            incomplete.insert(step);
+        }
     }
+    println!("steps carried with a member's report missing: {incomplete:?}");
+    assert!(incomplete.len() <= 6, "{incomplete:?}");
+    assert!((1..=STEPS).all(|s| by_step.contains_key(&s) || incomplete.contains(&s)), "a step has no line");
     // The reported loss sums each worker's ranks first, so its last bits may follow the
     // placement; the parameters (the digest below) may not.
     let calm_losses = losses(&calm);
-    assert_eq!(calm_losses.len(), by_step.len());
-    for ((step, a), b) in by_step.iter().zip(&calm_losses) {
+    assert_eq!(calm_losses.len() as u64, STEPS);
+    for (step, a) in &by_step {
+        let b = calm_losses[*step as usize - 1];
         assert!((a - b).abs() <= 1e-12 * b.abs(), "step {step}: {a} vs {b}");
     }
     assert_eq!(final_digest(&calm, STEPS), final_digest(&chaos, STEPS), "the final states differ");
