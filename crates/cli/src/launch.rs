@@ -1,37 +1,15 @@
-//! `podctl launch`: run a job on this machine.
+//! `podctl launch`: check the spec, resolve `init_from` and the bundle, then run the job here
+//! (one slice in this process, or several slices under an embedded coordinator) or submit it to
+//! a cluster.
 
 use crate::connect::ConnectArgs;
 use crate::export::{ensure_bundle, export_args};
-use crate::progress::{Progress, human_rate};
+use crate::init_from::{self, InitFrom};
 use crate::toolchain::Toolchain;
 use anyhow::{Result, bail};
 use bundle::Bundle;
-use data::{BatchSpec, Loader};
-use indicatif::ProgressBar;
 use job::JobSpec;
-use record::RunRecord;
-use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
-use worker::ckpt::Resume;
-use worker::{Slice, Trainer};
-
-/// `summary.json`.
-#[derive(Serialize)]
-struct Summary<'a> {
-    job: &'a str,
-    model: &'a str,
-    parameters: u64,
-    mesh: String,
-    bundle: &'a str,
-    start_step: u64,
-    steps: u64,
-    first_loss: f64,
-    final_loss: f64,
-    compile_seconds: f64,
-    train_seconds: f64,
-    tokens_per_second: f64,
-}
 
 pub fn run(
     job_path: &Path,
@@ -63,8 +41,16 @@ pub fn run(
              with --coordinator"
         );
     }
-    if !dry_run {
-        crate::grpo::resolve_init_from(&mut job, connect)?;
+    if !dry_run && let InitFrom::TrainFirst { spec, root } = init_from::resolve(&mut job, connect)? {
+        println!(
+            "grpo.init_from {}: no checkpoint under {root} yet; training that job first",
+            spec.display()
+        );
+        run(&spec, false, None, None, connect)?;
+        println!();
+        if let InitFrom::TrainFirst { .. } = init_from::resolve(&mut job, connect)? {
+            bail!("{} ran but left no committed checkpoint under {root}", spec.display());
+        }
     }
     let bundle = resolve_bundle(&tools, &job)?;
     let manifest = bundle.manifest();
@@ -119,53 +105,7 @@ pub fn run(
         return crate::local::run(&job, &bundle, cluster);
     }
     let plugin = plugin.expect("loaded above: not remote");
-    if job.grpo.is_some() {
-        return crate::grpo::run_local(&job, &bundle, plugin, resume, parameters);
-    }
-
-    let (mut trainer, compile_seconds) = compile_trainer(&job, &bundle, plugin)?;
-
-    let spec = BatchSpec::new(job.batch.global as usize, job.batch.micro as usize, job.seq_len as usize)?;
-    let loader = Loader::from_config(&job.data, spec, job.seed)?;
-    let run_dir = job.output_dir();
-    let record = RunRecord::create(&run_dir)?;
-    let mut progress = Progress::new(record, job.steps);
-    let resume = resume.map_or(Resume::Newest, Resume::From);
-    let outcome = worker::train(&mut trainer, &job, &loader, &mut progress, &resume);
-    let record = progress.finish()?;
-    let summary = outcome?;
-    if summary.steps == 0 {
-        print_nothing_to_train(summary.start_step);
-        return Ok(());
-    }
-
-    record.summary(&Summary {
-        job: &job.name,
-        model: &job.model,
-        parameters,
-        mesh: job.ici_mesh().to_string(),
-        bundle: bundle.id(),
-        start_step: summary.start_step,
-        steps: summary.steps,
-        first_loss: summary.first_loss,
-        final_loss: summary.final_loss,
-        compile_seconds,
-        train_seconds: summary.seconds,
-        tokens_per_second: summary.tokens_per_second,
-    })?;
-    let plots = record.plot()?;
-    println!(
-        "done: {} steps in {:.1}s ({}), loss {:.4} -> {:.4} ({:.1}% of the first)",
-        summary.steps,
-        summary.seconds,
-        human_rate(summary.tokens_per_second),
-        summary.first_loss,
-        summary.final_loss,
-        100.0 * summary.final_loss / summary.first_loss
-    );
-    let names: Vec<_> = plots.iter().filter_map(|p| p.file_name()?.to_str()).collect();
-    println!("run record in {}: metrics.jsonl, summary.json, {}", run_dir.display(), names.join(", "));
-    Ok(())
+    crate::single::run(&job, &bundle, plugin, resume, parameters)
 }
 
 /// `podctl launch --render`: the job as a declaration (a ConfigMap) for the install `release`,
@@ -195,7 +135,11 @@ fn resolve_bundle(tools: &Toolchain, job: &JobSpec) -> Result<Bundle> {
             let args = export_args(job, platform);
             let mut spinner = None;
             let dir = ensure_bundle(tools, &args, || {
-                spinner = Some(self::spinner(format!("exporting {} for mesh {}", job.model, job.ici_mesh())))
+                spinner = Some(crate::progress::spinner(format!(
+                    "exporting {} for mesh {}",
+                    job.model,
+                    job.ici_mesh()
+                )))
             })?;
             if let Some(s) = spinner {
                 s.finish_and_clear();
@@ -218,37 +162,6 @@ fn resolve_bundle(tools: &Toolchain, job: &JobSpec) -> Result<Bundle> {
         );
     }
     Ok(bundle)
-}
-
-/// Opens the job's slice on this machine's devices and compiles the bundle's programs, behind a
-/// spinner; returns the trainer and the compile time.
-pub(crate) fn compile_trainer(
-    job: &JobSpec,
-    bundle: &Bundle,
-    plugin: &'static pjrt::Plugin,
-) -> Result<(Trainer, f64)> {
-    let manifest = bundle.manifest();
-    let spinner =
-        spinner(format!("compiling for {} {} devices", job.ici_mesh().num_devices(), manifest.platform));
-    let compile_started = Instant::now();
-    let slice = Slice::open(plugin, &manifest.platform, &job.ici_mesh())?;
-    let trainer = Trainer::new(slice, bundle)?;
-    let compile_seconds = compile_started.elapsed().as_secs_f64();
-    spinner.finish_and_clear();
-    println!("compiled in {compile_seconds:.1}s");
-    Ok((trainer, compile_seconds))
-}
-
-/// What a launch says when the checkpoint it resumed from is already at the job's last step.
-pub(crate) fn print_nothing_to_train(start_step: u64) {
-    println!("nothing to train: the checkpoint restored is at step {start_step}, the job's last");
-}
-
-pub(crate) fn spinner(message: String) -> ProgressBar {
-    let bar = ProgressBar::new_spinner();
-    bar.set_message(message);
-    bar.enable_steady_tick(Duration::from_millis(120));
-    bar
 }
 
 fn human_count(n: u64) -> String {

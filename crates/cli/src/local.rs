@@ -126,7 +126,7 @@ fn ended(status: &JobStatus, run_dir: &Path) -> Result<()> {
                 status.loss,
                 run_dir.display()
             );
-            crate::grpo::print_held_out(run_dir);
+            crate::summary::print_held_out(run_dir);
             Ok(())
         }
         state => bail!("the job ended {state:?}: {}", status.message),

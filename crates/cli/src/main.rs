@@ -4,13 +4,15 @@
 mod ckpt;
 mod connect;
 mod export;
-mod grpo;
+mod init_from;
 mod launch;
 mod local;
 mod logs;
 mod plan;
 mod progress;
+mod single;
 mod status;
+mod summary;
 mod toolchain;
 mod worker;
 

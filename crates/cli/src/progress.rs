@@ -8,8 +8,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::io::IsTerminal;
 use std::time::Duration;
 use worker::ckpt::CheckpointEvent;
-use worker::grpo::{EvalObserver, EvalReport};
-use worker::{Observer, StepMetrics};
+use worker::{EvalReport, Sink, StepResult};
 
 /// One line of `metrics.jsonl`.
 #[derive(Serialize)]
@@ -85,8 +84,8 @@ impl Progress {
     }
 }
 
-impl Observer for Progress {
-    fn on_step(&mut self, m: &StepMetrics) {
+impl Sink for Progress {
+    fn on_step(&mut self, m: &StepResult) {
         self.recent.push_back((m.tokens, m.seconds));
         if self.recent.len() > 10 {
             self.recent.pop_front();
@@ -95,25 +94,25 @@ impl Observer for Progress {
         let tokens_per_second = tokens as f64 / seconds.max(1e-9);
         let line = StepLine {
             step: m.step,
-            loss: m.loss,
+            loss: m.loss(),
             learning_rate: m.learning_rate,
             grad_norm: m.grad_norm,
-            target_tokens: m.target_tokens,
+            target_tokens: m.token_count as u64,
             tokens: m.tokens,
             step_seconds: m.seconds,
             tokens_per_second,
             truncated_rows: m.truncated_rows,
-            extra: &m.extra,
+            extra: &m.metrics,
         };
         let written = self.record.step(&line);
         self.keep_first_error(written);
         self.bar.set_position(m.step);
         // GRPO's loss hovers around 0 by construction: its reward and accuracy say more.
-        let headline = match (m.extra.get("reward"), m.extra.get("accuracy")) {
-            (Some(reward), Some(accuracy)) => {
-                format!("reward {reward:.3} · accuracy {:.1}% · kl {:.4}", 100.0 * accuracy, m.extra["kl"])
+        let headline = match (m.metrics.get("reward"), m.metrics.get("accuracy"), m.metrics.get("kl")) {
+            (Some(reward), Some(accuracy), Some(kl)) => {
+                format!("reward {reward:.3} · accuracy {:.1}% · kl {kl:.4}", 100.0 * accuracy)
             }
-            _ => format!("loss {:.4}", m.loss),
+            _ => format!("loss {:.4}", m.loss()),
         };
         self.bar.set_message(format!("{headline} · {}", human_rate(tokens_per_second)));
         if !std::io::stderr().is_terminal()
@@ -128,6 +127,25 @@ impl Observer for Progress {
                 human_rate(tokens_per_second)
             );
         }
+    }
+
+    fn on_eval(&mut self, step: u64, report: &EvalReport) {
+        let when = if step == 0 { "before training".to_string() } else { format!("after step {step}") };
+        self.say(format!(
+            "held-out accuracy {when}: {:.1}% ({} of {} problems, greedy), mean reward {:.3}",
+            100.0 * report.accuracy(),
+            report.correct,
+            report.problems,
+            report.reward
+        ));
+        let detail = serde_json::json!({
+            "accuracy": report.accuracy(),
+            "correct": report.correct,
+            "problems": report.problems,
+            "reward": report.reward,
+        });
+        let written = self.record.event("eval", step, detail);
+        self.keep_first_error(written);
     }
 
     fn on_checkpoint(&mut self, event: &CheckpointEvent) {
@@ -150,6 +168,15 @@ impl Observer for Progress {
                 ));
                 ("save_skipped", *step, serde_json::json!({"running_step": running_step}))
             }
+            CheckpointEvent::Uploaded { step, bytes, upload_seconds } => (
+                "checkpoint_uploaded",
+                *step,
+                serde_json::json!({"bytes": bytes, "upload_seconds": upload_seconds}),
+            ),
+            CheckpointEvent::Failed { step, reason } => {
+                self.say(format!("checkpoint of step {step} failed (the next one tries again): {reason}"));
+                ("checkpoint_failed", *step, serde_json::json!({"reason": reason}))
+            }
             CheckpointEvent::Committed { step, uri, bytes, upload_seconds, deleted_objects } => {
                 self.say(format!("checkpoint of step {step} committed: {uri}"));
                 let detail = serde_json::json!({
@@ -166,27 +193,6 @@ impl Observer for Progress {
     }
 }
 
-impl EvalObserver for Progress {
-    fn on_eval(&mut self, step: u64, report: &EvalReport) {
-        let when = if step == 0 { "before training".to_string() } else { format!("after step {step}") };
-        self.say(format!(
-            "held-out accuracy {when}: {:.1}% ({} of {} problems, greedy), mean reward {:.3}",
-            100.0 * report.accuracy(),
-            report.correct,
-            report.problems,
-            report.reward
-        ));
-        let detail = serde_json::json!({
-            "accuracy": report.accuracy(),
-            "correct": report.correct,
-            "problems": report.problems,
-            "reward": report.reward,
-        });
-        let written = self.record.event("eval", step, detail);
-        self.keep_first_error(written);
-    }
-}
-
 /// `12.3k tok/s`.
 pub fn human_rate(tokens_per_second: f64) -> String {
     match tokens_per_second {
@@ -194,4 +200,12 @@ pub fn human_rate(tokens_per_second: f64) -> String {
         r if r >= 1e3 => format!("{:.1}k tok/s", r / 1e3),
         r => format!("{r:.0} tok/s"),
     }
+}
+
+/// A spinner with `message`, for work whose length is not known.
+pub fn spinner(message: String) -> ProgressBar {
+    let bar = ProgressBar::new_spinner();
+    bar.set_message(message);
+    bar.enable_steady_tick(Duration::from_millis(120));
+    bar
 }

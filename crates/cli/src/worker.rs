@@ -69,11 +69,25 @@ pub fn run(args: WorkerArgs) -> Result<u8> {
         metrics_addr_file: args.metrics_addr_file,
         compile_cache: args.compile_cache,
     };
-    match worker::agent::run(config)? {
+    match worker::agent::run(config, sigterm())? {
         AgentExit::Stopped(reason) => {
             tracing::info!("stopped: {reason}");
             Ok(0)
         }
         AgentExit::Preempted => Ok(PREEMPTED_EXIT),
+    }
+}
+
+/// Resolves on SIGTERM (a preemption notice, a pod's deletion); never when it cannot be watched.
+async fn sigterm() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut sigterm) => {
+            sigterm.recv().await;
+        }
+        Err(e) => {
+            tracing::warn!("cannot watch for SIGTERM: {e}");
+            std::future::pending::<()>().await;
+        }
     }
 }

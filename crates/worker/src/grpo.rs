@@ -26,23 +26,16 @@
 //! so the ratio starts at 1 (to float rounding) and clipping matters only for off-policy steps.
 
 use crate::WorkerError;
-use crate::ckpt::{self, LocalCheckpoints, Resume};
-use crate::dp::Reduce;
-use crate::run::{Observer, StepMetrics, init_seed};
+use crate::grpo_stats::{GrpoMetrics, Tally, advantages};
+use crate::objective::{EvalReport, Objective, RankShare};
 use crate::slice::{Arg, DeviceArray};
-use crate::trainer::{AppliedStep, GrpoPrograms, Trainer, not_initialized};
-use checkpoint::{Storage, StoreCommitLog, StoreOptions};
-use collective::Buffer;
+use crate::trainer::{GrpoPrograms, Trainer, not_initialized};
 use data::{BatchSpec, DataConfig, Example, Loader, Reward, Split, Tokenizer};
 use job::{GrpoSpec, JobSpec};
 use std::collections::BTreeMap;
-use std::time::Instant;
 
 /// Domain tag of the sampling seeds.
 const DOMAIN_SAMPLE: u64 = 0x6772_706f_5f73_6d70; // "grpo_smp"
-/// Added to a group's standard deviation before dividing: a group whose rewards all agree gets
-/// advantages of 0, not a division by 0.
-const STD_EPS: f64 = 1e-4;
 
 /// A GRPO job's prompts, rewards and settings, for one bundle's micro-batch.
 pub struct GrpoTask {
@@ -243,197 +236,6 @@ struct TrainBatch {
     old_logprobs: Vec<f32>,
 }
 
-/// Sums over a step's rows (host side) and grad steps (device side). One rank's tally is
-/// reduced with the other ranks' in the gradients' all-reduce, as float32 values in this order.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-struct Tally {
-    rows: f32,
-    reward: f32,
-    reward_squares: f32,
-    correct: f32,
-    digits_right: f32,
-    has_marker: f32,
-    well_formed: f32,
-    stops_cleanly: f32,
-    completion_tokens: f32,
-    stopped: f32,
-    truncated_prompts: f32,
-    groups: f32,
-    groups_with_spread: f32,
-    loss_sum: f32,
-    token_count: f32,
-    kl_sum: f32,
-    clipped: f32,
-    ratio_sum: f32,
-}
-
-impl Tally {
-    const LEN: usize = 18;
-
-    fn to_vec(self) -> Vec<f32> {
-        vec![
-            self.rows,
-            self.reward,
-            self.reward_squares,
-            self.correct,
-            self.digits_right,
-            self.has_marker,
-            self.well_formed,
-            self.stops_cleanly,
-            self.completion_tokens,
-            self.stopped,
-            self.truncated_prompts,
-            self.groups,
-            self.groups_with_spread,
-            self.loss_sum,
-            self.token_count,
-            self.kl_sum,
-            self.clipped,
-            self.ratio_sum,
-        ]
-    }
-
-    fn from_slice(v: &[f32]) -> Self {
-        Self {
-            rows: v[0],
-            reward: v[1],
-            reward_squares: v[2],
-            correct: v[3],
-            digits_right: v[4],
-            has_marker: v[5],
-            well_formed: v[6],
-            stops_cleanly: v[7],
-            completion_tokens: v[8],
-            stopped: v[9],
-            truncated_prompts: v[10],
-            groups: v[11],
-            groups_with_spread: v[12],
-            loss_sum: v[13],
-            token_count: v[14],
-            kl_sum: v[15],
-            clipped: v[16],
-            ratio_sum: v[17],
-        }
-    }
-
-    fn add(self, other: Self) -> Self {
-        let (a, b) = (self.to_vec(), other.to_vec());
-        Self::from_slice(&a.iter().zip(&b).map(|(x, y)| x + y).collect::<Vec<_>>())
-    }
-
-    fn count_row(&mut self, reward: &Reward, length: i32, max_new: usize) {
-        let flag = |b: bool| if b { 1.0 } else { 0.0 };
-        self.rows += 1.0;
-        self.reward += reward.total;
-        self.reward_squares += reward.total * reward.total;
-        self.correct += flag(reward.exact_match);
-        self.digits_right += reward.digits_right;
-        self.has_marker += flag(reward.has_marker);
-        self.well_formed += flag(reward.well_formed);
-        self.stops_cleanly += flag(reward.stops_cleanly);
-        self.completion_tokens += length as f32;
-        self.stopped += flag((length as usize) < max_new);
-    }
-}
-
-/// A GRPO step's metrics over the global batch (every worker computes the same).
-#[derive(Debug, Clone, PartialEq)]
-pub struct GrpoMetrics {
-    /// Mean reward per completion.
-    pub reward: f64,
-    /// Standard deviation of the rewards over the batch.
-    pub reward_std: f64,
-    /// Completions whose final answer is right.
-    pub accuracy: f64,
-    /// Mean fraction of the answer's digits right.
-    pub digits_right: f64,
-    /// Completions with a `####` marker.
-    pub has_marker: f64,
-    /// Completions whose final answer is a well-formed number.
-    pub well_formed: f64,
-    /// Completions with nothing after the answer's line.
-    pub stops_cleanly: f64,
-    /// Mean completion length in tokens (with the EOS).
-    pub completion_length: f64,
-    /// Completions that ended with EOS within the buffer.
-    pub stopped: f64,
-    /// Prompts cut to `grpo.prompt_len`.
-    pub truncated_prompts: f64,
-    /// Groups whose rewards differ (the others carry no policy gradient).
-    pub groups_with_spread: f64,
-    /// Mean GRPO loss per completion token.
-    pub loss: f64,
-    /// Completion tokens the loss counted.
-    pub tokens: f64,
-    /// Mean KL to the reference per token (k3); 0 when `kl_beta` is 0 (not computed).
-    pub kl: f64,
-    /// Fraction of tokens whose ratio was clipped.
-    pub clip_fraction: f64,
-    /// Mean importance ratio.
-    pub ratio: f64,
-}
-
-impl GrpoMetrics {
-    fn from_tally(t: Tally) -> Self {
-        let f = |x: f32| x as f64;
-        let rows = f(t.rows).max(1.0);
-        let tokens = f(t.token_count).max(1.0);
-        let reward = f(t.reward) / rows;
-        Self {
-            reward,
-            reward_std: (f(t.reward_squares) / rows - reward * reward).max(0.0).sqrt(),
-            accuracy: f(t.correct) / rows,
-            digits_right: f(t.digits_right) / rows,
-            has_marker: f(t.has_marker) / rows,
-            well_formed: f(t.well_formed) / rows,
-            stops_cleanly: f(t.stops_cleanly) / rows,
-            completion_length: f(t.completion_tokens) / rows,
-            stopped: f(t.stopped) / rows,
-            truncated_prompts: f(t.truncated_prompts),
-            groups_with_spread: f(t.groups_with_spread) / f(t.groups).max(1.0),
-            loss: f(t.loss_sum) / tokens,
-            tokens: f(t.token_count),
-            kl: f(t.kl_sum) / tokens,
-            clip_fraction: f(t.clipped) / tokens,
-            ratio: f(t.ratio_sum) / tokens,
-        }
-    }
-
-    /// The metrics by name, as `metrics.jsonl` and step reports carry them.
-    pub fn to_map(&self) -> BTreeMap<String, f64> {
-        [
-            ("reward", self.reward),
-            ("reward_std", self.reward_std),
-            ("accuracy", self.accuracy),
-            ("digits_right", self.digits_right),
-            ("has_marker", self.has_marker),
-            ("well_formed", self.well_formed),
-            ("stops_cleanly", self.stops_cleanly),
-            ("completion_length", self.completion_length),
-            ("stopped", self.stopped),
-            ("truncated_prompts", self.truncated_prompts),
-            ("groups_with_spread", self.groups_with_spread),
-            ("kl", self.kl),
-            ("clip_fraction", self.clip_fraction),
-            ("ratio", self.ratio),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect()
-    }
-}
-
-/// What one GRPO step did.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GrpoStep {
-    /// The optimizer step; `loss_sum` and `token_count` cover this worker's ranks.
-    pub applied: AppliedStep,
-    /// Tokens processed by this worker's ranks (rows x row length).
-    pub tokens: u64,
-    /// The step's metrics over the global batch.
-    pub metrics: GrpoMetrics,
-}
-
 impl Trainer {
     fn grpo_programs(&self) -> Result<&GrpoPrograms, WorkerError> {
         self.grpo.as_ref().ok_or_else(|| {
@@ -543,24 +345,6 @@ impl Trainer {
     }
 }
 
-/// Group-normalized advantages of `rewards`, `generations` consecutive rows per group; also the
-/// number of groups whose rewards are not all equal.
-fn advantages(rewards: &[f32], generations: usize, scale: bool) -> (Vec<f32>, usize) {
-    let mut out = Vec::with_capacity(rewards.len());
-    let mut spread = 0;
-    for group in rewards.chunks(generations) {
-        let n = group.len() as f64;
-        let mean = group.iter().map(|&r| r as f64).sum::<f64>() / n;
-        let var = group.iter().map(|&r| (r as f64 - mean).powi(2)).sum::<f64>() / n;
-        if group.iter().any(|&r| r != group[0]) {
-            spread += 1;
-        }
-        let denominator = if scale { var.sqrt() + STD_EPS } else { 1.0 };
-        out.extend(group.iter().map(|&r| ((r as f64 - mean) / denominator) as f32));
-    }
-    (out, spread)
-}
-
 /// Samples, scores and accumulates the gradient of logical rank `rank`'s share of `step` (`accum`
 /// micro-batches); returns the rank's host-side tally (the device sums are added by the caller).
 fn rank_step(
@@ -635,101 +419,6 @@ fn rank_step(
     Ok(tally)
 }
 
-/// Runs 0-based GRPO step `step` for `ranks` (ascending) with `accum` micro-batches per rank,
-/// then applies the summed gradient at `learning_rate`. `reference` is the frozen reference's
-/// parameters (needed when `kl_beta > 0`).
-#[allow(clippy::too_many_arguments)]
-pub fn run_step(
-    trainer: &mut Trainer,
-    task: &GrpoTask,
-    reference: Option<&[DeviceArray]>,
-    step: u64,
-    ranks: &[usize],
-    accum: u64,
-    learning_rate: f64,
-    reduce: Reduce<'_>,
-) -> Result<GrpoStep, WorkerError> {
-    if task.spec.kl_beta > 0.0 && reference.is_none() {
-        return Err(WorkerError::Mismatch("grpo.kl_beta > 0 needs the reference's parameters".into()));
-    }
-    let n = trainer.grad_specs().len();
-    let mut round = match reduce {
-        Reduce::Alone => None,
-        Reduce::Ring(group) => Some(group.round(n + 1)?),
-    };
-    let mut total = Tally::default();
-    let mut tokens = 0u64;
-    for (i, &rank) in ranks.iter().enumerate() {
-        if i > 0 && round.is_some() {
-            trainer.zero_grads()?;
-        }
-        let done = trainer.state.as_ref().ok_or_else(not_initialized)?.pending.len();
-        let mut tally = rank_step(trainer, task, reference, step, rank, accum)?;
-        tokens += accum * (task.micro * task.seq_len()) as u64;
-        for outputs in &trainer.pending_outputs()?[done..] {
-            // loss_sum, token_count, kl_sum, clipped_count, ratio_sum, ratio_min, ratio_max
-            tally.loss_sum += outputs[0];
-            tally.token_count += outputs[1];
-            tally.kl_sum += outputs[2];
-            tally.clipped += outputs[3];
-            tally.ratio_sum += outputs[4];
-        }
-        match &mut round {
-            None => total = total.add(tally),
-            Some(round) => {
-                for bucket in 0..n {
-                    let dtype = trainer.grad_specs()[bucket].dtype;
-                    round.submit(bucket, rank, Buffer::from_vec(dtype, trainer.download_grad(bucket)?)?)?;
-                }
-                round.submit(n, rank, Buffer::from_f32(&tally.to_vec()))?;
-            }
-        }
-    }
-    if let Some(round) = round {
-        let mut sums = round.finish()?;
-        let tally = sums.pop().expect("n + 1 buckets").swap_remove(0).to_f32()?;
-        if tally.len() != Tally::LEN {
-            return Err(WorkerError::Mismatch(format!(
-                "a step's tally has {} values, not {}",
-                tally.len(),
-                Tally::LEN
-            )));
-        }
-        total = Tally::from_slice(&tally);
-        let grads: Vec<Vec<u8>> =
-            sums.into_iter().map(|mut per_rank| per_rank.swap_remove(0).into_vec()).collect();
-        trainer.upload_grads(&grads)?;
-    }
-    if total.token_count <= 0.0 {
-        return Err(WorkerError::Mismatch(format!(
-            "step {} sampled no completion tokens to learn from",
-            step + 1
-        )));
-    }
-    let applied = trainer.apply(step + 1, learning_rate as f32, 1.0 / total.token_count)?;
-    Ok(GrpoStep { applied, tokens, metrics: GrpoMetrics::from_tally(total) })
-}
-
-/// Greedy decoding on the held-out problems.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EvalReport {
-    /// Problems scored.
-    pub problems: u64,
-    /// Problems answered exactly.
-    pub correct: u64,
-    /// Mean reward (the job's reward weights).
-    pub reward: f64,
-    /// The first problems: `(prompt, completion, reference answer)`, for people.
-    pub samples: Vec<(String, String, String)>,
-}
-
-impl EvalReport {
-    /// Fraction answered exactly.
-    pub fn accuracy(&self) -> f64 {
-        self.correct as f64 / self.problems.max(1) as f64
-    }
-}
-
 /// Scores the policy with greedy decoding on the job's held-out problems (`grpo.eval.problems`);
 /// `None` when evaluation is off.
 pub fn evaluate(trainer: &Trainer, task: &GrpoTask) -> Result<Option<EvalReport>, WorkerError> {
@@ -763,283 +452,92 @@ pub fn evaluate(trainer: &Trainer, task: &GrpoTask) -> Result<Option<EvalReport>
     Ok(Some(report))
 }
 
-/// Puts the parameters of the checkpoint at `uri` (a checkpoint directory, or a root whose
-/// newest committed checkpoint that restores is taken) into the trainer, with AdamW's moments
-/// zeroed: where a GRPO run starts. Returns the checkpoint's directory.
-pub fn start_from(
-    trainer: &mut Trainer,
-    uri: &str,
-    runtime: &tokio::runtime::Handle,
-) -> Result<String, WorkerError> {
-    let store = StoreOptions::default();
-    let restored = match ckpt::split_uri(uri) {
-        (_, Some((step, _))) => runtime.block_on(ckpt::restore(trainer, uri, step, &store))?,
-        (root, None) => {
-            let storage = Storage::open(root, &store)?;
-            let log = StoreCommitLog::new(storage.clone());
-            let (restored, passed_over) = runtime.block_on(ckpt::restore_newest(trainer, &storage, &log))?;
-            restored.ok_or_else(|| {
-                let reasons: Vec<String> =
-                    passed_over.iter().map(|p| format!("{}: {}", p.uri, p.reason)).collect();
-                WorkerError::Mismatch(format!(
-                    "grpo.init_from {uri}: no committed checkpoint restores there{}",
-                    if reasons.is_empty() { String::new() } else { format!(" ({})", reasons.join("; ")) }
-                ))
-            })?
-        }
-    };
-    trainer.reset_optimizer()?;
-    Ok(restored.uri)
+/// GRPO's objective: the job's prompts, rewards and settings, and the frozen reference.
+pub struct Grpo {
+    task: GrpoTask,
+    /// The reference's parameters, when `kl_beta > 0`.
+    reference: Option<Vec<DeviceArray>>,
 }
 
-/// A worker's steps of either kind, for drivers that run both (the agent): SFT's batches from
-/// the data, or GRPO's rollouts with the task and the frozen reference.
-pub enum JobSteps {
-    /// Supervised fine-tuning.
-    Sft(Loader),
-    /// GRPO.
-    Grpo {
-        /// Prompts, rewards and settings.
-        task: Box<GrpoTask>,
-        /// The reference's parameters, when `kl_beta > 0`.
-        reference: Option<Vec<DeviceArray>>,
-    },
-}
-
-/// What a step of either kind reports: the applied step (this worker's loss sums), the tokens
-/// this worker's ranks processed, and further metrics by name.
-pub type StepDone = (AppliedStep, u64, BTreeMap<String, f64>);
-
-impl JobSteps {
-    /// The steps of `job` on `trainer`'s bundle (a GRPO job reads its reference now).
+impl Grpo {
+    /// The objective of `job` on `trainer`'s bundle; the reference is read now, when the
+    /// objective needs one.
     pub fn new(
         trainer: &Trainer,
         job: &JobSpec,
         runtime: &tokio::runtime::Handle,
     ) -> Result<Self, WorkerError> {
-        match &job.grpo {
-            None => {
-                let batch = BatchSpec::new(
-                    job.batch.global as usize,
-                    job.batch.micro as usize,
-                    job.seq_len as usize,
-                )?;
-                Ok(JobSteps::Sft(Loader::from_config(&job.data, batch, job.seed)?))
-            }
-            Some(_) => Ok(JobSteps::Grpo {
-                task: Box::new(GrpoTask::new(job, trainer.manifest())?),
-                reference: load_reference(trainer, job, runtime)?,
-            }),
-        }
+        let task = GrpoTask::new(job, trainer.manifest())?;
+        let reference = crate::start::reference(trainer, job, runtime)?;
+        Ok(Self { task, reference })
     }
 
-    /// Runs 0-based step `step` for `ranks` (see [`crate::run_step`] and [`run_step`]).
-    pub fn run(
+    /// The objective of `task` with `reference`'s parameters (needed when `kl_beta > 0`).
+    pub fn with_reference(task: GrpoTask, reference: Option<Vec<DeviceArray>>) -> Result<Self, WorkerError> {
+        if task.spec.kl_beta > 0.0 && reference.is_none() {
+            return Err(WorkerError::Mismatch("grpo.kl_beta > 0 needs the reference's parameters".into()));
+        }
+        Ok(Self { task, reference })
+    }
+
+    /// The job's prompts, rewards and settings.
+    pub fn task(&self) -> &GrpoTask {
+        &self.task
+    }
+}
+
+impl Objective for Grpo {
+    fn sums_len(&self) -> usize {
+        Tally::LEN
+    }
+
+    /// Samples, scores and accumulates the rank's gradient; its tally adds the grad steps'
+    /// device-side sums to the host-side ones.
+    fn rank_gradient(
         &self,
         trainer: &mut Trainer,
         step: u64,
-        ranks: &[usize],
+        rank: usize,
         accum: u64,
-        learning_rate: f64,
-        reduce: Reduce<'_>,
-    ) -> Result<StepDone, WorkerError> {
-        match self {
-            JobSteps::Sft(loader) => {
-                crate::run_step(trainer, loader, step, ranks, accum, learning_rate, reduce)
-                    .map(|o| (o.applied, o.tokens, BTreeMap::new()))
-            }
-            JobSteps::Grpo { task, reference } => {
-                run_step(trainer, task, reference.as_deref(), step, ranks, accum, learning_rate, reduce)
-                    .map(|o| (o.applied, o.tokens, o.metrics.to_map()))
-            }
+    ) -> Result<RankShare, WorkerError> {
+        let done = trainer.state.as_ref().ok_or_else(not_initialized)?.pending.len();
+        let mut tally = rank_step(trainer, &self.task, self.reference.as_deref(), step, rank, accum)?;
+        for outputs in &trainer.pending_outputs()?[done..] {
+            // loss_sum, token_count, kl_sum, clipped_count, ratio_sum, ratio_min, ratio_max
+            tally.loss_sum += outputs[0];
+            tally.token_count += outputs[1];
+            tally.kl_sum += outputs[2];
+            tally.clipped += outputs[3];
+            tally.ratio_sum += outputs[4];
         }
+        Ok(RankShare {
+            sums: tally.to_vec(),
+            tokens: accum * (self.task.micro * self.task.seq_len()) as u64,
+            truncated_rows: tally.truncated_prompts as u64,
+        })
     }
 
-    /// Held-out evaluation of a GRPO job (`None` for SFT or when it is off).
-    pub fn evaluate(&self, trainer: &Trainer) -> Result<Option<EvalReport>, WorkerError> {
-        match self {
-            JobSteps::Sft(_) => Ok(None),
-            JobSteps::Grpo { task, .. } => evaluate(trainer, task),
+    /// The loss is a mean over the step's completion tokens, which only the reduced tally knows.
+    fn grad_scale(&self, step: u64, sums: &[f32]) -> Result<f32, WorkerError> {
+        let tokens = Tally::from_slice(sums).token_count;
+        if tokens <= 0.0 {
+            return Err(WorkerError::Mismatch(format!(
+                "step {} sampled no completion tokens to learn from",
+                step + 1
+            )));
         }
+        Ok(1.0 / tokens)
     }
 
-    /// Whether a held-out evaluation is due after `steps` of `total` steps.
-    pub fn eval_due(&self, steps: u64, total: u64) -> bool {
-        let JobSteps::Grpo { task, .. } = self else { return false };
-        let every = task.spec.eval.every;
-        steps == total || (every > 0 && steps.is_multiple_of(every))
-    }
-}
-
-/// Where a GRPO policy starts in a fresh generation: `grpo.init_from`'s parameters with a fresh
-/// optimizer, or `init(seed)`. Returns the checkpoint directory it started from.
-pub fn start_policy(
-    trainer: &mut Trainer,
-    job: &JobSpec,
-    runtime: &tokio::runtime::Handle,
-) -> Result<Option<String>, WorkerError> {
-    match job.grpo.as_ref().and_then(|g| g.init_from.as_deref()) {
-        Some(uri) => Ok(Some(start_from(trainer, uri, runtime)?)),
-        None => {
-            trainer.init(init_seed(job.seed))?;
-            Ok(None)
-        }
-    }
-}
-
-/// GRPO's frozen reference, when the objective needs it (`kl_beta > 0`): the parameters the
-/// policy started from, read again from `grpo.init_from` (a checkpoint directory) or made by
-/// `init(seed)`, beside the policy's on the devices.
-pub fn load_reference(
-    trainer: &Trainer,
-    job: &JobSpec,
-    runtime: &tokio::runtime::Handle,
-) -> Result<Option<Vec<DeviceArray>>, WorkerError> {
-    let Some(spec) = job.grpo.as_ref().filter(|g| g.kl_beta > 0.0) else { return Ok(None) };
-    let params = match &spec.init_from {
-        Some(uri) => runtime.block_on(ckpt::read_params(trainer, uri, &StoreOptions::default()))?,
-        None => trainer.init_params(init_seed(job.seed))?,
-    };
-    Ok(Some(params))
-}
-
-/// Receives a GRPO run's evaluations (its steps go to [`Observer::on_step`]).
-pub trait EvalObserver: Observer {
-    /// Called after each held-out evaluation, `step` the steps done (0: before training).
-    fn on_eval(&mut self, step: u64, report: &EvalReport);
-}
-
-/// A GRPO run at a glance.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GrpoSummary {
-    /// Steps done before this run (a restored checkpoint of the run itself), or 0.
-    pub start_step: u64,
-    /// Steps run.
-    pub steps: u64,
-    /// The checkpoint the policy and the reference started from, if any.
-    pub init_from: Option<String>,
-    /// Held-out evaluation before the first step this run took.
-    pub eval_before: Option<EvalReport>,
-    /// Held-out evaluation after the last step.
-    pub eval_after: Option<EvalReport>,
-    /// Mean reward of the first and last steps.
-    pub first_reward: f64,
-    /// See `first_reward`.
-    pub final_reward: f64,
-    /// Wall time of the training loop (evaluations excluded).
-    pub seconds: f64,
-    /// Tokens per second over the loop.
-    pub tokens_per_second: f64,
-}
-
-/// Trains a GRPO job on one slice: the policy starts from `grpo.init_from` (else from the job
-/// seed), or from the run's own newest checkpoint as `resume` says; the reference is the
-/// starting policy; held-out evaluation before, every `grpo.eval.every` steps and after.
-pub fn train(
-    trainer: &mut Trainer,
-    job: &JobSpec,
-    task: &GrpoTask,
-    observer: &mut dyn EvalObserver,
-    resume: &Resume,
-) -> Result<GrpoSummary, WorkerError> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| {
-        WorkerError::Mismatch(format!("cannot start a runtime for the checkpoint reads: {e}"))
-    })?;
-    let init_from = start_policy(trainer, job, runtime.handle())?;
-    let reference = load_reference(trainer, job, runtime.handle())?;
-    let mut checkpoints = LocalCheckpoints::for_job(job)?;
-    let start = checkpoints.resume(trainer, job, resume, observer)?.unwrap_or(0);
-    let eval_before = evaluate(trainer, task)?;
-    if let Some(report) = &eval_before {
-        observer.on_eval(start, report);
-    }
-    let every = task.spec.eval.every;
-    let started = Instant::now();
-    let mut eval_seconds = 0.0;
-    let (mut first_reward, mut final_reward, mut tokens, mut eval_after) = (f64::NAN, f64::NAN, 0u64, None);
-    for step in start..job.steps {
-        let step_started = Instant::now();
-        let learning_rate = job.optimizer.learning_rate(step, job.steps);
-        let outcome = run_step(
-            trainer,
-            task,
-            reference.as_deref(),
-            step,
-            &[0],
-            job.micro_batches_per_step(),
-            learning_rate,
-            Reduce::Alone,
-        )?;
-        let seconds = step_started.elapsed().as_secs_f64();
-        if step == start {
-            first_reward = outcome.metrics.reward;
-        }
-        final_reward = outcome.metrics.reward;
-        tokens += outcome.tokens;
-        let mut extra = outcome.metrics.to_map();
-        let last = step + 1 == job.steps;
-        if last || (every > 0 && (step + 1) % every == 0) {
-            let eval_started = Instant::now();
-            if let Some(report) = evaluate(trainer, task)? {
-                extra.insert("eval_accuracy".into(), report.accuracy());
-                extra.insert("eval_reward".into(), report.reward);
-                observer.on_eval(step + 1, &report);
-                eval_after = Some(report);
-            }
-            eval_seconds += eval_started.elapsed().as_secs_f64();
-        }
-        let applied = outcome.applied;
-        observer.on_step(&StepMetrics {
-            step: step + 1,
-            loss: applied.loss_sum / applied.token_count,
-            target_tokens: applied.token_count as u64,
-            tokens: outcome.tokens,
-            learning_rate,
-            grad_norm: applied.grad_norm,
-            seconds,
-            truncated_rows: outcome.metrics.truncated_prompts as u64,
-            extra,
-        });
-        checkpoints.after_step(trainer, step + 1, observer)?;
-    }
-    let seconds = started.elapsed().as_secs_f64() - eval_seconds;
-    checkpoints.finish(trainer, job.steps, observer)?;
-    Ok(GrpoSummary {
-        start_step: start,
-        steps: job.steps - start,
-        init_from,
-        eval_before,
-        eval_after,
-        first_reward,
-        final_reward,
-        seconds,
-        tokens_per_second: tokens as f64 / seconds.max(1e-9),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn advantages_are_normalized_within_each_group() {
-        let (a, spread) = advantages(&[1.0, 0.0, 1.0, 0.0, 0.5, 0.5, 0.5, 0.5], 4, true);
-        assert_eq!(spread, 1);
-        let expected = 0.5 / (0.5 + STD_EPS);
-        for (got, want) in a[..4].iter().zip([expected, -expected, expected, -expected]) {
-            assert!((*got as f64 - want).abs() < 1e-6, "{a:?}");
-        }
-        assert_eq!(&a[4..], &[0.0; 4], "a group that agrees carries no advantage");
-        let (centred, _) = advantages(&[3.0, 1.0], 2, false);
-        assert_eq!(centred, [1.0, -1.0]);
+    fn metrics(&self, sums: &[f32]) -> BTreeMap<String, f64> {
+        GrpoMetrics::from_tally(Tally::from_slice(sums)).to_map()
     }
 
-    #[test]
-    fn tallies_add_up_field_by_field_in_a_fixed_layout() {
-        let a = Tally::from_slice(&(0..Tally::LEN).map(|i| i as f32).collect::<Vec<_>>());
-        assert_eq!(a.to_vec().len(), Tally::LEN);
-        assert_eq!(Tally::from_slice(&a.to_vec()), a);
-        let sum = a.add(a);
-        assert_eq!(sum.to_vec(), (0..Tally::LEN).map(|i| 2.0 * i as f32).collect::<Vec<_>>());
+    fn evaluate(&self, trainer: &Trainer) -> Result<Option<EvalReport>, WorkerError> {
+        evaluate(trainer, &self.task)
+    }
+
+    fn eval_every(&self) -> u64 {
+        self.task.spec.eval.every
     }
 }

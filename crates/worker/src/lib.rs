@@ -1,43 +1,55 @@
 //! The worker: one per host. It compiles a bundle's programs for the host's devices, keeps the
-//! parameters and optimizer state resident on device, and runs the train step.
+//! parameters and optimizer state resident on device, and trains.
 //!
+//! # Layout
 //! - [`slice`]: a PJRT client over the slice's devices, programs compiled for them, and
 //!   [`DeviceArray`]s, global arrays held as one buffer per device, moved to and from the host by
 //!   their sharding.
 //! - [`compile_cache`]: compiled programs on disk, loaded instead of compiled by a process that
 //!   starts again (a replacement, a restart).
-//! - [`trainer`]: the train state on device and the step: accumulate gradients over
-//!   micro-batches, then apply.
-//! - [`run`]: the loop over steps for a job on one slice, reporting each step to an observer.
-//! - [`dp`]: one global step over the data-parallel ranks this worker hosts.
-//! - [`grpo`]: GRPO's step (rollouts, rewards, group advantages, the clipped objective) over the
-//!   same ranks and reduction, held-out evaluation, and its single-slice loop.
-//! - [`agent`]: the worker process under a coordinator: session, assignments, step reports,
-//!   quiesce and recovery.
+//! - [`trainer`]: the train state on device and its programs: gradient steps into a donated
+//!   accumulator, apply.
+//! - [`objective`]: what a step learns from; [`sft`] (the data's batches) and [`grpo`] (the
+//!   policy's own rollouts, scored by verifiable rewards; [`grpo_stats`] its advantages and
+//!   tallies).
+//! - [`step`]: one global step of any objective over the data-parallel ranks this worker
+//!   hosts: every rank's gradient, the reduction between workers, apply.
+//! - [`driver`]: the one training loop (steps, evaluation, reports, saves), whoever runs it.
+//! - [`start`]: where a fresh run's state comes from, and an objective's frozen reference.
+//! - [`ckpt`]: checkpoints of the train state: a host's share saved in the background, restore
+//!   onto any mesh, the one save schedule.
+//! - [`single`]: a job on one slice in this process, without a coordinator.
+//! - [`agent`]: the worker process under a coordinator: session, assignments and resume,
+//!   reports, decisions.
 //! - [`peer`]: state transfer from a live peer to a replacement.
 //! - [`metrics`]: the agent's Prometheus page.
-//! - [`ckpt`]: checkpoints of the train state: a slice's share saved in the background, restore
-//!   onto any mesh, and the single-process loop's save schedule and resume.
 //!
 //! **Architecture Invariant:** the worker never interprets StableHLO; everything it knows about a
 //! program comes from the bundle manifest. Buffers stay on device between steps; the host sees
 //! only batches going in and metrics coming out (and, for syncs and saves, gradients and state).
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod ckpt;
 pub mod compile_cache;
-pub mod dp;
+pub mod driver;
 pub mod grpo;
+pub mod grpo_stats;
 pub mod metrics;
+pub mod objective;
 pub mod peer;
-pub mod run;
+pub mod sft;
+pub mod single;
 pub mod slice;
+pub mod start;
+pub mod step;
 pub mod trainer;
 
-pub use dp::{Reduce, StepOutcome, run_step};
-pub use run::{Observer, RunSummary, StepMetrics, train};
+pub use driver::{Control, Ended, Plan, Sink, Trained};
+pub use objective::{EvalReport, Objective};
 pub use slice::{Arg, DeviceArray, Program, Slice};
+pub use step::{Reduce, StepResult, run_step};
 pub use trainer::Trainer;
 
 /// Why the worker stopped.

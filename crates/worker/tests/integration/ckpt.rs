@@ -19,8 +19,10 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use worker::ckpt::{CheckpointEvent, PendingSave, Resume, SaveLayout, SavePoll, StateSaver};
-use worker::{Observer, Reduce, Slice, StepMetrics, Trainer, run_step};
+use worker::ckpt::{CheckpointEvent, PendingSave, SaveLayout, SavePoll, StateSaver};
+use worker::sft::Sft;
+use worker::single::Resume;
+use worker::{Reduce, Sink, Slice, StepResult, Trainer, run_step};
 
 const SEED: u64 = 11;
 const GLOBAL: usize = 8;
@@ -39,7 +41,7 @@ enum Task {
     SaveSlice { bundle: PathBuf, group: GroupSpec, root: String, out: PathBuf },
     /// Restores a checkpoint directory onto the bundle's mesh.
     Restore { bundle: PathBuf, uri: String, step: u64, out: PathBuf },
-    /// `worker::train` for a job; with `hold_at`, stops at the first save started at or after
+    /// `worker::single::run` for a job; with `hold_at`, stops at the first save started at or after
     /// that step and waits to be killed.
     Train { bundle: PathBuf, job: String, hold_at: Option<u64>, out: PathBuf },
 }
@@ -69,8 +71,7 @@ fn child() {
             let events = std::fs::File::create(out.join("events.jsonl")).unwrap();
             let root = job.checkpoint_uri().map(|u| PathBuf::from(u.trim_start_matches("file://")));
             let mut recorder = Recorder { events, hold_at, root };
-            let summary =
-                worker::train(&mut trainer, &job, &loader(), &mut recorder, &Resume::Newest).unwrap();
+            let summary = worker::single::run(&mut trainer, &job, &mut recorder, &Resume::Newest).unwrap();
             std::fs::write(out.join("start_step"), summary.start_step.to_string()).unwrap();
             write_state(&out, &trainer.download_state().unwrap());
         }
@@ -94,10 +95,9 @@ fn save_slice(bundle: &Path, group: &GroupSpec, root: &str, out: &Path) {
     trainer.init(5).unwrap();
     let ring = endpoint.form(group, &members::forming(), &AbortHandle::new()).unwrap();
     let accum = (GLOBAL / MICRO / group.ranks()) as u64;
-    let loader = loader();
+    let sft = Sft::from_loader(loader());
     for step in 0..SAVED_STEP {
-        run_step(&mut trainer, &loader, step, &group.local_ranks(), accum, 2e-3, Reduce::Ring(&ring))
-            .unwrap();
+        run_step(&mut trainer, &sft, step, &group.local_ranks(), accum, 2e-3, Reduce::Ring(&ring)).unwrap();
     }
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let layout = SaveLayout { dcn: 2, slice: group.me, seed: SEED };
@@ -162,8 +162,8 @@ struct Recorder {
     root: Option<PathBuf>,
 }
 
-impl Observer for Recorder {
-    fn on_step(&mut self, _: &StepMetrics) {}
+impl Sink for Recorder {
+    fn on_step(&mut self, _: &StepResult) {}
 
     fn on_checkpoint(&mut self, event: &CheckpointEvent) {
         let line = match event {
@@ -177,6 +177,10 @@ impl Observer for Recorder {
             CheckpointEvent::Skipped { step, .. } => serde_json::json!({"kind": "skipped", "step": step}),
             CheckpointEvent::Committed { step, uri, .. } => {
                 serde_json::json!({"kind": "committed", "step": step, "uri": uri})
+            }
+            CheckpointEvent::Uploaded { step, .. } => serde_json::json!({"kind": "uploaded", "step": step}),
+            CheckpointEvent::Failed { step, reason } => {
+                serde_json::json!({"kind": "failed", "step": step, "reason": reason})
             }
         };
         writeln!(self.events, "{line}").unwrap();

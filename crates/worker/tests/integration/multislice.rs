@@ -4,6 +4,7 @@
 
 use crate::{members, support};
 use collective::{AbortHandle, Endpoint, GroupSpec};
+use worker::sft::Sft;
 use worker::{Reduce, Slice, Trainer, run_step};
 
 const GLOBAL: usize = 16;
@@ -47,12 +48,12 @@ fn member_process() {
     let group =
         (dp > 1).then(|| endpoint.form(&task.spec, &members::forming(), &AbortHandle::new()).unwrap());
     let ranks = task.spec.local_ranks();
-    let loader = loader();
+    let sft = Sft::from_loader(loader());
     let mut sums = Vec::new();
     for step in 0..STEPS {
         let reduce = group.as_ref().map_or(Reduce::Alone, Reduce::Ring);
-        let out = run_step(&mut trainer, &loader, step, &ranks, accum, 2e-3, reduce).unwrap();
-        sums.push((out.applied.loss_sum, out.applied.token_count));
+        let out = run_step(&mut trainer, &sft, step, &ranks, accum, 2e-3, reduce).unwrap();
+        sums.push((out.loss_sum, out.token_count));
     }
     let state = trainer.download_state().unwrap();
     let file = std::fs::File::create(&task.out).unwrap();

@@ -1,0 +1,55 @@
+//! A launch of one slice on this machine's devices, in this process (no coordinator).
+
+use crate::progress::Progress;
+use crate::summary::{self, Launched};
+use anyhow::Result;
+use bundle::Bundle;
+use job::JobSpec;
+use record::RunRecord;
+use std::time::Instant;
+use worker::single::Resume;
+use worker::{Slice, Trainer};
+
+/// Compiles the bundle for this machine's devices and trains the job, with a progress bar and
+/// the run record in the job's run directory.
+pub fn run(
+    job: &JobSpec,
+    bundle: &Bundle,
+    plugin: &'static pjrt::Plugin,
+    resume: Option<String>,
+    parameters: u64,
+) -> Result<()> {
+    let (mut trainer, compile_seconds) = compile_trainer(job, bundle, plugin)?;
+    if let Some(from) = worker::start::init_from(job) {
+        println!("policy and reference start from {from}");
+    }
+    let record = RunRecord::create(job.output_dir())?;
+    let mut progress = Progress::new(record, job.steps);
+    let resume = resume.map_or(Resume::Newest, Resume::From);
+    let outcome = worker::single::run(&mut trainer, job, &mut progress, &resume);
+    let record = progress.finish()?;
+    let run = outcome?;
+    if run.steps == 0 {
+        summary::print_nothing_to_train(run.start_step);
+        return Ok(());
+    }
+    summary::finish(&record, &Launched { job, bundle, parameters, compile_seconds }, &run)
+}
+
+/// Opens the job's slice on this machine's devices and compiles the bundle's programs, behind a
+/// spinner; returns the trainer and the compile time.
+fn compile_trainer(job: &JobSpec, bundle: &Bundle, plugin: &'static pjrt::Plugin) -> Result<(Trainer, f64)> {
+    let manifest = bundle.manifest();
+    let spinner = crate::progress::spinner(format!(
+        "compiling for {} {} devices",
+        job.ici_mesh().num_devices(),
+        manifest.platform
+    ));
+    let compile_started = Instant::now();
+    let slice = Slice::open(plugin, &manifest.platform, &job.ici_mesh())?;
+    let trainer = Trainer::new(slice, bundle)?;
+    let compile_seconds = compile_started.elapsed().as_secs_f64();
+    spinner.finish_and_clear();
+    println!("compiled in {compile_seconds:.1}s");
+    Ok((trainer, compile_seconds))
+}

@@ -1,0 +1,330 @@
+//! The worker's decisions as pure functions of what it knows, tested here; the session and the
+//! trainer side only carry them out (as the coordinator's `decide.rs` does for the leader).
+
+use super::{AgentExit, Control, Leave};
+use crate::WorkerError;
+use collective::GroupSpec;
+use proto::v1::{Assignment, Peer, StepAck, StepReport, directive, resume};
+use std::net::SocketAddr;
+
+/// What the session does with a directive from the leader.
+#[derive(Debug, PartialEq)]
+pub(super) enum Obey {
+    /// Nothing: an old or repeated directive, or an ack.
+    Ignore,
+    /// Move to `generation` and wait for its assignment; the run in flight stops at a step
+    /// boundary.
+    Quiesce(u64),
+    /// Work in this generation; `interrupt` when a run of an older one is in flight.
+    Assign { assignment: Box<Assignment>, interrupt: bool },
+    /// Stop working for the job, or register again.
+    Stop(Leave),
+}
+
+/// Decides on directive `d`, with the trainer acting in generation `acting` and the newest
+/// assignment forwarded so far of generation `assigned` (the leader repeats the one in force on
+/// every new session: it is forwarded once).
+pub(super) fn obey(d: directive::Directive, acting: u64, assigned: u64) -> Obey {
+    match d {
+        directive::Directive::Quiesce(q) if q.generation > acting => Obey::Quiesce(q.generation),
+        directive::Directive::Assignment(a) if a.generation > assigned => {
+            let interrupt = a.generation > acting;
+            Obey::Assign { assignment: Box::new(a), interrupt }
+        }
+        directive::Directive::Stop(stop) => Obey::Stop(match stop.removed {
+            true => Leave::Rejoin(stop.reason),
+            false => Leave::Exit(AgentExit::Stopped(stop.reason)),
+        }),
+        _ => Obey::Ignore,
+    }
+}
+
+/// What the trainer side does with a message from the session.
+#[derive(Debug, PartialEq)]
+pub(super) enum Next {
+    /// Leave this registration.
+    Leave(Leave),
+    /// Act in generation `generation`, idle until its assignment.
+    Idle(u64),
+    /// Run this assignment.
+    Run(Box<Assignment>),
+    /// Nothing: older than what the trainer acts in, or already superseded.
+    Skip,
+}
+
+/// Decides on `control` with the trainer acting in generation `acting`; `superseded(g)` says
+/// whether a newer directive than generation `g` has arrived meanwhile.
+pub(super) fn next(control: Control, acting: u64, superseded: impl Fn(u64) -> bool) -> Next {
+    match control {
+        Control::Stop(leave) => Next::Leave(leave),
+        Control::Quiesce(generation) if generation > acting => Next::Idle(generation),
+        Control::Assign(a) if a.generation >= acting && !superseded(a.generation) => Next::Run(a),
+        Control::Quiesce(_) | Control::Assign(_) => Next::Skip,
+    }
+}
+
+/// How an assignment's state is brought to its start step.
+#[derive(Debug, PartialEq)]
+pub(super) enum ResumePlan {
+    /// Start afresh (`grpo.init_from` or the job seed).
+    Fresh,
+    /// Start afresh and offer that state to peers: told to keep a state it never made (the
+    /// generation changed before it got to), a member makes the initial one now.
+    FreshAndOffer,
+    /// Keep the state on the devices and offer it to peers that are new to the job.
+    KeepAndOffer,
+    /// Fetch the state of `step` steps from live peer `worker_id`.
+    Peer { worker_id: String, step: u64 },
+    /// Restore the committed checkpoint at `uri`, of `step` steps.
+    Checkpoint { uri: String, step: u64 },
+}
+
+/// Decides how to resume for an assignment starting at `start_step` from `source`, with this
+/// worker holding the state of `steps_done` steps when `holds_state`.
+pub(super) fn resume_plan(
+    source: Option<&resume::Source>,
+    start_step: u64,
+    holds_state: bool,
+    steps_done: u64,
+) -> Result<ResumePlan, String> {
+    Ok(match source {
+        None | Some(resume::Source::Fresh(_)) => ResumePlan::Fresh,
+        // The state after no step is the initial one.
+        Some(resume::Source::Keep(_)) if !holds_state && start_step == 0 && steps_done == 0 => {
+            ResumePlan::FreshAndOffer
+        }
+        Some(resume::Source::Keep(_)) if holds_state && steps_done == start_step => ResumePlan::KeepAndOffer,
+        Some(resume::Source::Keep(_)) => {
+            return Err(format!(
+                "told to keep the state at step {start_step}, but this worker holds {}",
+                match holds_state {
+                    true => format!("step {steps_done}"),
+                    false => "no state".to_string(),
+                }
+            ));
+        }
+        Some(resume::Source::Peer(p)) => ResumePlan::Peer { worker_id: p.worker_id.clone(), step: p.step },
+        Some(resume::Source::Checkpoint(c)) => ResumePlan::Checkpoint { uri: c.uri.clone(), step: c.step },
+    })
+}
+
+/// A word for the resume source, for logs.
+pub(super) fn resume_name(a: &Assignment) -> &'static str {
+    match a.resume.as_ref().and_then(|r| r.source.as_ref()) {
+        None | Some(resume::Source::Fresh(_)) => "fresh",
+        Some(resume::Source::Keep(_)) => "keep",
+        Some(resume::Source::Peer(_)) => "from a peer",
+        Some(resume::Source::Checkpoint(_)) => "from a checkpoint",
+    }
+}
+
+/// Whom to name when a step failed with `error` in a generation of `peers`: the member the
+/// ring lost or that broke the protocol; nobody (`Some("")`) for a failure of this worker's
+/// own; `None` when a peer aborted or relayed a failure (whoever saw it first reports it).
+pub(super) fn suspect(error: &WorkerError, peers: &[Peer]) -> Option<String> {
+    match error {
+        WorkerError::Collective(
+            collective::Error::PeerLost { member, .. } | collective::Error::Protocol { member, .. },
+        ) => peers.get(*member).map(|p| p.worker_id.clone()),
+        WorkerError::Collective(_) => None,
+        _ => Some(String::new()),
+    }
+}
+
+/// Removals in a row, with no step done in between, after which the worker stops rejoining: a
+/// worker that cannot take part must not churn the job's generations for ever.
+pub(super) const MAX_FRUITLESS_REJOINS: u32 = 3;
+
+/// After a removal: the removals in a row without a step done, counting this one, and whether
+/// to give up rather than register again.
+pub(super) fn rejoin(fruitless: u32, steps_this_registration: u64) -> (u32, bool) {
+    let fruitless = if steps_this_registration == 0 { fruitless + 1 } else { 0 };
+    (fruitless, fruitless >= MAX_FRUITLESS_REJOINS)
+}
+
+/// The instance id of registration `n` (1-based): a configured id (a pod's name) as it is the
+/// first time and suffixed after (registering again under the same id would return the removed
+/// worker id), else one made of host, process and time.
+pub(super) fn instance_id(
+    configured: Option<&str>,
+    n: u32,
+    host: &str,
+    pid: u32,
+    unix_nanos: u128,
+) -> String {
+    match (configured, n) {
+        (Some(id), 1) => id.to_string(),
+        (Some(id), n) => format!("{id}-r{n}"),
+        (None, _) => format!("{host}-{pid}-{unix_nanos}"),
+    }
+}
+
+/// Whether a step report needs no repeating: its step is committed, or the job moved to another
+/// generation (which commits or drops it).
+pub(super) fn report_settled(report: &StepReport, ack: &StepAck) -> bool {
+    ack.committed_step >= report.step || ack.generation != report.generation
+}
+
+/// The ring of the generation: members in the assignment's order, ranks where it put them.
+pub(super) fn group_spec(a: &Assignment, worker_id: &str) -> Result<GroupSpec, String> {
+    let members = a
+        .peers
+        .iter()
+        .map(|p| {
+            p.data_addr
+                .parse::<SocketAddr>()
+                .map_err(|e| format!("peer {} data address {:?}: {e}", p.worker_id, p.data_addr))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut placement = vec![usize::MAX; a.dp_size as usize];
+    for (member, p) in a.peers.iter().enumerate() {
+        for &rank in &p.virtual_ranks {
+            let slot = placement
+                .get_mut(rank as usize)
+                .ok_or_else(|| format!("rank {rank} is beyond the data-parallel size {}", a.dp_size))?;
+            *slot = member;
+        }
+    }
+    if let Some(rank) = placement.iter().position(|&m| m == usize::MAX) {
+        return Err(format!("the assignment places no member on rank {rank}"));
+    }
+    let me = a
+        .peers
+        .iter()
+        .position(|p| p.worker_id == worker_id)
+        .ok_or_else(|| format!("the assignment does not list this worker ({worker_id})"))?;
+    Ok(GroupSpec { job: a.job_id.clone(), generation: a.generation, members, placement, me })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::v1::{FromPeer, Keep, Quiesce, Resume, StopWork};
+
+    fn assignment(generation: u64) -> Assignment {
+        Assignment { job_id: "j".into(), generation, ..Default::default() }
+    }
+
+    fn peer(id: &str, port: u16, ranks: &[u32]) -> Peer {
+        Peer { worker_id: id.into(), data_addr: format!("127.0.0.1:{port}"), virtual_ranks: ranks.to_vec() }
+    }
+
+    #[test]
+    fn directives_are_obeyed_once_and_only_when_newer() {
+        let quiesce = |g| directive::Directive::Quiesce(Quiesce { generation: g, reason: "r".into() });
+        assert_eq!(obey(quiesce(3), 3, 3), Obey::Ignore, "a quiesce to the generation in force");
+        assert_eq!(obey(quiesce(4), 3, 3), Obey::Quiesce(4));
+        let assign = |g| directive::Directive::Assignment(assignment(g));
+        assert_eq!(obey(assign(3), 2, 3), Obey::Ignore, "the repeat of the assignment forwarded");
+        assert_eq!(
+            obey(assign(4), 4, 3),
+            Obey::Assign { assignment: Box::new(assignment(4)), interrupt: false }
+        );
+        assert_eq!(
+            obey(assign(5), 4, 4),
+            Obey::Assign { assignment: Box::new(assignment(5)), interrupt: true }
+        );
+        let stop = |removed| directive::Directive::Stop(StopWork { reason: "why".into(), removed });
+        assert_eq!(obey(stop(true), 1, 1), Obey::Stop(Leave::Rejoin("why".into())));
+        assert_eq!(obey(stop(false), 1, 1), Obey::Stop(Leave::Exit(AgentExit::Stopped("why".into()))));
+    }
+
+    #[test]
+    fn the_trainer_runs_only_assignments_nothing_newer_has_superseded() {
+        let never = |_| false;
+        assert_eq!(next(Control::Quiesce(5), 4, never), Next::Idle(5));
+        assert_eq!(next(Control::Quiesce(4), 4, never), Next::Skip);
+        assert_eq!(
+            next(Control::Assign(Box::new(assignment(4))), 4, never),
+            Next::Run(Box::new(assignment(4)))
+        );
+        assert_eq!(next(Control::Assign(Box::new(assignment(3))), 4, never), Next::Skip, "older");
+        assert_eq!(next(Control::Assign(Box::new(assignment(5))), 4, |g| g < 6), Next::Skip, "superseded");
+        let leave = Leave::Exit(AgentExit::Preempted);
+        assert_eq!(next(Control::Stop(leave.clone()), 4, never), Next::Leave(leave));
+    }
+
+    #[test]
+    fn resume_plans_follow_the_source_and_what_the_worker_holds() {
+        let keep = resume::Source::Keep(Keep {});
+        assert_eq!(resume_plan(None, 0, false, 0), Ok(ResumePlan::Fresh));
+        assert_eq!(resume_plan(Some(&keep), 0, false, 0), Ok(ResumePlan::FreshAndOffer));
+        assert_eq!(resume_plan(Some(&keep), 7, true, 7), Ok(ResumePlan::KeepAndOffer));
+        let wrong = resume_plan(Some(&keep), 7, true, 6).unwrap_err();
+        assert!(wrong.contains("keep the state at step 7") && wrong.contains("holds step 6"), "{wrong}");
+        let none = resume_plan(Some(&keep), 7, false, 7).unwrap_err();
+        assert!(none.contains("holds no state"), "{none}");
+        let from_peer =
+            resume::Source::Peer(FromPeer { worker_id: "w2".into(), step: 9, ..Default::default() });
+        assert_eq!(
+            resume_plan(Some(&from_peer), 9, true, 3),
+            Ok(ResumePlan::Peer { worker_id: "w2".into(), step: 9 })
+        );
+        let resume = Resume { source: Some(keep) };
+        let a = Assignment { resume: Some(resume), ..assignment(1) };
+        assert_eq!(resume_name(&a), "keep");
+    }
+
+    #[test]
+    fn a_failed_step_names_the_member_the_ring_lost_or_nobody() {
+        let peers = [peer("w0", 1, &[0]), peer("w1", 2, &[1])];
+        let addr = "127.0.0.1:2".parse().unwrap();
+        let lost = WorkerError::Collective(collective::Error::PeerLost {
+            rank: 1,
+            member: 1,
+            addr,
+            detail: "reset".into(),
+        });
+        assert_eq!(suspect(&lost, &peers), Some("w1".into()));
+        let aborted = WorkerError::Collective(collective::Error::PeerAborted {
+            rank: 0,
+            member: 0,
+            detail: "x".into(),
+        });
+        assert_eq!(suspect(&aborted, &peers), None, "whoever saw the failure first reports it");
+        let own = WorkerError::Mismatch("bad batch".into());
+        assert_eq!(suspect(&own, &peers), Some(String::new()));
+    }
+
+    #[test]
+    fn a_worker_gives_up_after_removals_in_a_row_without_a_step() {
+        let (mut fruitless, mut give_up) = (0, false);
+        for _ in 0..MAX_FRUITLESS_REJOINS {
+            assert!(!give_up);
+            (fruitless, give_up) = rejoin(fruitless, 0);
+        }
+        assert!(give_up);
+        assert_eq!(rejoin(2, 5), (0, false), "a step done resets the count");
+    }
+
+    #[test]
+    fn instance_ids_are_new_for_every_registration() {
+        assert_eq!(instance_id(Some("pod-0"), 1, "h", 7, 9), "pod-0");
+        assert_eq!(instance_id(Some("pod-0"), 2, "h", 7, 9), "pod-0-r2");
+        assert_eq!(instance_id(None, 3, "h", 7, 9), "h-7-9");
+    }
+
+    #[test]
+    fn step_reports_settle_when_committed_or_when_the_generation_moved() {
+        let report = StepReport { step: 5, generation: 2, ..Default::default() };
+        assert!(!report_settled(&report, &StepAck { committed_step: 4, generation: 2 }));
+        assert!(report_settled(&report, &StepAck { committed_step: 5, generation: 2 }));
+        assert!(report_settled(&report, &StepAck { committed_step: 3, generation: 3 }));
+    }
+
+    #[test]
+    fn the_ring_puts_ranks_where_the_assignment_does() {
+        let a = Assignment {
+            dp_size: 4,
+            peers: vec![peer("w0", 1, &[0, 3]), peer("w1", 2, &[1, 2])],
+            ..assignment(6)
+        };
+        let spec = group_spec(&a, "w1").unwrap();
+        assert_eq!((spec.placement, spec.me, spec.generation), (vec![0, 1, 1, 0], 1, 6));
+        assert!(group_spec(&a, "w9").unwrap_err().contains("does not list this worker"));
+        let gap = Assignment { dp_size: 3, ..a.clone() };
+        assert!(group_spec(&gap, "w0").unwrap_err().contains("beyond the data-parallel size"));
+        let hole = Assignment { dp_size: 5, ..a };
+        assert!(group_spec(&hole, "w0").unwrap_err().contains("places no member on rank 4"));
+    }
+}

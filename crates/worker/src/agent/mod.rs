@@ -1,0 +1,277 @@
+//! The worker agent: one process per host, driven by the coordinator.
+//!
+//! Two sides meet in [`Shared`]. The trainer side (`trainer_side.rs`, the calling thread) owns
+//! the PJRT slice and the train state and runs assignments through the one training driver. The
+//! session side (`session.rs`, a small tokio runtime) keeps the session with the leader:
+//! heartbeats carrying where the trainer is (generation, steps done, phase) go up, directives
+//! come down; it reports steps in order and resends what was not acknowledged, and forwards log
+//! lines. A quiesce or stop from the leader, or the shutdown future (SIGTERM for `podctl
+//! worker`), raises a flag the trainer checks between steps and aborts the all-reduce in
+//! flight, so the trainer stops at a step boundary: the state it holds is always that of a whole
+//! number of steps. What to do with each directive, control message, resume source and failure
+//! is decided by pure functions (`decide.rs`).
+//!
+//! The job's bundle compiles before the worker registers: a replacement joins a running job
+//! ready to train, so the survivors never wait for its compile. A worker the job went on without
+//! (lost, cut off, named by a peer) is told so when it reaches the leader again; it registers
+//! anew, keeping its compiled bundle, and catches up from a live peer.
+
+mod decide;
+mod report;
+mod resume;
+mod session;
+mod trainer_side;
+
+use crate::metrics::WorkerMetrics;
+use crate::peer::{self, StateServer};
+use collective::{AbortHandle, Endpoint};
+use coordinator::client::{Client, ClientConfig, ClientError};
+use proto::v1::Assignment;
+use session::LAST_WORDS_WAIT;
+pub(crate) use session::rss_bytes;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, watch};
+use trainer_side::TrainerSide;
+
+/// How a worker process runs.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// How to reach the coordinator cluster, with the job's token.
+    pub coordinator: ClientConfig,
+    /// The job to work for.
+    pub job_id: String,
+    /// The PJRT plugin.
+    pub plugin: PathBuf,
+    /// This host's name, for people.
+    pub host: String,
+    /// The instance id to register under (a worker pod's name); default: host, pid and time.
+    pub instance_id: Option<String>,
+    /// Where the data plane (all-reduce, state transfer) listens; peers must reach it.
+    pub bind: IpAddr,
+    /// The slice this worker was started for, when it knows (pods do).
+    pub slice: Option<u32>,
+    /// Where to serve Prometheus metrics (`/metrics`); port 0 picks one.
+    pub metrics_listen: Option<SocketAddr>,
+    /// A file to write the metrics address into once bound (for launchers that chose port 0).
+    pub metrics_addr_file: Option<PathBuf>,
+    /// Where compiled programs are kept, so a worker started again loads instead of compiling.
+    pub compile_cache: Option<PathBuf>,
+}
+
+/// Why the agent returned.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AgentExit {
+    /// The coordinator said stop (the job ended, or this worker was removed from it).
+    Stopped(String),
+    /// The shutdown future resolved (SIGTERM): the coordinator was told, the survivors carry on.
+    Preempted,
+}
+
+/// Why the agent failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The coordinator could not be reached or refused this worker.
+    #[error("coordinator: {0}")]
+    Coordinator(#[from] ClientError),
+    /// A listener or the runtime could not start.
+    #[error("{context}: {source}")]
+    Io {
+        /// What the agent was starting.
+        context: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The collective data plane could not start.
+    #[error("data plane: {0}")]
+    Collective(#[from] collective::Error),
+    /// The job's bundle could not be loaded or compiled.
+    #[error("{0}")]
+    Bundle(String),
+}
+
+/// Where the trainer is; every heartbeat carries it.
+#[derive(Debug, Clone, Default)]
+struct Status {
+    generation: u64,
+    steps_done: u64,
+    phase: &'static str,
+}
+
+/// What the session side tells the trainer.
+#[derive(Debug, PartialEq)]
+enum Control {
+    Assign(Box<Assignment>),
+    Quiesce(u64),
+    Stop(Leave),
+}
+
+/// Why one registration's work ended.
+#[derive(Debug, Clone, PartialEq)]
+enum Leave {
+    /// The process is done.
+    Exit(AgentExit),
+    /// The job goes on without this worker id: register again.
+    Rejoin(String),
+}
+
+/// What the two sides of one registration share.
+struct Shared {
+    status: watch::Sender<Status>,
+    /// The newest generation the leader asked to move to.
+    quiesce: AtomicU64,
+    stop: AtomicBool,
+    /// Aborts the collective of the generation in flight.
+    abort: Mutex<Option<AbortHandle>>,
+    /// Cancels the peer catch-up in flight.
+    fetch: Mutex<Option<peer::Cancel>>,
+}
+
+impl Shared {
+    fn new(status: Status) -> Shared {
+        Shared {
+            status: watch::channel(status).0,
+            quiesce: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            abort: Mutex::new(None),
+            fetch: Mutex::new(None),
+        }
+    }
+
+    /// Stops the trainer at its next step boundary and aborts what it waits on.
+    fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.interrupt();
+    }
+
+    /// Moves the trainer to `generation` at its next step boundary.
+    fn quiesce(&self, generation: u64) {
+        self.quiesce.fetch_max(generation, Ordering::SeqCst);
+        self.interrupt();
+    }
+
+    fn interrupt(&self) {
+        if let Some(abort) = self.abort.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            abort.abort();
+        }
+        if let Some(fetch) = self.fetch.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            fetch.cancel();
+        }
+    }
+
+    /// Whether work of `generation` must stop: the worker is stopping, or a newer generation
+    /// was asked for.
+    fn interrupted(&self, generation: u64) -> bool {
+        self.stop.load(Ordering::SeqCst) || self.quiesce.load(Ordering::SeqCst) > generation
+    }
+
+    fn publish(&self, update: impl FnOnce(&mut Status)) {
+        self.status.send_modify(update);
+    }
+}
+
+/// Runs the worker until the coordinator stops it or `shutdown` resolves (for `podctl worker`,
+/// SIGTERM: the leader is told at once, so it re-forms the job without waiting for the lease).
+pub fn run(
+    mut config: AgentConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<AgentExit, AgentError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("agent")
+        .build()
+        .map_err(|source| AgentError::Io { context: "starting the agent runtime", source })?;
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    runtime.spawn(async move {
+        shutdown.await;
+        let _ = shutdown_tx.send(true);
+    });
+    // The client's channels spawn their connection tasks on the runtime they are made in.
+    let client = {
+        let _inside = runtime.enter();
+        Client::new(config.coordinator.clone())?
+    };
+    let endpoint = Endpoint::bind(SocketAddr::new(config.bind, 0))?;
+    let state_server = StateServer::bind(SocketAddr::new(config.bind, 0))
+        .map_err(|source| AgentError::Io { context: "binding the state server", source })?;
+    let job = runtime.block_on(client.get_job(&config.job_id))?;
+    // Registration names the job by id; people may have given its name.
+    config.job_id = job.job_id.clone();
+
+    let metrics = Arc::new(WorkerMetrics::default());
+    let worker_label = Arc::new(Mutex::new(String::new()));
+    if let Some(listen) = config.metrics_listen {
+        serve_metrics(&runtime, listen, &config, metrics.clone(), worker_label.clone())?;
+    }
+    let (logs_tx, logs_rx) = mpsc::channel(session::LOG_QUEUE);
+    let log_forwarder = runtime.spawn(session::forward_logs(client.clone(), logs_rx));
+
+    let mut trainer = TrainerSide::new(
+        config,
+        client,
+        runtime.handle().clone(),
+        endpoint,
+        state_server,
+        logs_tx,
+        metrics,
+        shutdown_rx,
+    );
+    trainer.prepare(&job.bundle_uri, &job.bundle_id).map_err(|e| AgentError::Bundle(e.to_string()))?;
+    let mut fruitless = 0;
+    let exit = loop {
+        let registration = trainer.register(&runtime)?;
+        *worker_label.lock().unwrap_or_else(|e| e.into_inner()) = trainer.worker_id().to_string();
+        let leave = trainer.run(registration.control);
+        for task in registration.tasks {
+            task.abort();
+        }
+        match leave {
+            Leave::Exit(exit) => break exit,
+            Leave::Rejoin(reason) => {
+                let give_up;
+                (fruitless, give_up) = decide::rejoin(fruitless, trainer.steps_this_registration());
+                if give_up {
+                    break AgentExit::Stopped(format!(
+                        "{reason}; not rejoining: removed {fruitless} times in a row without a step done"
+                    ));
+                }
+                trainer.log("warn", format!("{reason}; registering again"));
+            }
+        }
+    };
+    // The last log lines go out before the runtime stops: the forwarder ends once every sender
+    // is dropped and its last batch is sent.
+    drop(trainer);
+    let _ = runtime.block_on(tokio::time::timeout(LAST_WORDS_WAIT, log_forwarder));
+    runtime.shutdown_timeout(LAST_WORDS_WAIT);
+    Ok(exit)
+}
+
+/// Serves Prometheus metrics at `listen`, writing the bound address where the config asks.
+fn serve_metrics(
+    runtime: &tokio::runtime::Runtime,
+    listen: SocketAddr,
+    config: &AgentConfig,
+    metrics: Arc<WorkerMetrics>,
+    worker: Arc<Mutex<String>>,
+) -> Result<(), AgentError> {
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind(listen))
+        .map_err(|source| AgentError::Io { context: "binding the metrics listener", source })?;
+    let addr =
+        listener.local_addr().map_err(|source| AgentError::Io { context: "the metrics listener", source })?;
+    if let Some(file) = &config.metrics_addr_file {
+        std::fs::write(file, addr.to_string())
+            .map_err(|source| AgentError::Io { context: "writing the metrics address file", source })?;
+    }
+    tracing::info!(%addr, "serving Prometheus metrics at /metrics");
+    let job = config.job_id.clone();
+    runtime.spawn(crate::metrics::serve(listener, move || {
+        metrics.render(&job, &worker.lock().unwrap_or_else(|e| e.into_inner()))
+    }));
+    Ok(())
+}

@@ -1,0 +1,188 @@
+//! What the driver's run reports, under a coordinator: steps to the leader (in order, through
+//! the session side), metrics to Prometheus, lines to the logs, and each host's share of a save
+//! to the leader, which commits once every member's is in.
+
+use super::Shared;
+use super::trainer_side::{TrainerSide, log};
+use crate::WorkerError;
+use crate::ckpt::{CheckpointEvent, Commit, HostSave};
+use crate::driver::{Control, Sink};
+use crate::metrics::WorkerMetrics;
+use crate::objective::EvalReport;
+use crate::step::StepResult;
+use coordinator::client::Client;
+use proto::v1::{CheckpointReport, LogLine, StepReport};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// Stops a generation's run when the worker stops or a newer generation is asked for.
+pub(super) struct GenerationControl {
+    pub(super) shared: Arc<Shared>,
+    pub(super) generation: u64,
+}
+
+impl Control for GenerationControl {
+    fn interrupted(&self) -> bool {
+        self.shared.interrupted(self.generation)
+    }
+}
+
+/// The run's reports, through the trainer side.
+pub(super) struct AgentSink<'a> {
+    pub(super) side: &'a mut TrainerSide,
+}
+
+impl Sink for AgentSink<'_> {
+    fn on_step(&mut self, step: &StepResult) {
+        let side = &mut *self.side;
+        side.steps_done = step.step;
+        side.steps_this_registration += 1;
+        let metrics = &side.metrics;
+        metrics.steps_total.add(1.0);
+        metrics.tokens_total.add(step.tokens as f64);
+        metrics.step_seconds.set(step.seconds);
+        metrics.tokens_per_second.set(step.tokens as f64 / step.seconds.max(1e-9));
+        side.publish("training");
+        let mut reported = step.metrics.clone();
+        reported.insert("learning_rate".to_string(), step.learning_rate);
+        let report = StepReport {
+            job_id: side.config.job_id.clone(),
+            worker_id: side.worker_id.clone(),
+            generation: side.generation,
+            step: step.step,
+            loss_sum: step.loss_sum,
+            token_count: step.token_count,
+            grad_norm: f64::from(step.grad_norm),
+            step_seconds: step.seconds,
+            tokens: step.tokens,
+            metrics: reported.into_iter().collect(),
+        };
+        // Closed only when this registration ended; the driver stops at the next boundary.
+        let _ = side.reports.blocking_send(report);
+        side.log("info", format!("step {} loss {:.4} ({:.2}s)", step.step, step.loss(), step.seconds));
+    }
+
+    /// Every member evaluates alike, so the value the leader records is the same from each.
+    fn on_eval(&mut self, step: u64, report: &EvalReport) {
+        self.side.log(
+            "info",
+            format!(
+                "held-out accuracy after step {step}: {:.1}% ({} of {} problems, greedy), mean reward {:.3}",
+                100.0 * report.accuracy(),
+                report.correct,
+                report.problems,
+                report.reward
+            ),
+        );
+    }
+
+    fn on_checkpoint(&mut self, event: &CheckpointEvent) {
+        let side = &*self.side;
+        let metrics = &side.metrics;
+        match event {
+            CheckpointEvent::Started { step, bytes, copy_seconds } => {
+                metrics.checkpoint_stall_seconds_total.add(*copy_seconds);
+                side.log(
+                    "info",
+                    format!(
+                        "checkpoint of step {step}: {:.1} MiB copied off the devices in {copy_seconds:.3}s, uploading",
+                        *bytes as f64 / (1 << 20) as f64,
+                    ),
+                );
+            }
+            CheckpointEvent::Skipped { step, running_step, bytes_written, bytes_total } => {
+                metrics.checkpoint_skipped_total.add(1.0);
+                side.log(
+                    "warn",
+                    format!(
+                        "checkpoint of step {step} skipped: the save of step {running_step} is still \
+                         uploading ({bytes_written} of {bytes_total} bytes)"
+                    ),
+                );
+            }
+            CheckpointEvent::Failed { step, reason } => {
+                side.log("warn", format!("the checkpoint upload of step {step} failed: {reason}"));
+            }
+            // The commit's own messages come from `CoordinatorCommit`, when the leader answers.
+            CheckpointEvent::Uploaded { .. } | CheckpointEvent::Committed { .. } => {}
+            CheckpointEvent::Restored { .. } => {}
+        }
+    }
+}
+
+/// Hands this host's share of a save to the leader, which commits once every member's report is
+/// in. The run's final save waits for the answer: the job completes once that checkpoint
+/// commits.
+pub(super) struct CoordinatorCommit {
+    client: Client,
+    runtime: tokio::runtime::Handle,
+    logs: mpsc::Sender<LogLine>,
+    line: LogLine,
+    generation: u64,
+    metrics: Arc<WorkerMetrics>,
+}
+
+impl CoordinatorCommit {
+    pub(super) fn new(side: &TrainerSide, generation: u64) -> Self {
+        Self {
+            client: side.client.clone(),
+            runtime: side.runtime.clone(),
+            logs: side.logs.clone(),
+            line: side.line_template(),
+            generation,
+            metrics: side.metrics.clone(),
+        }
+    }
+}
+
+impl Commit for CoordinatorCommit {
+    fn commit(&mut self, saved: HostSave, last: bool) -> Result<CheckpointEvent, WorkerError> {
+        self.metrics.checkpoint_bytes_total.add(saved.report.object.size as f64);
+        self.metrics.checkpoint_upload_seconds.set(saved.upload_seconds);
+        let encoded =
+            serde_json::to_vec(&saved.report).and_then(|r| Ok((r, serde_json::to_vec(&saved.spec)?)));
+        let (host_report_json, save_spec_json) = encoded
+            .map_err(|e| WorkerError::Mismatch(format!("a checkpoint report could not be encoded: {e}")))?;
+        let step = saved.spec.step;
+        let report = CheckpointReport {
+            job_id: self.line.job_id.clone(),
+            worker_id: self.line.worker_id.clone(),
+            generation: self.generation,
+            step,
+            save_id: saved.spec.save_id.clone(),
+            host_report_json,
+            save_spec_json,
+        };
+        let uploaded = CheckpointEvent::Uploaded {
+            step,
+            bytes: saved.report.object.size,
+            upload_seconds: saved.upload_seconds,
+        };
+        let (client, logs, line) = (self.client.clone(), self.logs.clone(), self.line.clone());
+        let send = async move {
+            let answer = client.report_checkpoint(report).await;
+            let message = match &answer {
+                Ok(ack) if ack.committed => format!("checkpoint of step {step} committed: {}", ack.uri),
+                Ok(_) => format!("checkpoint of step {step} uploaded; waiting for the other members"),
+                Err(e) => format!("checkpoint of step {step}: the report was refused: {e}"),
+            };
+            log(&logs, LogLine { step, ..line }, "info", message);
+            answer
+        };
+        if !last {
+            self.runtime.spawn(send);
+            return Ok(uploaded);
+        }
+        match self.runtime.block_on(send) {
+            Ok(ack) if ack.committed => Ok(CheckpointEvent::Committed {
+                step,
+                uri: ack.uri,
+                bytes: saved.report.object.size,
+                upload_seconds: saved.upload_seconds,
+                deleted_objects: 0,
+            }),
+            // A refusal is logged above; a newer generation (which refused it) saves again.
+            Ok(_) | Err(_) => Ok(uploaded),
+        }
+    }
+}

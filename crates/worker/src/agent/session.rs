@@ -1,0 +1,265 @@
+//! The session side: one session with whichever coordinator node leads, heartbeats up,
+//! directives down, step reports in order, log lines in batches.
+
+use super::decide::{self, Obey};
+use super::{AgentExit, Control, Leave, Shared, Status};
+use coordinator::client::{Client, Session};
+use proto::v1::{self, Directive, Heartbeat, LogLine, StepReport, WorkerEvent, directive, worker_event};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc as std_mpsc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+
+/// Log lines queued for the coordinator before new ones are dropped.
+pub(super) const LOG_QUEUE: usize = 1024;
+/// How long a preempted worker holds its session for the leader to take the notice.
+const PREEMPTION_NOTICE_WAIT: Duration = Duration::from_secs(3);
+/// How long a leaving worker waits for its last log lines to go out.
+pub(super) const LAST_WORDS_WAIT: Duration = Duration::from_secs(2);
+/// How long to wait before reconnecting a session that could not start.
+const RECONNECT_WAIT: Duration = Duration::from_millis(500);
+/// How long to wait before repeating a step report no leader took.
+const REPORT_RETRY_WAIT: Duration = Duration::from_millis(200);
+
+fn heartbeat(worker_id: &str, status: &Status, seq: u64) -> WorkerEvent {
+    WorkerEvent {
+        event: Some(worker_event::Event::Heartbeat(Heartbeat {
+            worker_id: worker_id.into(),
+            generation: status.generation,
+            steps_done: status.steps_done,
+            phase: status.phase.into(),
+            rss_bytes: rss_bytes(),
+            seq,
+        })),
+    }
+}
+
+/// This process's resident memory, from procfs (0 where there is none).
+pub(crate) fn rss_bytes() -> u64 {
+    let Ok(statm) = std::fs::read_to_string("/proc/self/statm") else { return 0 };
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+    pages * 4096
+}
+
+#[derive(Clone)]
+pub(super) struct SessionSide {
+    pub(super) client: Client,
+    pub(super) worker_id: String,
+    pub(super) shared: Arc<Shared>,
+    /// Turns true when the agent must leave (the shutdown future resolved).
+    pub(super) shutdown: watch::Receiver<bool>,
+}
+
+impl SessionSide {
+    /// Keeps a session with whichever node leads, reconnecting when it ends.
+    /// A session on which the leader says nothing (not even a heartbeat's ack) for `silence`
+    /// is taken for dead and replaced: after a partition heals, the worker is back at once
+    /// instead of when its transport's keepalive gives up.
+    pub(super) async fn run(
+        self,
+        heartbeat_every: Duration,
+        silence: Duration,
+        control: std_mpsc::Sender<Control>,
+        mut events: mpsc::Receiver<WorkerEvent>,
+    ) {
+        let mut status = self.shared.status.subscribe();
+        let mut shutdown = self.shutdown.clone();
+        let mut seq = 0u64;
+        let mut assigned = 0u64;
+        // An event the last session could not take is sent on the next one.
+        let mut unsent: Option<WorkerEvent> = None;
+        loop {
+            seq += 1;
+            let first = heartbeat(&self.worker_id, &status.borrow(), seq);
+            let connected = tokio::select! {
+                connected = self.client.session(first) => connected,
+                // Leaving while no leader can be reached: there is nobody to tell.
+                true = shut_down(&mut shutdown) => {
+                    tracing::warn!("shutting down with no session to the coordinator: leaving the job");
+                    self.leave(&control, Leave::Exit(AgentExit::Preempted));
+                    return;
+                }
+            };
+            let mut session = match connected {
+                Ok(session) => session,
+                Err(e) => {
+                    tracing::warn!("session with the coordinator: {e}; retrying");
+                    tokio::time::sleep(RECONNECT_WAIT).await;
+                    continue;
+                }
+            };
+            if let Some(event) = unsent.take()
+                && let Err(e) = session.events.send(event).await
+            {
+                unsent = Some(e.0);
+                continue;
+            }
+            let mut beat = tokio::time::interval(heartbeat_every);
+            let mut heard = tokio::time::Instant::now();
+            loop {
+                let mut send_heartbeat = false;
+                tokio::select! {
+                    message = session.directives.message() => {
+                        let Ok(Some(Directive { directive: Some(d) })) = message else { break };
+                        heard = tokio::time::Instant::now();
+                        if let Some(leave) = self.obey(d, &control, &mut assigned) {
+                            self.leave(&control, leave);
+                            return;
+                        }
+                    }
+                    _ = beat.tick() => {
+                        if heard.elapsed() > silence {
+                            tracing::warn!("no word from the coordinator for {:?}", heard.elapsed());
+                            break;
+                        }
+                        send_heartbeat = true;
+                    }
+                    changed = status.changed() => {
+                        if changed.is_err() { return; }
+                        send_heartbeat = true;
+                    }
+                    Some(event) = events.recv() => {
+                        if let Err(e) = session.events.send(event).await {
+                            unsent = Some(e.0);
+                            break;
+                        }
+                    }
+                    true = shut_down(&mut shutdown) => {
+                        self.preempted(&mut session).await;
+                        self.leave(&control, Leave::Exit(AgentExit::Preempted));
+                        return;
+                    }
+                }
+                if send_heartbeat {
+                    seq += 1;
+                    let event = heartbeat(&self.worker_id, &status.borrow_and_update(), seq);
+                    if session.events.send(event).await.is_err() {
+                        break;
+                    }
+                }
+            }
+            tracing::info!("the session with the coordinator ended; reconnecting");
+        }
+    }
+
+    /// Carries out the decision on a directive; `Some` when this registration must end.
+    fn obey(
+        &self,
+        d: directive::Directive,
+        control: &std_mpsc::Sender<Control>,
+        assigned: &mut u64,
+    ) -> Option<Leave> {
+        let acting = self.shared.status.borrow().generation;
+        match decide::obey(d, acting, *assigned) {
+            Obey::Ignore => {}
+            Obey::Quiesce(generation) => {
+                tracing::info!(generation, "quiesce");
+                self.shared.quiesce(generation);
+                let _ = control.send(Control::Quiesce(generation));
+            }
+            Obey::Assign { assignment, interrupt } => {
+                *assigned = assignment.generation;
+                if interrupt {
+                    self.shared.quiesce(assignment.generation);
+                }
+                let _ = control.send(Control::Assign(assignment));
+            }
+            Obey::Stop(leave) => {
+                tracing::info!("stop: {leave:?}");
+                return Some(leave);
+            }
+        }
+        None
+    }
+
+    /// Stops the trainer and tells it why.
+    fn leave(&self, control: &std_mpsc::Sender<Control>, leave: Leave) {
+        self.shared.stop();
+        let _ = control.send(Control::Stop(leave));
+    }
+
+    /// Tells the leader at once that this worker leaves, so it re-forms the job without waiting
+    /// for the lease.
+    async fn preempted(&self, session: &mut Session) {
+        self.shared.stop();
+        let status = self.shared.status.borrow().clone();
+        tracing::warn!(step = status.steps_done, "shutting down: leaving the job");
+        let notice = WorkerEvent {
+            event: Some(worker_event::Event::Preempted(v1::Preempted {
+                worker_id: self.worker_id.clone(),
+                generation: status.generation,
+                reason: "SIGTERM".into(),
+                deadline_ms: 30_000,
+            })),
+        };
+        if session.events.send(notice).await.is_ok() {
+            // Dropping the session resets its stream, possibly before the notice is on the
+            // wire: hold it until the leader answers with a stop or ends the session.
+            let answered = tokio::time::timeout(PREEMPTION_NOTICE_WAIT, async {
+                while let Ok(Some(d)) = session.directives.message().await {
+                    if matches!(
+                        d.directive,
+                        Some(directive::Directive::Stop(_) | directive::Directive::Quiesce(_))
+                    ) {
+                        return;
+                    }
+                }
+            });
+            if answered.await.is_err() {
+                tracing::warn!(
+                    "the leader did not answer the preemption notice within {PREEMPTION_NOTICE_WAIT:?}"
+                );
+            }
+        }
+    }
+
+    /// Reports steps in order; a report is repeated until the step is committed or the job has
+    /// moved to another generation (which commits or drops it).
+    pub(super) async fn report_steps(self, mut reports: mpsc::Receiver<StepReport>) {
+        while let Some(report) = reports.recv().await {
+            loop {
+                if self.shared.stop.load(Ordering::SeqCst)
+                    || self.shared.status.borrow().generation > report.generation
+                {
+                    break;
+                }
+                match self.client.report_step(report.clone()).await {
+                    Ok(ack) if decide::report_settled(&report, &ack) => break,
+                    Ok(_) => continue,
+                    Err(e) if e.code() == tonic::Code::Unavailable => {
+                        tracing::warn!(step = report.step, "step report: {e}; repeating it");
+                        tokio::time::sleep(REPORT_RETRY_WAIT).await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(step = report.step, "step report refused: {e}");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Resolves to true once the agent must leave (false if the sender is gone: the runtime ends).
+async fn shut_down(shutdown: &mut watch::Receiver<bool>) -> bool {
+    shutdown.wait_for(|&down| down).await.is_ok()
+}
+
+/// Sends log lines in batches, at most every half second, until every sender is dropped.
+pub(super) async fn forward_logs(client: Client, mut lines: mpsc::Receiver<LogLine>) {
+    let mut batch = Vec::new();
+    while let Some(line) = lines.recv().await {
+        batch.push(line);
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+        while batch.len() < 256 {
+            match tokio::time::timeout_at(deadline, lines.recv()).await {
+                Ok(Some(line)) => batch.push(line),
+                _ => break,
+            }
+        }
+        if let Err(e) = client.push_logs(std::mem::take(&mut batch)).await {
+            tracing::debug!("log lines to the coordinator: {e}");
+        }
+    }
+}

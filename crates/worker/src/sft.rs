@@ -1,0 +1,57 @@
+//! Supervised fine-tuning: the loss of the data's targets under the model.
+
+use crate::WorkerError;
+use crate::objective::{Objective, RankShare};
+use crate::trainer::Trainer;
+use data::{BatchSpec, Loader};
+use job::JobSpec;
+
+/// Learns from the job's data: rank `r` of a step trains on the step's micro-batches
+/// `r * A .. (r + 1) * A`, each a pure function of (seed, step, micro-batch).
+pub struct Sft {
+    loader: Loader,
+}
+
+impl Sft {
+    /// The objective of `job`'s data and batch shape.
+    pub fn new(job: &JobSpec) -> Result<Self, WorkerError> {
+        let batch =
+            BatchSpec::new(job.batch.global as usize, job.batch.micro as usize, job.seq_len as usize)?;
+        Ok(Self::from_loader(Loader::from_config(&job.data, batch, job.seed)?))
+    }
+
+    /// The objective of `loader`'s batches.
+    pub fn from_loader(loader: Loader) -> Self {
+        Self { loader }
+    }
+}
+
+impl Objective for Sft {
+    fn rank_gradient(
+        &self,
+        trainer: &mut Trainer,
+        step: u64,
+        rank: usize,
+        accum: u64,
+    ) -> Result<RankShare, WorkerError> {
+        let mut share = RankShare::default();
+        for micro in rank as u64 * accum..(rank as u64 + 1) * accum {
+            let batch = self.loader.micro_batch(step, micro)?;
+            share.tokens += (batch.rows * batch.seq_len) as u64;
+            share.truncated_rows += batch.truncated_rows as u64;
+            trainer.grad_step(&batch)?;
+        }
+        Ok(share)
+    }
+
+    /// Every worker derives the global token count from the data alone: no extra round trip.
+    fn grad_scale(&self, step: u64, _sums: &[f32]) -> Result<f32, WorkerError> {
+        match self.loader.step_token_count(step)? {
+            0 => Err(WorkerError::Mismatch(format!(
+                "step {} has no target tokens to learn from; check the data and seq_len",
+                step + 1
+            ))),
+            tokens => Ok(1.0 / tokens as f32),
+        }
+    }
+}

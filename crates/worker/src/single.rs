@@ -1,0 +1,179 @@
+//! A job on one slice in this process, without a coordinator: what `podctl launch` runs for
+//! `mesh.dcn = 1`, and what the determinism tests use. It decides where the state starts (the
+//! newest checkpoint under the job's root that restores, a checkpoint named by `--resume`, or a
+//! fresh start), commits its saves through the store's own markers, and runs the driver.
+
+use crate::WorkerError;
+use crate::ckpt::{
+    self, CheckpointEvent, Checkpoints, PassedOver, Restored, SaveLayout, StoreCommit, restore_newest,
+};
+use crate::driver::{self, Ended, Plan, Sink, Uninterrupted};
+use crate::objective::{self, EvalReport};
+use crate::start;
+use crate::step::StepResult;
+use crate::trainer::Trainer;
+use checkpoint::{Storage, StoreCommitLog, StoreOptions};
+use job::JobSpec;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Where the run's state comes from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Resume {
+    /// The newest committed checkpoint under the job's checkpoint root that restores; a fresh
+    /// start when there is none (or the job saves no checkpoints).
+    #[default]
+    Newest,
+    /// A checkpoint directory (`<root>/<step:012>-<save_id>`), or a root whose newest committed
+    /// checkpoint that restores is taken. Nothing restorable there is an error.
+    From(String),
+}
+
+/// The run at a glance.
+#[derive(Debug)]
+pub struct RunSummary {
+    /// Steps done before this run: the restored checkpoint's step, or 0.
+    pub start_step: u64,
+    /// Steps run.
+    pub steps: u64,
+    /// The checkpoint a fresh start took its parameters from (`grpo.init_from`).
+    pub init_from: Option<String>,
+    /// The first and last steps run.
+    pub first: Option<StepResult>,
+    /// See `first`.
+    pub last: Option<StepResult>,
+    /// Wall time of the steps (evaluations excluded).
+    pub seconds: f64,
+    /// Tokens per second over the steps.
+    pub tokens_per_second: f64,
+    /// Held-out evaluation before the first step, and after the last.
+    pub eval_before: Option<EvalReport>,
+    /// See `eval_before`.
+    pub eval_after: Option<EvalReport>,
+}
+
+/// Trains `job` on `trainer`'s slice, starting where `resume` says (else from `grpo.init_from`
+/// or the job seed), saving as the job's `checkpoint` section asks, reporting to `sink`.
+pub fn run(
+    trainer: &mut Trainer,
+    job: &JobSpec,
+    sink: &mut dyn Sink,
+    resume: &Resume,
+) -> Result<RunSummary, WorkerError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("podctl-ckpt")
+        .enable_all()
+        .build()
+        .map_err(|e| WorkerError::Mismatch(format!("cannot start the checkpoint runtime: {e}")))?;
+    let handle = runtime.handle();
+    let root = match (&job.checkpoint, job.checkpoint_uri()) {
+        (Some(spec), Some(uri)) => Some((spec, Storage::open(&uri, &StoreOptions::default())?)),
+        _ => None,
+    };
+    let mut checkpoints = match &root {
+        Some((spec, storage)) => {
+            let layout = SaveLayout { dcn: 1, slice: 0, seed: job.seed };
+            let commit = Box::new(StoreCommit::new(storage.clone(), spec, handle.clone()));
+            Some(Checkpoints::new(storage.clone(), layout, spec.every, attempt_id(), commit, handle.clone())?)
+        }
+        None => None,
+    };
+
+    let found = match resume {
+        Resume::Newest => match &root {
+            Some((_, storage)) => {
+                handle.block_on(restore_newest(trainer, storage, &StoreCommitLog::new(storage.clone())))?
+            }
+            None => (None, Vec::new()),
+        },
+        Resume::From(uri) => restore_from(trainer, uri, handle)?,
+    };
+    let (start, init_from) = match found {
+        (Some(restored), passed_over) => {
+            check_restored(&restored, job)?;
+            // Restored from the job's own root: that step needs no second save at the end.
+            if let (Resume::Newest, Some(checkpoints)) = (resume, &mut checkpoints) {
+                checkpoints.mark_saved(restored.step);
+            }
+            let step = restored.step;
+            sink.on_checkpoint(&CheckpointEvent::Restored { restored, passed_over });
+            (step, None)
+        }
+        (None, _) => (0, start::fresh(trainer, job, handle)?),
+    };
+
+    let objective = objective::for_job(trainer, job, handle)?;
+    let plan = Plan {
+        job,
+        start,
+        ranks: &[0],
+        accum: job.micro_batches_per_step(),
+        group: None,
+        evaluate_first: true,
+    };
+    let run = driver::train(trainer, &plan, &*objective, checkpoints.as_mut(), sink, &Uninterrupted)?;
+    let steps = run.steps();
+    match run.ended {
+        Ended::Finished => Ok(RunSummary {
+            start_step: start,
+            steps,
+            init_from,
+            first: run.first,
+            last: run.last,
+            seconds: run.seconds,
+            tokens_per_second: run.tokens as f64 / run.seconds.max(1e-9),
+            eval_before: run.eval_first,
+            eval_after: run.eval_last,
+        }),
+        Ended::StepFailed { error, .. } => Err(error),
+        Ended::Interrupted => Err(WorkerError::Mismatch("the run was interrupted".into())),
+    }
+}
+
+/// Restores what `--resume` names: a checkpoint directory, or the newest under a root that
+/// restores (nothing there is an error).
+fn restore_from(
+    trainer: &mut Trainer,
+    uri: &str,
+    runtime: &tokio::runtime::Handle,
+) -> Result<(Option<Restored>, Vec<PassedOver>), WorkerError> {
+    let store = StoreOptions::default();
+    let found = match ckpt::split_uri(uri) {
+        (_, Some((step, _))) => (Some(runtime.block_on(ckpt::restore(trainer, uri, step, &store))?), vec![]),
+        (root, None) => {
+            let storage = Storage::open(root, &store)?;
+            runtime.block_on(restore_newest(trainer, &storage, &StoreCommitLog::new(storage.clone())))?
+        }
+    };
+    if found.0.is_none() {
+        return Err(WorkerError::Mismatch(format!(
+            "nothing to resume from under {uri}: no committed checkpoint restores{}",
+            start::reasons(&found.1)
+        )));
+    }
+    Ok(found)
+}
+
+/// A restored checkpoint continues this job only with its data order and within its steps.
+fn check_restored(restored: &Restored, job: &JobSpec) -> Result<(), WorkerError> {
+    let position = restored.data_position;
+    if position.seed != job.seed {
+        return Err(WorkerError::Mismatch(format!(
+            "checkpoint {} continues the data order of seed {}, but the job's seed is {}; set `seed: {}` or start without it",
+            restored.uri, position.seed, job.seed, position.seed
+        )));
+    }
+    if restored.step > job.steps {
+        return Err(WorkerError::Mismatch(format!(
+            "checkpoint {} is at step {}, past the job's {} steps; raise `steps` or start without it",
+            restored.uri, restored.step, job.steps
+        )));
+    }
+    Ok(())
+}
+
+/// Unique to this process, so a rerun never writes into a directory of an earlier attempt.
+fn attempt_id() -> String {
+    let started = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    format!("l{:x}", started.as_millis())
+}

@@ -1,0 +1,78 @@
+//! Where a run's state starts when it resumes from nothing: the job's `init_from` parameters
+//! with a fresh optimizer, or the bundle's `init` from the job seed; and the frozen reference an
+//! objective compares the policy with.
+
+use crate::WorkerError;
+use crate::ckpt;
+use crate::slice::DeviceArray;
+use crate::trainer::Trainer;
+use checkpoint::{Storage, StoreCommitLog, StoreOptions};
+use job::JobSpec;
+
+/// Seeds the bundle's `init` program from the job seed (the program takes 32 bits).
+pub fn init_seed(job_seed: u64) -> u32 {
+    (job_seed ^ (job_seed >> 32)) as u32
+}
+
+/// The checkpoint a fresh run of `job` takes its parameters from (`grpo.init_from`), if any.
+pub fn init_from(job: &JobSpec) -> Option<&str> {
+    job.grpo.as_ref().and_then(|g| g.init_from.as_deref())
+}
+
+/// Puts the state a fresh run of `job` starts from on the trainer: [`init_from`]'s parameters
+/// with AdamW's moments zeroed (the run's step count starts afresh, so does its optimizer), or
+/// `init(seed)`. Returns the checkpoint directory it started from.
+pub fn fresh(
+    trainer: &mut Trainer,
+    job: &JobSpec,
+    runtime: &tokio::runtime::Handle,
+) -> Result<Option<String>, WorkerError> {
+    let Some(uri) = init_from(job) else {
+        trainer.init(init_seed(job.seed))?;
+        return Ok(None);
+    };
+    let store = StoreOptions::default();
+    let restored = match ckpt::split_uri(uri) {
+        (_, Some((step, _))) => runtime.block_on(ckpt::restore(trainer, uri, step, &store))?,
+        (root, None) => {
+            let storage = Storage::open(root, &store)?;
+            let log = StoreCommitLog::new(storage.clone());
+            let (restored, passed_over) = runtime.block_on(ckpt::restore_newest(trainer, &storage, &log))?;
+            restored.ok_or_else(|| {
+                WorkerError::Mismatch(format!(
+                    "grpo.init_from {uri}: no committed checkpoint restores there{}",
+                    reasons(&passed_over)
+                ))
+            })?
+        }
+    };
+    trainer.reset_optimizer()?;
+    Ok(Some(restored.uri))
+}
+
+/// The frozen reference of `job`, when its objective needs one (GRPO with `kl_beta > 0`): the
+/// parameters a fresh run starts from, read again from [`init_from`] or made by `init(seed)`,
+/// beside the policy's on the devices.
+pub fn reference(
+    trainer: &Trainer,
+    job: &JobSpec,
+    runtime: &tokio::runtime::Handle,
+) -> Result<Option<Vec<DeviceArray>>, WorkerError> {
+    if !job.grpo.as_ref().is_some_and(|g| g.kl_beta > 0.0) {
+        return Ok(None);
+    }
+    let params = match init_from(job) {
+        Some(uri) => runtime.block_on(ckpt::read_params(trainer, uri, &StoreOptions::default()))?,
+        None => trainer.init_params(init_seed(job.seed))?,
+    };
+    Ok(Some(params))
+}
+
+/// ` (uri: reason; ...)` for the checkpoints a restore passed over, or nothing.
+pub(crate) fn reasons(passed_over: &[ckpt::PassedOver]) -> String {
+    if passed_over.is_empty() {
+        return String::new();
+    }
+    let reasons: Vec<String> = passed_over.iter().map(|p| format!("{}: {}", p.uri, p.reason)).collect();
+    format!(" ({})", reasons.join("; "))
+}
