@@ -29,8 +29,8 @@ pub fn run(
     let outcome = worker::single::run(&mut trainer, job, &mut progress, &resume);
     let record = progress.finish()?;
     let run = outcome?;
-    if run.steps == 0 {
-        summary::print_nothing_to_train(run.start_step);
+    if run.trained.steps() == 0 {
+        summary::print_nothing_to_train(run.trained.start);
         return Ok(());
     }
     summary::finish(&record, &Launched { job, bundle, parameters, compile_seconds }, &run)

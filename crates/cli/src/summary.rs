@@ -60,7 +60,8 @@ pub struct Launched<'a> {
 }
 
 /// Writes `summary.json` and the plots of a finished run on this machine, and says how it went.
-pub fn finish(record: &RunRecord, launched: &Launched<'_>, run: &RunSummary) -> Result<()> {
+pub fn finish(record: &RunRecord, launched: &Launched<'_>, summary: &RunSummary) -> Result<()> {
+    let run = &summary.trained;
     let (first, last) = (run.first.as_ref(), run.last.as_ref());
     let loss = |step: Option<&worker::StepResult>| step.map_or(f64::NAN, |s| s.loss());
     let reward = |step: Option<&worker::StepResult>| step.and_then(|s| s.metrics.get("reward").copied());
@@ -71,18 +72,18 @@ pub fn finish(record: &RunRecord, launched: &Launched<'_>, run: &RunSummary) -> 
         parameters: launched.parameters,
         mesh: job.ici_mesh().to_string(),
         bundle: launched.bundle.id(),
-        init_from: run.init_from.as_deref(),
-        start_step: run.start_step,
-        steps: run.steps,
+        init_from: summary.init_from.as_deref(),
+        start_step: run.start,
+        steps: run.steps(),
         first_loss: loss(first),
         final_loss: loss(last),
         first_reward: reward(first),
         final_reward: reward(last),
-        eval_before: run.eval_before.as_ref().map(Eval::from),
-        eval_after: run.eval_after.as_ref().map(Eval::from),
+        eval_before: run.eval_first.as_ref().map(Eval::from),
+        eval_after: run.eval_last.as_ref().map(Eval::from),
         compile_seconds: launched.compile_seconds,
         train_seconds: run.seconds,
-        tokens_per_second: run.tokens_per_second,
+        tokens_per_second: run.tokens_per_second(),
     })?;
     let plots = record.plot()?;
     // GRPO's loss hovers around 0 by construction: its reward says more.
@@ -97,11 +98,11 @@ pub fn finish(record: &RunRecord, launched: &Launched<'_>, run: &RunSummary) -> 
     };
     println!(
         "done: {} steps in {:.1}s ({}), {progress}",
-        run.steps,
+        run.steps(),
         run.seconds,
-        human_rate(run.tokens_per_second)
+        human_rate(run.tokens_per_second())
     );
-    if let (Some(before), Some(after)) = (&run.eval_before, &run.eval_after) {
+    if let (Some(before), Some(after)) = (&run.eval_first, &run.eval_last) {
         println!(
             "held-out accuracy (greedy, {} problems): {:.1}% -> {:.1}% ({:+.1} points)",
             after.problems,

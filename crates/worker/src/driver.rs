@@ -107,6 +107,11 @@ impl Trained {
     pub fn steps(&self) -> u64 {
         self.last.as_ref().map_or(0, |last| last.step - self.start)
     }
+
+    /// Tokens per second over its steps.
+    pub fn tokens_per_second(&self) -> f64 {
+        self.tokens as f64 / self.seconds.max(1e-9)
+    }
 }
 
 /// Runs `plan` with `objective` on `trainer`, whose state is that of `plan.start` steps.

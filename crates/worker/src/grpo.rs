@@ -27,7 +27,7 @@
 
 use crate::WorkerError;
 use crate::grpo_stats::{GrpoMetrics, Tally, advantages};
-use crate::objective::{EvalReport, Objective, RankShare};
+use crate::objective::{EvalReport, Objective, RankShare, RankStep};
 use crate::slice::{Arg, DeviceArray};
 use crate::trainer::{GrpoPrograms, Trainer, not_initialized};
 use data::{BatchSpec, DataConfig, Example, Loader, Reward, Split, Tokenizer};
@@ -493,14 +493,9 @@ impl Objective for Grpo {
 
     /// Samples, scores and accumulates the rank's gradient; its tally adds the grad steps'
     /// device-side sums to the host-side ones.
-    fn rank_gradient(
-        &self,
-        trainer: &mut Trainer,
-        step: u64,
-        rank: usize,
-        accum: u64,
-    ) -> Result<RankShare, WorkerError> {
+    fn rank_gradient(&self, trainer: &mut Trainer, at: RankStep) -> Result<RankShare, WorkerError> {
         let done = trainer.state.as_ref().ok_or_else(not_initialized)?.pending.len();
+        let RankStep { step, rank, accum } = at;
         let mut tally = rank_step(trainer, &self.task, self.reference.as_deref(), step, rank, accum)?;
         for outputs in &trainer.pending_outputs()?[done..] {
             // loss_sum, token_count, kl_sum, clipped_count, ratio_sum, ratio_min, ratio_max

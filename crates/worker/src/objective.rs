@@ -22,15 +22,8 @@ pub trait Objective {
         0
     }
 
-    /// Adds logical rank `rank`'s gradient of 0-based step `step` (its `accum` micro-batches) to
-    /// the trainer's accumulator.
-    fn rank_gradient(
-        &self,
-        trainer: &mut Trainer,
-        step: u64,
-        rank: usize,
-        accum: u64,
-    ) -> Result<RankShare, WorkerError>;
+    /// Adds one logical rank's gradient of a step to the trainer's accumulator.
+    fn rank_gradient(&self, trainer: &mut Trainer, at: RankStep) -> Result<RankShare, WorkerError>;
 
     /// The scale of the summed gradient of `step`, given every rank's sums added up: one over the
     /// global batch's loss tokens (the loss is a token mean).
@@ -51,6 +44,18 @@ pub trait Objective {
     fn eval_every(&self) -> u64 {
         0
     }
+}
+
+/// One logical rank's share of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankStep {
+    /// The 0-based step.
+    pub step: u64,
+    /// The logical data-parallel rank: it computes the step's micro-batches
+    /// `rank * accum .. (rank + 1) * accum`.
+    pub rank: usize,
+    /// Micro-batches per rank.
+    pub accum: u64,
 }
 
 /// What one rank added to a step, besides its gradient.

@@ -1,7 +1,7 @@
 //! Supervised fine-tuning: the loss of the data's targets under the model.
 
 use crate::WorkerError;
-use crate::objective::{Objective, RankShare};
+use crate::objective::{Objective, RankShare, RankStep};
 use crate::trainer::Trainer;
 use data::{BatchSpec, Loader};
 use job::JobSpec;
@@ -27,16 +27,11 @@ impl Sft {
 }
 
 impl Objective for Sft {
-    fn rank_gradient(
-        &self,
-        trainer: &mut Trainer,
-        step: u64,
-        rank: usize,
-        accum: u64,
-    ) -> Result<RankShare, WorkerError> {
+    fn rank_gradient(&self, trainer: &mut Trainer, at: RankStep) -> Result<RankShare, WorkerError> {
         let mut share = RankShare::default();
-        for micro in rank as u64 * accum..(rank as u64 + 1) * accum {
-            let batch = self.loader.micro_batch(step, micro)?;
+        let first = at.rank as u64 * at.accum;
+        for micro in first..first + at.accum {
+            let batch = self.loader.micro_batch(at.step, micro)?;
             share.tokens += (batch.rows * batch.seq_len) as u64;
             share.truncated_rows += batch.truncated_rows as u64;
             trainer.grad_step(&batch)?;

@@ -7,10 +7,9 @@ use crate::WorkerError;
 use crate::ckpt::{
     self, CheckpointEvent, Checkpoints, PassedOver, Restored, SaveLayout, StoreCommit, restore_newest,
 };
-use crate::driver::{self, Ended, Plan, Sink, Uninterrupted};
-use crate::objective::{self, EvalReport};
+use crate::driver::{self, Ended, Plan, Sink, Trained, Uninterrupted};
+use crate::objective;
 use crate::start;
-use crate::step::StepResult;
 use crate::trainer::Trainer;
 use checkpoint::{Storage, StoreCommitLog, StoreOptions};
 use job::JobSpec;
@@ -28,27 +27,13 @@ pub enum Resume {
     From(String),
 }
 
-/// The run at a glance.
+/// The run at a glance: the driver's account, and where a fresh start took its parameters.
 #[derive(Debug)]
 pub struct RunSummary {
-    /// Steps done before this run: the restored checkpoint's step, or 0.
-    pub start_step: u64,
-    /// Steps run.
-    pub steps: u64,
+    /// What the driver did.
+    pub trained: Trained,
     /// The checkpoint a fresh start took its parameters from (`grpo.init_from`).
     pub init_from: Option<String>,
-    /// The first and last steps run.
-    pub first: Option<StepResult>,
-    /// See `first`.
-    pub last: Option<StepResult>,
-    /// Wall time of the steps (evaluations excluded).
-    pub seconds: f64,
-    /// Tokens per second over the steps.
-    pub tokens_per_second: f64,
-    /// Held-out evaluation before the first step, and after the last.
-    pub eval_before: Option<EvalReport>,
-    /// See `eval_before`.
-    pub eval_after: Option<EvalReport>,
 }
 
 /// Trains `job` on `trainer`'s slice, starting where `resume` says (else from `grpo.init_from`
@@ -111,20 +96,9 @@ pub fn run(
         group: None,
         evaluate_first: true,
     };
-    let run = driver::train(trainer, &plan, &*objective, checkpoints.as_mut(), sink, &Uninterrupted)?;
-    let steps = run.steps();
-    match run.ended {
-        Ended::Finished => Ok(RunSummary {
-            start_step: start,
-            steps,
-            init_from,
-            first: run.first,
-            last: run.last,
-            seconds: run.seconds,
-            tokens_per_second: run.tokens as f64 / run.seconds.max(1e-9),
-            eval_before: run.eval_first,
-            eval_after: run.eval_last,
-        }),
+    let mut trained = driver::train(trainer, &plan, &*objective, checkpoints.as_mut(), sink, &Uninterrupted)?;
+    match std::mem::replace(&mut trained.ended, Ended::Finished) {
+        Ended::Finished => Ok(RunSummary { trained, init_from }),
         Ended::StepFailed { error, .. } => Err(error),
         Ended::Interrupted => Err(WorkerError::Mismatch("the run was interrupted".into())),
     }

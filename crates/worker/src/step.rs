@@ -10,7 +10,7 @@
 //! objective's metric sums ride along as one more bucket.
 
 use crate::WorkerError;
-use crate::objective::Objective;
+use crate::objective::{Objective, RankStep};
 use crate::trainer::Trainer;
 use collective::{Buffer, Group};
 use std::collections::BTreeMap;
@@ -79,7 +79,7 @@ pub fn run_step(
         if i > 0 && round.is_some() {
             trainer.zero_grads()?;
         }
-        let share = objective.rank_gradient(trainer, step, rank, accum)?;
+        let share = objective.rank_gradient(trainer, RankStep { step, rank, accum })?;
         if share.sums.len() != sums_len {
             return Err(WorkerError::Mismatch(format!(
                 "rank {rank} reported {} metric sums, not {sums_len}",

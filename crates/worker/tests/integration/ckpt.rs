@@ -72,7 +72,7 @@ fn child() {
             let root = job.checkpoint_uri().map(|u| PathBuf::from(u.trim_start_matches("file://")));
             let mut recorder = Recorder { events, hold_at, root };
             let summary = worker::single::run(&mut trainer, &job, &mut recorder, &Resume::Newest).unwrap();
-            std::fs::write(out.join("start_step"), summary.start_step.to_string()).unwrap();
+            std::fs::write(out.join("start_step"), summary.trained.start.to_string()).unwrap();
             write_state(&out, &trainer.download_state().unwrap());
         }
     }

@@ -91,7 +91,7 @@ fn lora_trains_only_its_adapters_and_saves_the_base_once_apart() {
 
     let mut losses = Losses(Vec::new());
     let summary = worker::single::run(&mut trainer, &job, &mut losses, &Resume::Newest).unwrap();
-    assert_eq!(summary.steps, 12);
+    assert_eq!(summary.trained.steps(), 12);
     let (first, last) = (losses.0[0], losses.0[losses.0.len() - 1]);
     assert!(last < 0.9 * first, "LoRA trains: {:?}", losses.0);
 
@@ -142,7 +142,7 @@ fn lora_trains_only_its_adapters_and_saves_the_base_once_apart() {
     trainer.set_frozen(zeros).unwrap();
     let longer = self::job(&root, 16);
     let resumed = worker::single::run(&mut trainer, &longer, &mut losses, &Resume::Newest).unwrap();
-    assert_eq!((resumed.start_step, resumed.steps), (12, 4));
+    assert_eq!((resumed.trained.start, resumed.trained.steps()), (12, 4));
     assert!(frozen(&trainer) == base_before, "the resumed run trains on the saved base");
     let base_commits = runtime.block_on(committed_newest_first(&StoreCommitLog::new(base_storage))).unwrap();
     assert_eq!(base_commits.len(), 1, "a resumed run reuses the base it finds");
