@@ -116,24 +116,31 @@ async fn crash_and_restart(victim: u64, victim_leads: bool, failpoints: &str) {
         let (key, value) = (format!("k{i:04}"), format!("value {i}").into_bytes());
         let writer = &writer;
         let job = &job.job_id;
-        async move { writer.kv_put(job, &key, value.clone(), None).await.ok().map(|()| (key, value)) }
+        async move { writer.kv_put(job, &key, value.clone(), None).await.map(|()| (key, value)) }
     };
 
     // Write until the victim died and the others took WRITES_WITHOUT_IT more.
     let started = Instant::now();
     let mut i = 0;
     let mut since_death = None;
+    let mut last_error = None;
     while since_death.is_none_or(|n| n < WRITES_WITHOUT_IT) {
         assert!(
             started.elapsed() < Duration::from_secs(180),
-            "node {victim} with FAILPOINTS={failpoints} did not crash within 180 s ({i} writes)"
+            "node {victim} with FAILPOINTS={failpoints}: {i} writes, {} acknowledged, crashed: {}, \
+             in 180 s; last error: {last_error:?}",
+            acked.len(),
+            since_death.is_some()
         );
-        let done = write(i).await;
-        i += 1;
-        if let Some((key, value)) = done {
-            acked.insert(key, value);
-            since_death = since_death.map(|n| n + 1);
+        // A write that fails (the leader died under it) is simply not acknowledged.
+        match write(i).await {
+            Ok((key, value)) => {
+                acked.insert(key, value);
+                since_death = since_death.map(|n| n + 1);
+            }
+            Err(e) => last_error = Some(e.to_string()),
         }
+        i += 1;
         if since_death.is_none()
             && let Some(status) = nodes.get_mut(&victim).unwrap().child.try_wait().unwrap()
         {
@@ -152,7 +159,7 @@ async fn crash_and_restart(victim: u64, victim_leads: bool, failpoints: &str) {
     // Restarted on the same data directory, without fail points, it catches up.
     nodes.insert(victim, Proc::start(victim, &peers, dir.path(), &tls, &extra));
     for _ in 0..WRITES_AFTER_RESTART {
-        let (key, value) = write(i).await.expect("a write with all three nodes up");
+        let (key, value) = write(i).await.unwrap_or_else(|e| panic!("a write with all three nodes up: {e}"));
         acked.insert(key, value);
         i += 1;
     }
