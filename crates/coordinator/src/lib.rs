@@ -33,6 +33,16 @@
 //! crate's `ControlPlane` trait, which [`kubernetes::Plane`] implements.
 #![deny(missing_docs)]
 
+/// A `fail::fail_point!` that exists only with the `failpoints` feature; used to crash a node
+/// (`panic`, which the failpoints build of the node binary turns into an abort) or pause it.
+macro_rules! fail_point {
+    ($name:expr) => {
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!($name);
+    };
+}
+pub(crate) use fail_point;
+
 pub mod client;
 pub mod command;
 mod config;

@@ -187,6 +187,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                     table.insert(*index, bytes.as_slice()).map_err(io_err)?;
                 }
             }
+            // Inserted but not committed: a crash here must leave the log as it was before.
+            crate::fail_point!("coordinator::raft_log_append");
             txn.commit().map_err(io_err)
         })
         .await;
@@ -363,6 +365,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let last_index = {
             let mut machine = self.shared.machine.write().unwrap_or_else(|e| e.into_inner());
             for entry in entries {
+                // Committed but not applied (or a batch half applied): the machine is rebuilt
+                // from the snapshot and the committed log at the next start.
+                crate::fail_point!("coordinator::state_machine_apply");
                 machine.last_applied = Some(entry.log_id);
                 let response = match entry.payload {
                     EntryPayload::Blank => Response::Applied,

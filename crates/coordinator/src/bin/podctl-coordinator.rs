@@ -17,6 +17,18 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // The fail points named in `FAILPOINTS` (failpoints build only; docs/COORDINATOR.md). A
+    // panic there is a crash of the node: abort, as `panic = "abort"` would, so that no
+    // runtime or spawned task catches it and the process goes on half alive.
+    #[cfg(feature = "failpoints")]
+    let _fail_points = {
+        let report = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            report(info);
+            std::process::abort();
+        }));
+        fail::FailScenario::setup()
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

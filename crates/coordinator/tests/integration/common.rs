@@ -95,6 +95,18 @@ pub struct Proc {
 impl Proc {
     /// Starts node `id` of the cluster `peers` and waits for its "listening on" line.
     pub fn start(id: u64, peers: &[(u64, u16)], data: &Path, tls_dir: &Path, extra: &[&str]) -> Proc {
+        Self::start_with_env(id, peers, data, tls_dir, extra, &[])
+    }
+
+    /// [`Proc::start`] with extra environment variables (`FAILPOINTS`).
+    pub fn start_with_env(
+        id: u64,
+        peers: &[(u64, u16)],
+        data: &Path,
+        tls_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Proc {
         let port = peers.iter().find(|(i, _)| *i == id).unwrap().1;
         let peers_arg = peers.iter().map(|(i, p)| format!("{i}=127.0.0.1:{p}")).collect::<Vec<_>>().join(",");
         let log = std::fs::OpenOptions::new()
@@ -111,6 +123,7 @@ impl Proc {
             .args(extra)
             .env("PODCTL_ADMIN_TOKEN", ADMIN)
             .env("RUST_LOG", "info,openraft=warn,h2=warn,hyper=warn,tower=warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
