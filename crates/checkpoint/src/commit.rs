@@ -8,6 +8,7 @@
 
 use crate::error::{CheckpointError, Result};
 use crate::layout::{COMMITTED, MANIFEST, dir_name, host_object_name, parse_dir_name};
+use crate::lineage::line_of;
 use crate::manifest::{ArrayEntry, FORMAT, Limits, Manifest, ShardEntry};
 use crate::save::{HostReport, SaveSpec};
 use crate::store::Storage;
@@ -52,10 +53,12 @@ pub trait CommitLog: Send + Sync {
     fn remove(&self, commit: &CommitRecord) -> impl Future<Output = Result<()>> + Send;
 }
 
-/// Committed records sorted newest first: by step, then save id, both descending.
+/// Committed records sorted newest first: the newest line first ([`crate::lineage`]), then by
+/// step, then save id, all descending.
 pub async fn committed_newest_first(log: &impl CommitLog) -> Result<Vec<CommitRecord>> {
     let mut commits = log.list().await?;
-    commits.sort_by(|a, b| (b.step, &b.save_id).cmp(&(a.step, &a.save_id)));
+    let key = |c: &CommitRecord| (line_of(&c.save_id).to_string(), c.step, c.save_id.clone());
+    commits.sort_by_key(|c| std::cmp::Reverse(key(c)));
     commits.dedup();
     Ok(commits)
 }

@@ -9,13 +9,14 @@
 use crate::commit::{CommitLog, CommitRecord};
 use crate::error::Result;
 use crate::layout::{COMMITTED, parse_dir_name};
+use crate::lineage::line_of;
 use crate::store::Storage;
 use object_store::path::Path;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Which committed checkpoints to keep.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Retention {
     /// Keep this many of the newest commits (the newest is kept even when this is 0).
     pub keep_last: usize,
@@ -24,11 +25,14 @@ pub struct Retention {
     /// Leave uncommitted directories alone until their newest object is this old: a guard for
     /// saves run by someone who did not pass their id as active.
     pub min_orphan_age: Duration,
+    /// Apply the rules within this line of checkpoints only ([`crate::lineage`]), never expiring
+    /// another line's: a run keeps its own last K. `None`: every commit under the root.
+    pub line: Option<String>,
 }
 
 impl Default for Retention {
     fn default() -> Self {
-        Self { keep_last: 3, keep_every: 0, min_orphan_age: Duration::from_secs(3600) }
+        Self { keep_last: 3, keep_every: 0, min_orphan_age: Duration::from_secs(3600), line: None }
     }
 }
 
@@ -47,11 +51,22 @@ pub struct StoredSave {
     pub bytes: u64,
     /// When the newest of them was written, seconds since the Unix epoch.
     pub newest_write_unix: i64,
+    /// Whether its `COMMITTED` marker is among them: committed by someone, whether or not the
+    /// commit log at hand knows it (another submission's save, under a coordinator).
+    pub marked: bool,
 }
 
 impl StoredSave {
     fn empty(dir: String, step: u64, save_id: String) -> Self {
-        StoredSave { dir, step, save_id, objects: Vec::new(), bytes: 0, newest_write_unix: i64::MIN }
+        StoredSave {
+            dir,
+            step,
+            save_id,
+            objects: Vec::new(),
+            bytes: 0,
+            newest_write_unix: i64::MIN,
+            marked: false,
+        }
     }
 }
 
@@ -77,8 +92,13 @@ pub fn plan_gc(
     let mut commits = committed.to_vec();
     commits.sort_by(|a, b| (b.step, &b.save_id).cmp(&(a.step, &a.save_id)));
     commits.dedup();
-    let newest_step = commits.first().map(|c| c.step);
     let mut plan = GcPlan::default();
+    if let Some(line) = &retention.line {
+        let (own, others): (Vec<_>, Vec<_>) = commits.into_iter().partition(|c| line_of(&c.save_id) == line);
+        plan.keep.extend(others);
+        commits = own;
+    }
+    let newest_step = commits.first().map(|c| c.step);
     for (rank, c) in commits.into_iter().enumerate() {
         let keep = rank < retention.keep_last
             || Some(c.step) == newest_step
@@ -90,7 +110,7 @@ pub fn plan_gc(
     let min_age = i64::try_from(retention.min_orphan_age.as_secs()).unwrap_or(i64::MAX);
     for s in stored {
         let young = now_unix.saturating_sub(s.newest_write_unix) < min_age;
-        if !committed_dirs.contains(&s.dir) && !active.contains(&s.save_id) && !young {
+        if !committed_dirs.contains(&s.dir) && !s.marked && !active.contains(&s.save_id) && !young {
             plan.orphans.push(s.dir.clone());
         }
     }
@@ -106,6 +126,7 @@ pub async fn scan(storage: &Storage) -> Result<Vec<StoredSave>> {
         let Some((step, save_id)) = parse_dir_name(&dir) else { continue };
         let entry =
             dirs.entry((step, save_id.clone())).or_insert_with(|| StoredSave::empty(dir, step, save_id));
+        entry.marked |= meta.location.filename() == Some(COMMITTED);
         entry.objects.push(meta.location);
         entry.bytes += meta.size;
         entry.newest_write_unix = entry.newest_write_unix.max(meta.last_modified.timestamp());
@@ -250,6 +271,7 @@ mod tests {
             objects: vec![],
             bytes: 0,
             newest_write_unix: written,
+            marked: false,
         }
     }
 
@@ -262,7 +284,7 @@ mod tests {
     #[test]
     fn keeps_the_last_k_and_every_nth() {
         let committed: Vec<_> = [100, 200, 300, 400, 500, 600].map(commit).to_vec();
-        let r = Retention { keep_last: 2, keep_every: 300, min_orphan_age: Duration::ZERO };
+        let r = Retention { keep_last: 2, keep_every: 300, min_orphan_age: Duration::ZERO, line: None };
         let plan = plan_gc(&committed, &[], &r, &BTreeSet::new(), NOW);
         assert_eq!(steps(&plan.keep), vec![600, 500, 300]);
         assert_eq!(steps(&plan.expire), vec![400, 200, 100]);
@@ -271,21 +293,49 @@ mod tests {
     #[test]
     fn never_expires_the_newest() {
         let committed: Vec<_> = [1, 2, 3].map(commit).to_vec();
-        let r = Retention { keep_last: 0, keep_every: 0, min_orphan_age: Duration::ZERO };
+        let r = Retention { keep_last: 0, keep_every: 0, min_orphan_age: Duration::ZERO, line: None };
         let plan = plan_gc(&committed, &[], &r, &BTreeSet::new(), NOW);
         assert_eq!(steps(&plan.keep), vec![3]);
         assert_eq!(steps(&plan.expire), vec![2, 1]);
     }
 
     #[test]
+    fn a_line_keeps_its_own_last_k_and_never_expires_another_line() {
+        let line = |l: &str, step: u64| CommitRecord { save_id: format!("{l}.a"), ..commit(step) };
+        let committed =
+            vec![line("r1", 100), line("r1", 200), line("r1", 300), line("r2", 10), line("r2", 20)];
+        let r = Retention {
+            keep_last: 1,
+            keep_every: 0,
+            min_orphan_age: Duration::ZERO,
+            line: Some("r2".into()),
+        };
+        let plan = plan_gc(&committed, &[], &r, &BTreeSet::new(), NOW);
+        assert_eq!(steps(&plan.expire), vec![10], "only the line's own older commits expire");
+        let mut kept = steps(&plan.keep);
+        kept.sort();
+        assert_eq!(kept, vec![20, 100, 200, 300]);
+    }
+
+    #[test]
     fn orphans_are_collected_unless_active_or_young() {
         let committed = vec![commit(100)];
         let saves = vec![stored(100, 0), stored(200, 0), stored(300, 0), stored(400, NOW - 10)];
-        let r = Retention { keep_last: 1, keep_every: 0, min_orphan_age: Duration::from_secs(60) };
+        let r =
+            Retention { keep_last: 1, keep_every: 0, min_orphan_age: Duration::from_secs(60), line: None };
         let active = BTreeSet::from(["s300".to_string()]);
         let plan = plan_gc(&committed, &saves, &r, &active, NOW);
         assert_eq!(plan.orphans, vec![crate::layout::dir_name(200, "s200")]);
         assert_eq!(steps(&plan.keep), vec![100]);
         assert!(plan.expire.is_empty());
+    }
+
+    #[test]
+    fn a_directory_with_a_commit_marker_is_never_an_orphan() {
+        // Committed by another submission: this job's log does not know it, its marker does.
+        let saves = vec![StoredSave { marked: true, ..stored(50, 0) }, stored(60, 0)];
+        let r = Retention { keep_last: 1, keep_every: 0, min_orphan_age: Duration::ZERO, line: None };
+        let plan = plan_gc(&[commit(100)], &saves, &r, &BTreeSet::new(), NOW);
+        assert_eq!(plan.orphans, vec![crate::layout::dir_name(60, "s60")]);
     }
 }

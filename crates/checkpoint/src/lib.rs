@@ -11,6 +11,8 @@
 //! - [`restore`]: [`Checkpoint`] reads any region of any array with ranged GETs, verifying the
 //!   CRC of every chunk it touches; [`newest_verified`] falls back past corrupt checkpoints.
 //! - [`gc`]: retention, orphan collection, and the `list` / `remove` operations of the CLI.
+//! - [`lineage`]: lines of checkpoints under one root: a run that starts afresh begins one,
+//!   saves are named `<line>.<attempt>`, resuming takes the newest line, retention stays in it.
 //! - [`export`]: a checkpoint's weights as a safetensors file, LoRA adapters merged into their
 //!   base ([`export::export_weights`], `podctl ckpt export`).
 //! - [`manifest`]: the format and the checks that make an untrusted manifest safe.
@@ -44,6 +46,7 @@ mod error;
 pub mod export;
 pub mod gc;
 pub mod layout;
+pub mod lineage;
 pub mod manifest;
 pub mod mirror;
 pub mod plan;

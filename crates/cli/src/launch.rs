@@ -10,12 +10,13 @@ use anyhow::{Result, bail};
 use bundle::Bundle;
 use job::JobSpec;
 use std::path::{Path, PathBuf};
+use worker::single::Resume;
 
 pub fn run(
     job_path: &Path,
     dry_run: bool,
     out: Option<PathBuf>,
-    resume: Option<String>,
+    resume: Resume,
     connect: &ConnectArgs,
 ) -> Result<()> {
     let mut job = JobSpec::load(job_path)?;
@@ -46,7 +47,7 @@ pub fn run(
             "grpo.init_from {}: no checkpoint under {root} yet; training that job first",
             spec.display()
         );
-        run(&spec, false, None, None, connect)?;
+        run(&spec, false, None, Resume::Newest, connect)?;
         println!();
         if let InitFrom::TrainFirst { .. } = init_from::resolve(&mut job, connect)? {
             bail!("{} ran but left no committed checkpoint under {root}", spec.display());
@@ -92,7 +93,7 @@ pub fn run(
         return Ok(());
     }
     if job.mesh.dcn > 1 || connect.is_remote() {
-        if resume.is_some() {
+        if let Resume::From(_) = resume {
             bail!("--resume: a job under a coordinator resumes from its own checkpoint root; drop the flag");
         }
         let cluster = match connect.is_remote() {

@@ -16,6 +16,7 @@ mod summary;
 mod toolchain;
 mod worker;
 
+use ::worker::single::Resume;
 use anyhow::Context;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -52,10 +53,15 @@ enum Command {
         /// root (default: the newest under the job's own checkpoint root, if any).
         #[arg(long)]
         resume: Option<String>,
+        /// Start afresh instead of resuming, beside what the job's checkpoint root holds: the
+        /// run begins a new line of checkpoints there; nothing already there is deleted or
+        /// rewritten.
+        #[arg(long, conflicts_with = "resume")]
+        start_over: bool,
         /// Print the job as a Kubernetes manifest instead of running it (for GitOps): export
         /// and upload the bundle, then print a ConfigMap that the coordinators of the install
         /// submit once applied, and whose deletion stops the job (docs/gke.md).
-        #[arg(long, conflicts_with_all = ["dry_run", "resume", "coordinator", "kube_context"])]
+        #[arg(long, conflicts_with_all = ["dry_run", "resume", "start_over", "coordinator", "kube_context"])]
         render: bool,
         /// With --render: the Helm release of the install the job is declared to.
         #[arg(long, default_value = "podctl", requires = "render")]
@@ -101,10 +107,17 @@ fn main() -> ExitCode {
     };
     init_logging(log, cli.log_json);
     let result = match cli.command {
-        Command::Launch { job, dry_run, out, resume, render, release, connect } => match render {
-            true => launch::render(&job, &release),
-            false => launch::run(&job, dry_run, out, resume, &connect),
-        },
+        Command::Launch { job, dry_run, out, resume, start_over, render, release, connect } => {
+            let resume = match (resume, start_over) {
+                (Some(from), _) => Resume::From(from),
+                (None, true) => Resume::StartOver,
+                (None, false) => Resume::Newest,
+            };
+            match render {
+                true => launch::render(&job, &release),
+                false => launch::run(&job, dry_run, out, resume, &connect),
+            }
+        }
         Command::Ckpt { command } => ckpt::run(command),
         Command::Worker(args) => match worker::run(args) {
             Ok(code) => return ExitCode::from(code),

@@ -158,6 +158,13 @@ impl Sink for Progress {
                 let passed: Vec<_> = passed_over.iter().map(|p| [&p.uri, &p.reason]).collect();
                 ("restore", restored.step, serde_json::json!({"uri": restored.uri, "passed_over": passed}))
             }
+            CheckpointEvent::Fresh { line, passed_over } => {
+                for p in passed_over {
+                    self.say(format!("passed over checkpoint {}: {}", p.uri, p.reason));
+                }
+                let passed: Vec<_> = passed_over.iter().map(|p| [&p.uri, &p.reason]).collect();
+                ("fresh", 0, serde_json::json!({"line": line, "passed_over": passed}))
+            }
             CheckpointEvent::Started { step, bytes, copy_seconds } => {
                 ("save", *step, serde_json::json!({"bytes": bytes, "copy_seconds": copy_seconds}))
             }

@@ -16,7 +16,7 @@ pub fn run(
     job: &JobSpec,
     bundle: &Bundle,
     plugin: &'static pjrt::Plugin,
-    resume: Option<String>,
+    resume: Resume,
     parameters: u64,
 ) -> Result<()> {
     let (mut trainer, compile_seconds) = compile_trainer(job, bundle, plugin)?;
@@ -25,7 +25,6 @@ pub fn run(
     }
     let record = RunRecord::create(job.output_dir())?;
     let mut progress = Progress::new(record, job.steps);
-    let resume = resume.map_or(Resume::Newest, Resume::From);
     let outcome = worker::single::run(&mut trainer, job, &mut progress, &resume);
     let record = progress.finish()?;
     let run = outcome?;

@@ -572,6 +572,19 @@ impl JobSpec {
         }))
     }
 
+    /// What a checkpoint must match for this job to resume from it: the model, the trained
+    /// parameters' dtype and LoRA adapters (so their shapes), and the seed (so the data order).
+    /// Not the mesh, the batch or the schedule: a run may resume on another mesh or with more
+    /// steps. Saves record it; a root whose newest checkpoints record another is another job's.
+    pub fn checkpoint_identity(&self) -> serde_json::Value {
+        serde_json::json!({
+            "model": self.model,
+            "param_dtype": self.train.param_dtype,
+            "lora": self.train.lora,
+            "seed": self.seed,
+        })
+    }
+
     /// Serializes the spec back to YAML-compatible JSON text (JSON is YAML), e.g. to submit it.
     pub fn to_yaml(&self) -> String {
         serde_json::to_string_pretty(self).expect("job specs serialize")

@@ -78,6 +78,20 @@ pub enum WorkerError {
     /// The plugin, the bundle and the job disagree.
     #[error("{0}")]
     Mismatch(String),
+    /// The checkpoint root's newest checkpoints are another job's.
+    #[error(
+        "checkpoint root {root} holds another job's checkpoints ({checkpoint}: {difference}); launch with \
+         --start-over to train afresh beside them (nothing there is deleted or rewritten), or set \
+         checkpoint.uri to another root"
+    )]
+    ForeignRoot {
+        /// The root.
+        root: String,
+        /// Its newest checkpoint.
+        checkpoint: String,
+        /// What differs from this job.
+        difference: String,
+    },
 }
 
 /// Attaches what the worker was doing to a PJRT error.

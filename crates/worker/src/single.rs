@@ -11,6 +11,7 @@ use crate::driver::{self, Ended, Plan, Sink, Trained, Uninterrupted};
 use crate::objective;
 use crate::start;
 use crate::trainer::Trainer;
+use checkpoint::lineage::{line_of, new_line, save_id};
 use checkpoint::{Storage, StoreCommitLog, StoreOptions};
 use job::JobSpec;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -18,13 +19,17 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// Where the run's state comes from.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Resume {
-    /// The newest committed checkpoint under the job's checkpoint root that restores; a fresh
-    /// start when there is none (or the job saves no checkpoints).
+    /// The newest committed checkpoint of this job under its checkpoint root that restores (the
+    /// root's newest line first); a fresh start when there is none (or the job saves no
+    /// checkpoints). A root whose newest line is another job's is refused.
     #[default]
     Newest,
     /// A checkpoint directory (`<root>/<step:012>-<save_id>`), or a root whose newest committed
     /// checkpoint that restores is taken. Nothing restorable there is an error.
     From(String),
+    /// A fresh start beside whatever the job's root holds: the run begins a new line of
+    /// checkpoints there, and nothing already there is deleted or rewritten.
+    StartOver,
 }
 
 /// The run at a glance: the driver's account, and where a fresh start took its parameters.
@@ -55,36 +60,49 @@ pub fn run(
         (Some(spec), Some(uri)) => Some((spec, Storage::open(&uri, &StoreOptions::default())?)),
         _ => None,
     };
-    let mut checkpoints = match &root {
-        Some((spec, storage)) => {
-            let layout = SaveLayout { dcn: 1, slice: 0, seed: job.seed };
-            let commit = Box::new(StoreCommit::new(storage.clone(), spec, handle.clone()));
-            Some(Checkpoints::new(storage.clone(), layout, spec.every, attempt_id(), commit, handle.clone())?)
+    let identity = job.checkpoint_identity();
+    let found = match (resume, &root) {
+        (Resume::Newest, Some((_, storage))) => {
+            let log = StoreCommitLog::new(storage.clone());
+            handle.block_on(restore_newest(trainer, storage, &log, Some(&identity)))?
         }
-        None => None,
+        (Resume::From(uri), _) => restore_from(trainer, uri, handle)?,
+        (Resume::Newest | Resume::StartOver, _) => (None, Vec::new()),
     };
-
-    let found = match resume {
-        Resume::Newest => match &root {
-            Some((_, storage)) => {
-                handle.block_on(restore_newest(trainer, storage, &StoreCommitLog::new(storage.clone())))?
-            }
-            None => (None, Vec::new()),
-        },
-        Resume::From(uri) => restore_from(trainer, uri, handle)?,
-    };
-    let (start, init_from) = match found {
+    let (start, init_from, line) = match found {
         (Some(restored), passed_over) => {
             check_restored(&restored, job)?;
-            // Restored from the job's own root: that step needs no second save at the end.
-            if let (Resume::Newest, Some(checkpoints)) = (resume, &mut checkpoints) {
-                checkpoints.mark_saved(restored.step);
-            }
             let step = restored.step;
+            // A run resumed from the job's own root continues the line it resumed.
+            let line = match (resume, ckpt::split_uri(&restored.uri)) {
+                (Resume::Newest, (_, Some((_, save_id)))) => line_of(&save_id).to_string(),
+                _ => new_line(unix_millis()),
+            };
             sink.on_checkpoint(&CheckpointEvent::Restored { restored, passed_over });
-            (step, None)
+            (step, None, line)
         }
-        (None, _) => (0, start::fresh(trainer, job, handle)?),
+        (None, passed_over) => {
+            let line = new_line(unix_millis());
+            if root.is_some() {
+                sink.on_checkpoint(&CheckpointEvent::Fresh { line: line.clone(), passed_over });
+            }
+            (0, start::fresh(trainer, job, handle)?, line)
+        }
+    };
+    let mut checkpoints = match &root {
+        Some((spec, storage)) => {
+            let layout = SaveLayout { dcn: 1, slice: 0, seed: job.seed, identity };
+            let commit = Box::new(StoreCommit::new(storage.clone(), spec, &line, handle.clone()));
+            let save_id = save_id(&line, &format!("l{:x}", unix_millis()));
+            let mut checkpoints =
+                Checkpoints::new(storage.clone(), layout, spec.every, save_id, commit, handle.clone())?;
+            // Resumed from the job's own root: that step needs no second save at the end.
+            if matches!(resume, Resume::Newest) && start > 0 {
+                checkpoints.mark_saved(start);
+            }
+            Some(checkpoints)
+        }
+        None => None,
     };
 
     let objective = objective::for_job(trainer, job, handle)?;
@@ -116,7 +134,12 @@ fn restore_from(
         (_, Some((step, _))) => (Some(runtime.block_on(ckpt::restore(trainer, uri, step, &store))?), vec![]),
         (root, None) => {
             let storage = Storage::open(root, &store)?;
-            runtime.block_on(restore_newest(trainer, &storage, &StoreCommitLog::new(storage.clone())))?
+            runtime.block_on(restore_newest(
+                trainer,
+                &storage,
+                &StoreCommitLog::new(storage.clone()),
+                None,
+            ))?
         }
     };
     if found.0.is_none() {
@@ -146,8 +169,8 @@ fn check_restored(restored: &Restored, job: &JobSpec) -> Result<(), WorkerError>
     Ok(())
 }
 
-/// Unique to this process, so a rerun never writes into a directory of an earlier attempt.
-fn attempt_id() -> String {
-    let started = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    format!("l{:x}", started.as_millis())
+/// Now, in Unix milliseconds: names lines and attempts (unique per process, so a rerun never
+/// writes into a directory of an earlier attempt).
+fn unix_millis() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64
 }

@@ -37,7 +37,8 @@ pub fn fresh(
         (root, None) => {
             let storage = Storage::open(root, &store)?;
             let log = StoreCommitLog::new(storage.clone());
-            let (restored, passed_over) = runtime.block_on(ckpt::restore_newest(trainer, &storage, &log))?;
+            let (restored, passed_over) =
+                runtime.block_on(ckpt::restore_newest(trainer, &storage, &log, None))?;
             restored.ok_or_else(|| {
                 WorkerError::Mismatch(format!(
                     "grpo.init_from {uri}: no committed checkpoint restores there{}",

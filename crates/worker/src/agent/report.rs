@@ -105,7 +105,7 @@ impl Sink for AgentSink<'_> {
             }
             // The commit's own messages come from `CoordinatorCommit`, when the leader answers.
             CheckpointEvent::Uploaded { .. } | CheckpointEvent::Committed { .. } => {}
-            CheckpointEvent::Restored { .. } => {}
+            CheckpointEvent::Restored { .. } | CheckpointEvent::Fresh { .. } => {}
         }
     }
 }

@@ -6,6 +6,7 @@ use super::{dir_uri, split_uri};
 use crate::WorkerError;
 use crate::slice::DeviceArray;
 use crate::trainer::Trainer;
+use checkpoint::lineage::{IDENTITY_KEY, line_of};
 use checkpoint::{
     Checkpoint, CheckpointError, CommitLog, DataPosition, Limits, Storage, StoreCommitLog, StoreOptions,
     committed_newest_first,
@@ -84,28 +85,49 @@ async fn open_committed(
     Ok((storage, checkpoint))
 }
 
-/// Restores the newest committed checkpoint under `storage` that restores: its manifest checks
-/// out against the commit and every chunk read has the CRC the manifest recorded. Each device of
-/// the trainer's mesh gets exactly its region of every array, read once per distinct region with
-/// ranged reads. Checkpoints that fail those checks are passed over (listed, with the error, e.g.
-/// the corrupt object and byte range); `None` when nothing restores. A checkpoint of another
-/// model is an error, not passed over. The trainer's state changes only once every array is on
-/// the devices.
+/// Restores the newest committed checkpoint under `storage` that restores (the newest line
+/// first, see `checkpoint::lineage`): its manifest checks out against the commit and every chunk
+/// read has the CRC the manifest recorded. Each device of the trainer's mesh gets exactly its
+/// region of every array, read once per distinct region with ranged reads. Checkpoints that
+/// fail those checks are passed over (listed, with the error, e.g. the corrupt object and byte
+/// range); `None` when nothing restores. The trainer's state changes only once every array is
+/// on the devices.
+///
+/// With `identity` (what the resuming job records in its saves), a checkpoint recording another
+/// is another job's: one in the root's newest line is refused with [`WorkerError::ForeignRoot`]
+/// (the root belongs to another job), one in an older line is passed over.
 pub async fn restore_newest(
     trainer: &mut Trainer,
     storage: &Storage,
     log: &impl CommitLog,
+    identity: Option<&serde_json::Value>,
 ) -> Result<(Option<Restored>, Vec<PassedOver>), WorkerError> {
     let mut passed_over = Vec::new();
-    for commit in committed_newest_first(log).await? {
+    let commits = committed_newest_first(log).await?;
+    let newest_line = commits.first().map(|c| line_of(&c.save_id).to_string());
+    for commit in commits {
         let uri = dir_uri(storage, &commit.dir());
-        let attempt = async {
-            let checkpoint = Checkpoint::open(storage, &commit, &Limits::default()).await?;
-            place(trainer, &checkpoint, storage).await?;
-            Ok::<_, WorkerError>(checkpoint)
+        let checkpoint = match Checkpoint::open(storage, &commit, &Limits::default()).await {
+            Ok(checkpoint) => checkpoint,
+            Err(error) => {
+                tracing::warn!(checkpoint = %uri, %error, "passing over a checkpoint that does not open");
+                passed_over.push(PassedOver { uri, reason: error.to_string() });
+                continue;
+            }
         };
-        match attempt.await {
-            Ok(checkpoint) => {
+        if let Some(difference) = identity.and_then(|wanted| another_job(checkpoint.manifest(), wanted)) {
+            if newest_line.as_deref() == Some(line_of(&commit.save_id)) {
+                return Err(WorkerError::ForeignRoot {
+                    root: storage.url().to_string(),
+                    checkpoint: uri,
+                    difference,
+                });
+            }
+            passed_over.push(PassedOver { uri, reason: format!("another job's checkpoint ({difference})") });
+            continue;
+        }
+        match place(trainer, &checkpoint, storage).await {
+            Ok(()) => {
                 let manifest = checkpoint.manifest();
                 let restored = Restored { step: manifest.step, data_position: manifest.data_position, uri };
                 return Ok((Some(restored), passed_over));
@@ -118,6 +140,30 @@ pub async fn restore_newest(
         }
     }
     Ok((None, passed_over))
+}
+
+/// How a checkpoint's manifest differs from the identity a job records in its saves, if it
+/// does; a checkpoint written before saves recorded one is compared by its seed alone.
+pub fn another_job(manifest: &checkpoint::Manifest, wanted: &serde_json::Value) -> Option<String> {
+    let Some(recorded) = manifest.metadata.get(IDENTITY_KEY) else {
+        let seed = manifest.data_position.seed;
+        return (wanted.get("seed").and_then(|s| s.as_u64()) != Some(seed)).then(|| {
+            format!("seed {seed}, this job's {}", wanted.get("seed").unwrap_or(&serde_json::Value::Null))
+        });
+    };
+    let (Some(recorded), Some(wanted)) = (recorded.as_object(), wanted.as_object()) else {
+        return (recorded != wanted).then(|| format!("{recorded}, this job's {wanted}"));
+    };
+    let keys: std::collections::BTreeSet<&String> = recorded.keys().chain(wanted.keys()).collect();
+    let null = serde_json::Value::Null;
+    let differences: Vec<String> = keys
+        .into_iter()
+        .filter_map(|k| {
+            let (r, w) = (recorded.get(k).unwrap_or(&null), wanted.get(k).unwrap_or(&null));
+            (r != w).then(|| format!("{k} {r}, this job's {w}"))
+        })
+        .collect();
+    (!differences.is_empty()).then(|| differences.join("; "))
 }
 
 /// Reads every state array's target regions and places them, and a LoRA run's base; replaces

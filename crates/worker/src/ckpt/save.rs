@@ -7,6 +7,7 @@ use crate::WorkerError;
 use crate::trainer::Trainer;
 use bytes::Bytes;
 use checkpoint::layout::dir_name;
+use checkpoint::lineage::IDENTITY_KEY;
 use checkpoint::{
     ArraySpec, AsyncSaver, CheckpointError, DataPosition, HostReport, SaveOptions, SaveSpec, SaverStatus,
     ShardBuffer, Storage, Topology,
@@ -16,8 +17,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-/// Where this host's share of a save sits in the job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where this host's share of a save sits in the job, and what the save records of the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SaveLayout {
     /// The job's slices (`mesh.dcn`), one host each.
     pub dcn: usize,
@@ -25,6 +26,9 @@ pub struct SaveLayout {
     pub slice: usize,
     /// The job seed: with the step, where the data order resumes.
     pub seed: u64,
+    /// What a run must match to resume from the save (`JobSpec::checkpoint_identity`), recorded
+    /// in its metadata under `checkpoint::lineage::IDENTITY_KEY`; `Null` records nothing.
+    pub identity: serde_json::Value,
 }
 
 /// The save spec of `trainer`'s state after `step` steps: a function of the bundle, the layout
@@ -48,6 +52,9 @@ fn save_spec(
         .map(|t| ArraySpec::new(t.name.clone(), t.shape.clone(), t.dtype, t.sharding.clone()))
         .collect();
     let mut metadata = std::collections::BTreeMap::new();
+    if !layout.identity.is_null() {
+        metadata.insert(IDENTITY_KEY.to_string(), layout.identity.clone());
+    }
     if let Some(lora) = &trainer.manifest().train.lora {
         let base = format!("{BASE_DIR}/{}", dir_name(0, &base_save_id(trainer, layout.seed)));
         metadata.insert(

@@ -28,6 +28,14 @@ pub enum CheckpointEvent {
         /// Newer committed checkpoints refused, and why.
         passed_over: Vec<PassedOver>,
     },
+    /// The run starts afresh, beginning `line` of checkpoints, after passing over the committed
+    /// checkpoints that do not restore (all of them, when any).
+    Fresh {
+        /// The line the run's saves begin.
+        line: String,
+        /// Committed checkpoints refused, and why.
+        passed_over: Vec<PassedOver>,
+    },
     /// A save began: the state after `step` steps was copied off the devices in `copy_seconds`
     /// (the training stall) and uploads in the background.
     Started {
@@ -99,8 +107,14 @@ pub struct StoreCommit {
 }
 
 impl StoreCommit {
-    /// Commits to `storage` with the job's retention (`keep` last, `keep_every`).
-    pub fn new(storage: Storage, spec: &job::CheckpointSpec, runtime: tokio::runtime::Handle) -> Self {
+    /// Commits to `storage` with the job's retention (`keep` last, `keep_every`) within the
+    /// run's `line` of checkpoints (another line's are never deleted).
+    pub fn new(
+        storage: Storage,
+        spec: &job::CheckpointSpec,
+        line: &str,
+        runtime: tokio::runtime::Handle,
+    ) -> Self {
         Self {
             log: StoreCommitLog::new(storage.clone()),
             storage,
@@ -108,6 +122,7 @@ impl StoreCommit {
                 keep_last: spec.keep as usize,
                 keep_every: spec.keep_every,
                 min_orphan_age: Duration::ZERO,
+                line: Some(line.to_string()),
             },
             runtime,
         }
@@ -166,6 +181,7 @@ impl Checkpoints {
         commit: Box<dyn Commit + Send>,
         runtime: tokio::runtime::Handle,
     ) -> Result<Self, WorkerError> {
+        let seed = layout.seed;
         let saver = StateSaver::new(storage.clone(), SaveOptions::default(), layout, runtime.clone())?;
         Ok(Self {
             storage,
@@ -173,7 +189,7 @@ impl Checkpoints {
             runtime,
             every: every.max(1),
             save_id,
-            seed: layout.seed,
+            seed,
             pending: None,
             saved: None,
             base_saved: false,

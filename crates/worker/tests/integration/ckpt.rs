@@ -100,9 +100,9 @@ fn save_slice(bundle: &Path, group: &GroupSpec, root: &str, out: &Path) {
         run_step(&mut trainer, &sft, step, &group.local_ranks(), accum, 2e-3, Reduce::Ring(&ring)).unwrap();
     }
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let layout = SaveLayout { dcn: 2, slice: group.me, seed: SEED };
+    let layout = SaveLayout { dcn: 2, slice: group.me, seed: SEED, identity: serde_json::Value::Null };
     if group.me == 0 {
-        refuses_to_stack(&trainer, layout, runtime.handle(), &out.join("throttled"));
+        refuses_to_stack(&trainer, layout.clone(), runtime.handle(), &out.join("throttled"));
     }
     let storage = Storage::open(root, &Default::default()).unwrap();
     // Small chunks: restore onto another mesh reads partial chunks at shard boundaries.
@@ -178,6 +178,7 @@ impl Sink for Recorder {
             CheckpointEvent::Committed { step, uri, .. } => {
                 serde_json::json!({"kind": "committed", "step": step, "uri": uri})
             }
+            CheckpointEvent::Fresh { line, .. } => serde_json::json!({"kind": "fresh", "line": line}),
             CheckpointEvent::Uploaded { step, .. } => serde_json::json!({"kind": "uploaded", "step": step}),
             CheckpointEvent::Failed { step, reason } => {
                 serde_json::json!({"kind": "failed", "step": step, "reason": reason})

@@ -1,0 +1,49 @@
+//! Lines of checkpoints under one root.
+//!
+//! A run that starts afresh begins a line; a run that resumes continues the line of the
+//! checkpoint it resumed from. Saves are named `<line>.<attempt>`: the line is `r` and its start
+//! time in milliseconds as 12 hex digits, so lines sort by age; the attempt tells the processes
+//! (or submissions) of one line apart, so that no checkpoint directory is ever written twice.
+//! Save ids without a line (written before lines existed) belong to the oldest line, `""`.
+//!
+//! Resuming takes the newest line first and, within it, the highest step
+//! ([`crate::committed_newest_first`]); retention keeps and expires within one line
+//! ([`crate::Retention::line`]), so a run that starts over beside an older line never deletes or
+//! rewrites it.
+
+/// The metadata key under which a save records what a run must match to resume from it (the
+/// caller's notion: the job's model, trained shapes, dtype and seed).
+pub const IDENTITY_KEY: &str = "identity";
+
+/// The line a run starting now (Unix milliseconds) begins.
+pub fn new_line(unix_millis: u64) -> String {
+    format!("r{unix_millis:012x}")
+}
+
+/// The save id of `attempt` in `line`.
+pub fn save_id(line: &str, attempt: &str) -> String {
+    match line {
+        "" => attempt.to_string(),
+        line => format!("{line}.{attempt}"),
+    }
+}
+
+/// The line a save id belongs to (`""` for a save id without one).
+pub fn line_of(save_id: &str) -> &str {
+    save_id.split_once('.').map_or("", |(line, _)| line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_sort_by_age_and_save_ids_name_their_line() {
+        let (older, newer) = (new_line(1_700_000_000_000), new_line(1_700_000_000_001));
+        assert!(older < newer && older.len() == newer.len());
+        let id = save_id(&newer, "l1a2b");
+        assert_eq!(line_of(&id), newer);
+        assert!(crate::layout::is_safe_segment(&id), "{id}");
+        assert_eq!((line_of("g3"), save_id("", "g3")), ("", "g3".to_string()), "a save id before lines");
+    }
+}
