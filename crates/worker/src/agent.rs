@@ -79,6 +79,9 @@ pub struct AgentConfig {
     pub metrics_addr_file: Option<PathBuf>,
     /// Where compiled programs are kept, so a worker started again loads instead of compiling.
     pub compile_cache: Option<PathBuf>,
+    /// From SIGTERM to SIGKILL (a worker pod's `terminationGracePeriodSeconds`): the deadline
+    /// the preemption notice reports.
+    pub preemption_deadline: Duration,
 }
 
 /// Why the agent returned.
@@ -291,11 +294,24 @@ pub(crate) fn rss_bytes() -> u64 {
     pages * 4096
 }
 
+/// The notice a worker sends on SIGTERM: it leaves, and is killed `deadline` after the signal.
+fn preemption_notice(worker_id: &str, status: &Status, deadline: Duration) -> WorkerEvent {
+    WorkerEvent {
+        event: Some(worker_event::Event::Preempted(v1::Preempted {
+            worker_id: worker_id.into(),
+            generation: status.generation,
+            reason: "SIGTERM".into(),
+            deadline_ms: deadline.as_millis() as u64,
+        })),
+    }
+}
+
 #[derive(Clone)]
 struct SessionSide {
     client: Client,
     worker_id: String,
     shared: Arc<Shared>,
+    preemption_deadline: Duration,
 }
 
 impl SessionSide {
@@ -442,14 +458,7 @@ impl SessionSide {
         self.shared.interrupt();
         let status = self.shared.status.borrow().clone();
         tracing::warn!(step = status.steps_done, "SIGTERM: leaving the job");
-        let notice = WorkerEvent {
-            event: Some(worker_event::Event::Preempted(v1::Preempted {
-                worker_id: self.worker_id.clone(),
-                generation: status.generation,
-                reason: "SIGTERM".into(),
-                deadline_ms: 30_000,
-            })),
-        };
+        let notice = preemption_notice(&self.worker_id, &status, self.preemption_deadline);
         if session.events.send(notice).await.is_ok() {
             // Dropping the session resets its stream, possibly before the notice is on the
             // wire: hold it until the leader answers with a stop or ends the session.
@@ -616,6 +625,7 @@ impl TrainerSide {
             client: self.client.clone(),
             worker_id: self.worker_id.clone(),
             shared: self.shared.clone(),
+            preemption_deadline: self.config.preemption_deadline,
         };
         let tasks = vec![
             runtime.spawn(session.clone().run(heartbeat, silence, control_tx, events_rx)),
@@ -1259,4 +1269,17 @@ fn group_spec(a: &Assignment, worker_id: &str) -> Result<GroupSpec, AssignmentEr
             AssignmentError(format!("the assignment does not list this worker ({worker_id})"))
         })?;
     Ok(GroupSpec { job: a.job_id.clone(), generation: a.generation, members, placement, me })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_preemption_notice_reports_the_configured_deadline() {
+        let status = Status { generation: 4, steps_done: 9, phase: "training" };
+        let notice = preemption_notice("job.w2", &status, Duration::from_secs(15));
+        let Some(worker_event::Event::Preempted(p)) = notice.event else { panic!("{notice:?}") };
+        assert_eq!((p.worker_id.as_str(), p.generation, p.deadline_ms), ("job.w2", 4, 15_000));
+    }
 }
