@@ -462,14 +462,14 @@ fn the_chart_wires_the_controller_to_its_own_objects() {
         assert!(rendered.contains(&format!("- {arg}\n")), "the StatefulSet lacks {arg}:\n{rendered}");
     }
     assert!(!rendered.contains("--kube-spot"), "spot is off in the multi-host values");
-    let objects = objects(&rendered);
+    let multihost = objects(&rendered);
     // On the pod network the workers act as their own service account: it is annotated.
     let annotation = "iam.gke.io/gcp-service-account";
     let gsa = "podctl@my-project.iam.gserviceaccount.com";
     for account in ["ServiceAccount/podctl", "ServiceAccount/podctl-worker"] {
-        assert_eq!(objects[account]["metadata"]["annotations"][annotation], gsa, "{account}");
+        assert_eq!(multihost[account]["metadata"]["annotations"][annotation], gsa, "{account}");
     }
-    let pod = &objects["StatefulSet/podctl"]["spec"]["template"]["spec"];
+    let pod = &multihost["StatefulSet/podctl"]["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
     // Ready when it has joined the Raft cluster (`/readyz`), not when a port opens.
     assert_eq!(
@@ -487,7 +487,7 @@ fn the_chart_wires_the_controller_to_its_own_objects() {
     );
     // The metrics port is opened to the peers the values name, and to nobody by default.
     let ingress = |o: &BTreeMap<String, Value>| o["NetworkPolicy/podctl"]["spec"]["ingress"].clone();
-    assert_eq!(ingress(&objects)[1]["ports"][0]["port"], "metrics");
+    assert_eq!(ingress(&multihost)[1]["ports"][0]["port"], "metrics");
     assert_eq!(ingress(&defaults).as_array().unwrap().len(), 1);
 }
 
