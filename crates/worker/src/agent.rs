@@ -457,7 +457,7 @@ impl SessionSide {
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.interrupt();
         let status = self.shared.status.borrow().clone();
-        tracing::warn!(step = status.steps_done, "SIGTERM: leaving the job");
+        tracing::warn!(step = status.steps_done, deadline = ?self.preemption_deadline, "SIGTERM: leaving the job");
         let notice = preemption_notice(&self.worker_id, &status, self.preemption_deadline);
         if session.events.send(notice).await.is_ok() {
             // Dropping the session resets its stream, possibly before the notice is on the
