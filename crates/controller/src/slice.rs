@@ -356,7 +356,8 @@ impl WorkerTemplate {
                 restart_policy: Some("Never".into()),
                 hostname: Some(name),
                 subdomain: Some(self.subdomain.clone()),
-                // DCN traffic (the gradient ring, peer catch-up) goes host to host.
+                // On the host network, DCN traffic (the gradient ring, peer catch-up) goes over
+                // the VM's own interfaces.
                 host_network: self.host_network.then_some(true),
                 dns_policy: self.host_network.then(|| "ClusterFirstWithHostNet".into()),
                 service_account_name: self.service_account.clone(),
