@@ -315,6 +315,18 @@ fn validate(manifests: &str) -> String {
     text
 }
 
+/// A log line without its terminal colours (the worker's log styles field names).
+fn plain(line: &str) -> String {
+    let mut out = String::new();
+    let mut rest = line;
+    while let Some(at) = rest.find('\x1b') {
+        out.push_str(&rest[..at]);
+        let end = rest[at..].find('m').map_or(rest.len(), |m| at + m + 1);
+        rest = &rest[end..];
+    }
+    out + rest
+}
+
 fn output(command: &mut Command) -> (bool, String, String) {
     let out = command.output().unwrap();
     (
@@ -480,7 +492,11 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
     let grace = kubelet.lock().unwrap().grace_periods[&format!("{job}-s1-a0-h0")];
     assert_eq!(grace, 15);
     let log = std::fs::read_to_string(dir.join(format!("pods/{job}-s1-a0-h0.log"))).unwrap();
-    assert!(log.contains("SIGTERM: leaving the job") && log.contains(&format!("deadline={grace}s")), "{log}");
+    let notice = log.lines().find(|l| l.contains("SIGTERM: leaving the job")).map(plain);
+    assert!(
+        notice.as_ref().is_some_and(|l| l.contains(&format!(" deadline={grace}s"))),
+        "{notice:?} in\n{log}"
+    );
     // Every pod fetched the bundle from the bucket (its own output, as `kubectl logs` shows it;
     // the coordinator's copy of worker logs is best effort).
     for pod in ["s0-a0-h0", "s1-a0-h0", "s1-a1-h0"] {
