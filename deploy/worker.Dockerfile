@@ -16,10 +16,9 @@ RUN pip install --no-cache-dir --no-deps --require-hashes --target /opt/pip -r /
 
 # The worker runs as root: libtpu opens the TPU's device nodes (/dev/vfio/* on v5e and v6e),
 # which the host creates owned by root, and a container runtime hands them over with the host's
-# ownership unless it is set to give them the pod's user; GKE's TPU examples and XPK run TPU
-# containers as root (XPK privileged). podctl asks for no privilege beyond that: the pods the
-# controller makes set allowPrivilegeEscalation: false, and need no privileged mode on GKE 1.28
-# or later.
+# ownership unless it is set to give them the pod's user; XPK runs TPU containers as root,
+# privileged. podctl asks for nothing beyond root: the pods the controller makes set
+# allowPrivilegeEscalation: false and need no privileged mode on GKE 1.28 or later.
 FROM debian:bookworm-slim@sha256:3783cc01769c7b2b1b83a5c5ad96c815348e28ed7da68e2e3687004faa906251
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates \
