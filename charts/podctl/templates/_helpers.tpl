@@ -43,8 +43,15 @@ app.kubernetes.io/component: worker
 {{- default (printf "%s-admin-token" (include "podctl.fullname" .)) .Values.adminToken.existingSecret -}}
 {{- end -}}
 
+{{/* The workers' TLS Secret: never the coordinators' (that one holds the server key). */}}
 {{- define "podctl.workerTlsSecret" -}}
-{{- default .Values.tls.secretName .Values.tls.workerSecretName -}}
+{{- if not .Values.tls.workerSecretName -}}
+{{- fail "tls.workerSecretName is empty; name a Secret with ca.pem, client.pem and client.key only (docs/gke.md creates podctl-worker-tls)" -}}
+{{- else if eq .Values.tls.workerSecretName .Values.tls.secretName -}}
+{{- fail (printf "tls.workerSecretName is %q, the coordinators' Secret, which holds the server key; give workers a Secret with ca.pem, client.pem and client.key only (docs/gke.md creates podctl-worker-tls)" .Values.tls.secretName) -}}
+{{- else -}}
+{{- .Values.tls.workerSecretName -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The address workers dial: the client Service. */}}

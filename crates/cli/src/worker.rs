@@ -4,6 +4,7 @@
 use crate::connect::ConnectArgs;
 use anyhow::Result;
 use clap::Args;
+use coordinator::client::ClientConfig;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -43,6 +44,10 @@ pub struct WorkerArgs {
     /// starts again (a replacement, a restart) instead of compiling.
     #[arg(long, env = "PODCTL_COMPILE_CACHE")]
     compile_cache: Option<PathBuf>,
+    /// Seconds from SIGTERM to SIGKILL for this process: the deadline its preemption notice
+    /// reports (worker pods are given their terminationGracePeriodSeconds).
+    #[arg(long, env = "PODCTL_GRACE_PERIOD_SECONDS", default_value_t = 30)]
+    grace_period_seconds: u64,
 }
 
 /// Exit code of a worker that left on SIGTERM (preempted), as opposed to one told to stop.
@@ -52,12 +57,22 @@ pub fn run(args: WorkerArgs) -> Result<u8> {
     let mut coordinator = args.connect.client_config()?;
     // A worker outlives elections and coordinator restarts: keep retrying for a while.
     coordinator.retry_for = Duration::from_secs(60);
+    match worker::agent::run(agent_config(args, coordinator), sigterm())? {
+        AgentExit::Stopped(reason) => {
+            tracing::info!("stopped: {reason}");
+            Ok(0)
+        }
+        AgentExit::Preempted => Ok(PREEMPTED_EXIT),
+    }
+}
+
+fn agent_config(args: WorkerArgs, coordinator: ClientConfig) -> AgentConfig {
     let host = args.host.unwrap_or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_string())
             .unwrap_or_else(|_| "localhost".into())
     });
-    let config = AgentConfig {
+    AgentConfig {
         coordinator,
         job_id: args.job,
         plugin: args.plugin,
@@ -68,13 +83,7 @@ pub fn run(args: WorkerArgs) -> Result<u8> {
         metrics_listen: args.metrics_listen,
         metrics_addr_file: args.metrics_addr_file,
         compile_cache: args.compile_cache,
-    };
-    match worker::agent::run(config, sigterm())? {
-        AgentExit::Stopped(reason) => {
-            tracing::info!("stopped: {reason}");
-            Ok(0)
-        }
-        AgentExit::Preempted => Ok(PREEMPTED_EXIT),
+        preemption_deadline: Duration::from_secs(args.grace_period_seconds),
     }
 }
 
@@ -88,6 +97,64 @@ async fn sigterm() {
         Err(e) => {
             tracing::warn!("cannot watch for SIGTERM: {e}");
             std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use controller::{DesiredJob, TpuSlice, WorkerTemplate};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Command,
+    }
+
+    #[derive(clap::Subcommand)]
+    enum Command {
+        Worker(WorkerArgs),
+    }
+
+    #[test]
+    fn a_worker_pod_s_deadline_is_its_grace_period() {
+        for grace in [15, 120] {
+            let template = WorkerTemplate {
+                namespace: "train".into(),
+                instance: "podctl".into(),
+                image: "podctl-worker:test".into(),
+                coordinator: "podctl.train.svc:7001".into(),
+                slice: TpuSlice::new("tpu-v6e-slice", "2x4", None).unwrap(),
+                spot: true,
+                grace_period_seconds: grace,
+                host_network: true,
+                service_account: None,
+                subdomain: "podctl-workers".into(),
+                tls_secret: Some("podctl-worker-tls".into()),
+            };
+            let job = DesiredJob {
+                id: "llm-1".into(),
+                running: true,
+                slices: 1,
+                devices_per_slice: 8,
+                worker_token: "t".into(),
+                registrations: vec![],
+            };
+            let pod = template.pod(&job, 0, 0, 0);
+            let spec = pod.spec.unwrap();
+            let container = &spec.containers[0];
+            // The pod's own command line, as the kubelet runs it, and the plugin the worker
+            // image's environment names.
+            let argv = container.command.iter().flatten().chain(container.args.iter().flatten());
+            let argv = argv.map(String::as_str).chain(["--plugin", "/opt/libtpu/libtpu.so"]);
+            let Command::Worker(args) = Cli::try_parse_from(argv).unwrap().command;
+            let config =
+                agent_config(args, ClientConfig::new(vec!["podctl.train.svc:7001".into()], "t", None));
+            let grace_period = spec.termination_grace_period_seconds.unwrap();
+            assert_eq!(grace_period, grace);
+            assert_eq!(config.preemption_deadline, Duration::from_secs(grace_period as u64));
         }
     }
 }

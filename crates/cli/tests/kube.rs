@@ -146,15 +146,19 @@ fn install(api: &MockApi, tls: &coordinator::TlsFiles) {
     api.put("secrets", secret("podctl-admin-token", &[("token", ADMIN.as_bytes().to_vec())]));
 }
 
-/// Runs each pod's container as a process, as a kubelet would: Secret volumes become files,
-/// `fieldRef` variables are filled in, a pod being deleted gets SIGTERM and is removed once its
-/// process has exited; a process that exits on its own ends its pod (Succeeded or Failed).
+/// Runs each pod's container as a process, as a kubelet would: Secret volumes become files (the
+/// keys their `items` name, or all), `fieldRef` variables are filled in, a pod being deleted gets
+/// SIGTERM, SIGKILL past its `terminationGracePeriodSeconds`, and is removed once its process has
+/// exited; a process that exits on its own ends its pod (Succeeded or Failed).
 struct Kubelet {
     api: Arc<MockApi>,
     dir: PathBuf,
     s3: u16,
-    running: BTreeMap<String, (Child, bool)>,
+    /// Each running pod's process, when it got SIGTERM, and its grace period.
+    running: BTreeMap<String, (Child, Option<Instant>, Duration)>,
     started: Vec<String>,
+    /// Every started pod's `terminationGracePeriodSeconds`.
+    grace_periods: BTreeMap<String, u64>,
 }
 
 impl Kubelet {
@@ -167,15 +171,23 @@ impl Kubelet {
             }
             let child = self.start(name, pod);
             self.api.set_pod_status(NS, name, "Running", None);
-            self.running.insert(name.clone(), (child, false));
+            let grace = pod["spec"]["terminationGracePeriodSeconds"].as_u64().expect("a grace period");
+            self.grace_periods.insert(name.clone(), grace);
+            self.running.insert(name.clone(), (child, None, Duration::from_secs(grace)));
             self.started.push(name.clone());
         }
         let mut ended = Vec::new();
-        for (name, (child, terminated)) in self.running.iter_mut() {
+        for (name, (child, terminated, grace)) in self.running.iter_mut() {
             let deleting = pods.get(name).is_some_and(|p| !p["metadata"]["deletionTimestamp"].is_null());
-            if deleting && !*terminated {
-                let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
-                *terminated = true;
+            match terminated {
+                None if deleting => {
+                    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+                    *terminated = Some(Instant::now());
+                }
+                Some(at) if at.elapsed() > *grace => {
+                    let _ = child.kill();
+                }
+                _ => {}
             }
             if let Ok(Some(status)) = child.try_wait() {
                 ended.push((name.clone(), deleting, status.success()));
@@ -202,8 +214,21 @@ impl Kubelet {
                     .unwrap();
             let dir = here.join(volume["name"].as_str().unwrap());
             std::fs::create_dir_all(&dir).unwrap();
-            for (key, value) in secret.data.unwrap() {
-                std::fs::write(dir.join(key), value.0).unwrap();
+            let mut data = secret.data.unwrap();
+            match volume["secret"]["items"].as_array() {
+                // Only the keys the volume names, at their paths (a missing one fails the pod).
+                Some(items) => {
+                    for item in items {
+                        let value =
+                            data.remove(item["key"].as_str().unwrap()).expect("a projected key exists");
+                        std::fs::write(dir.join(item["path"].as_str().unwrap()), value.0).unwrap();
+                    }
+                }
+                None => {
+                    for (key, value) in data {
+                        std::fs::write(dir.join(key), value.0).unwrap();
+                    }
+                }
             }
             mounts.insert(volume["name"].as_str().unwrap().to_string(), dir);
         }
@@ -242,7 +267,7 @@ impl Kubelet {
 
 impl Drop for Kubelet {
     fn drop(&mut self) {
-        for (child, _) in self.running.values_mut() {
+        for (child, _, _) in self.running.values_mut() {
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -288,6 +313,18 @@ fn validate(manifests: &str) -> String {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "kubernetes-validate:\n{text}");
     text
+}
+
+/// A log line without its terminal colours (the worker's log styles field names).
+fn plain(line: &str) -> String {
+    let mut out = String::new();
+    let mut rest = line;
+    while let Some(at) = rest.find('\x1b') {
+        out.push_str(&rest[..at]);
+        let end = rest[at..].find('m').map_or(rest.len(), |m| at + m + 1);
+        rest = &rest[end..];
+    }
+    out + rest
 }
 
 fn output(command: &mut Command) -> (bool, String, String) {
@@ -345,6 +382,7 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
         s3,
         running: BTreeMap::new(),
         started: Vec::new(),
+        grace_periods: BTreeMap::new(),
     }));
     let stop = Arc::new(AtomicBool::new(false));
     let ticking = {
@@ -449,6 +487,16 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
     let registered_again = out.contains(&format!(" s1 {job}.w3 g"));
     let replacement_compiling = out.matches("compiling the job's bundle").count() >= 2;
     assert!((registered_again || replacement_compiling) && !out.contains(" s0 "), "{out}");
+    // The preempted pod's worker left on SIGTERM with its pod's grace period as its deadline
+    // (the default 15 s, GKE's share of a Spot VM's notice for user pods).
+    let grace = kubelet.lock().unwrap().grace_periods[&format!("{job}-s1-a0-h0")];
+    assert_eq!(grace, 15);
+    let log = std::fs::read_to_string(dir.join(format!("pods/{job}-s1-a0-h0.log"))).unwrap();
+    let notice = log.lines().find(|l| l.contains("SIGTERM: leaving the job")).map(plain);
+    assert!(
+        notice.as_ref().is_some_and(|l| l.contains(&format!(" deadline={grace}s"))),
+        "{notice:?} in\n{log}"
+    );
     // Every pod fetched the bundle from the bucket (its own output, as `kubectl logs` shows it;
     // the coordinator's copy of worker logs is best effort).
     for pod in ["s0-a0-h0", "s1-a0-h0", "s1-a1-h0"] {

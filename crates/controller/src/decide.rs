@@ -381,6 +381,7 @@ fn decide_slice(
 mod tests {
     use super::*;
     use crate::slice::{TpuSlice, pod_name};
+    use k8s_openapi::api::core::v1::PodAffinityTerm;
 
     fn template(topology: &str) -> WorkerTemplate {
         WorkerTemplate {
@@ -391,6 +392,7 @@ mod tests {
             slice: TpuSlice::new("tpu-v6e-slice", topology, None).unwrap(),
             spot: true,
             grace_period_seconds: 30,
+            host_network: true,
             service_account: Some("podctl-worker".into()),
             subdomain: "podctl-workers".into(),
             tls_secret: Some("podctl-worker-tls".into()),
@@ -498,7 +500,8 @@ mod tests {
                     "command": ["podctl"],
                     "args": [
                         "worker", "--coordinator", "podctl.train.svc:7001", "--job", "llm-1",
-                        "--token-file", "/var/run/podctl/token/token", "--tls-dir", "/var/run/podctl/tls"
+                        "--token-file", "/var/run/podctl/token/token", "--grace-period-seconds", "30",
+                        "--tls-dir", "/var/run/podctl/tls"
                     ],
                     "env": [
                         { "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } },
@@ -516,14 +519,25 @@ mod tests {
                     "volumeMounts": [
                         { "name": "token", "mountPath": "/var/run/podctl/token", "readOnly": true },
                         { "name": "tls", "mountPath": "/var/run/podctl/tls", "readOnly": true }
-                    ]
+                    ],
+                    "securityContext": { "allowPrivilegeEscalation": false }
                 }],
                 "volumes": [
                     { "name": "token", "secret": { "secretName": "llm-1-token", "defaultMode": 256 } },
-                    { "name": "tls", "secret": { "secretName": "podctl-worker-tls", "defaultMode": 256 } }
+                    { "name": "tls", "secret": {
+                        "secretName": "podctl-worker-tls",
+                        "defaultMode": 256,
+                        "items": [
+                            { "key": "ca.pem", "path": "ca.pem" },
+                            { "key": "client.pem", "path": "client.pem" },
+                            { "key": "client.key", "path": "client.key" }
+                        ]
+                    } }
                 ]
             }
         });
+        // A single-host slice is one VM: no node-pool affinity, no slice-group label (the
+        // scheduler places a v6e-8 pod on any free ct6e-standard-8t node, as before).
         assert_eq!(json, expected, "{}", serde_json::to_string_pretty(&json).unwrap());
     }
 
@@ -548,6 +562,97 @@ mod tests {
             )
         );
         assert_eq!(container.resources.as_ref().unwrap().limits.as_ref().unwrap()["google.com/tpu"].0, "4");
+    }
+
+    /// Whether a label selector of an affinity term selects a pod with these labels (the
+    /// operators the controller uses).
+    fn selects(term: &PodAffinityTerm, labels: &BTreeMap<String, String>) -> bool {
+        let selector = term.label_selector.as_ref().unwrap();
+        selector.match_expressions.as_ref().unwrap().iter().all(|r| {
+            let value = labels.get(&r.key);
+            let values = r.values.clone().unwrap_or_default();
+            match r.operator.as_str() {
+                "In" => value.is_some_and(|v| values.contains(v)),
+                "NotIn" => !value.is_some_and(|v| values.contains(v)),
+                "Exists" => value.is_some(),
+                other => panic!("operator {other}"),
+            }
+        })
+    }
+
+    /// The required pod affinity and anti-affinity terms of a pod.
+    fn placement(pod: &Pod) -> (PodAffinityTerm, PodAffinityTerm) {
+        let affinity = pod.spec.as_ref().unwrap().affinity.clone().expect("a multi-host pod has an affinity");
+        assert!(affinity.node_affinity.is_none());
+        let together =
+            affinity.pod_affinity.unwrap().required_during_scheduling_ignored_during_execution.unwrap();
+        let apart =
+            affinity.pod_anti_affinity.unwrap().required_during_scheduling_ignored_during_execution.unwrap();
+        assert_eq!((together.len(), apart.len()), (1, 1), "one term each");
+        (together[0].clone(), apart[0].clone())
+    }
+
+    fn created_pods(actions: &[Action]) -> Vec<Pod> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::CreatePod(p) => Some((**p).clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_two_slice_4x4_spot_job_keeps_each_slice_in_one_node_pool_and_the_slices_apart() {
+        let t = template("4x4");
+        let actions = decide(&t, &[job("big-2", 2, 16)], &[], &[]);
+        let pods = created_pods(&actions);
+        assert_eq!(pods.len(), 8, "two slices of four hosts: {actions:#?}");
+        let labels = |p: &Pod| p.metadata.labels.clone().unwrap();
+        for pod in &pods {
+            let spec = pod.spec.as_ref().unwrap();
+            // Spot, as the template says, and the multi-host slice type.
+            let selector = spec.node_selector.as_ref().unwrap();
+            assert_eq!(selector["cloud.google.com/gke-spot"], "true");
+            assert_eq!(selector["cloud.google.com/gke-tpu-topology"], "4x4");
+            let (together, apart) = placement(pod);
+            assert_eq!(together.topology_key, "cloud.google.com/gke-nodepool");
+            assert_eq!(apart.topology_key, "cloud.google.com/gke-nodepool");
+            // Together: its own slice's hosts, in its own namespace; apart: everyone else's,
+            // in every namespace.
+            assert!(together.namespace_selector.is_none() && together.namespaces.is_none());
+            assert_eq!(apart.namespace_selector, Some(Default::default()));
+            for other in &pods {
+                let same_slice = labels(other)["podctl.dev/slice"] == labels(pod)["podctl.dev/slice"];
+                assert_eq!(selects(&together, &labels(other)), same_slice);
+                assert_eq!(selects(&apart, &labels(other)), !same_slice);
+            }
+            // Pods that are not a slice's (no slice-group label) are neither pulled nor pushed.
+            let unrelated = BTreeMap::from([("app".to_string(), "web".to_string())]);
+            assert!(!selects(&together, &unrelated) && !selects(&apart, &unrelated));
+        }
+        assert_eq!(labels(&pods[5])["podctl.dev/slice-group"], "big-2-s1-a0");
+
+        // Host 2 of slice 1 is preempted: the replacement attempt keeps off the pool its
+        // predecessor is leaving (whose pods are still there, terminating) and off slice 0's.
+        let secrets = vec![ObservedSecret { name: "big-2-token".into(), job_id: Some("big-2".into()) }];
+        let mut observed_pods: Vec<ObservedPod> =
+            pods.iter().map(|p| ObservedPod::from_pod(p).unwrap()).collect();
+        observed_pods.iter_mut().for_each(|p| p.state = PodState::Running);
+        observed_pods[6].state = PodState::Deleting;
+        let actions = decide(&t, &[job("big-2", 2, 16)], &observed_pods, &secrets);
+        let replacements = created_pods(&actions);
+        assert_eq!(replacements.len(), 4, "{actions:#?}");
+        for pod in &replacements {
+            assert_eq!(labels(pod)["podctl.dev/slice-group"], "big-2-s1-a1");
+            let (together, apart) = placement(pod);
+            for old in &pods {
+                assert!(!selects(&together, &labels(old)) && selects(&apart, &labels(old)));
+            }
+            for new in &replacements {
+                assert!(selects(&together, &labels(new)) && !selects(&apart, &labels(new)));
+            }
+        }
     }
 
     #[test]

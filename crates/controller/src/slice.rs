@@ -5,15 +5,23 @@
 //! `<job>-s<slice>-a<attempt>-h<host>`, and a pod lost from a slice replaces the whole slice
 //! under the next attempt (the hosts of a multi-host slice run one SPMD program over ICI; it
 //! cannot go on with a host missing, and `TPU_WORKER_HOSTNAMES` names the hosts of one attempt).
+//!
+//! The hosts of a multi-host slice must land in one GKE node pool (one pool is one physical
+//! slice, its VMs joined by ICI), and no two slices in the same pool: the pods carry JobSet's
+//! exclusive-topology rule on `cloud.google.com/gke-nodepool` (what XPK asks for with
+//! `alpha.jobset.sigs.k8s.io/exclusive-topology`), a required pod affinity to their own slice
+//! attempt and a required anti-affinity to every other. A single-host slice is one VM, so its
+//! pod needs neither.
 
 use crate::Error;
 use crate::decide::DesiredJob;
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSpec, ResourceRequirements, Secret,
-    SecretVolumeSource, Toleration, Volume, VolumeMount,
+    Affinity, Container, EnvVar, EnvVarSource, KeyToPath, ObjectFieldSelector, Pod, PodAffinity,
+    PodAffinityTerm, PodAntiAffinity, PodSpec, ResourceRequirements, Secret, SecretVolumeSource,
+    SecurityContext, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
@@ -25,6 +33,8 @@ pub const TPU_TOPOLOGY_LABEL: &str = "cloud.google.com/gke-tpu-topology";
 pub const SPOT_LABEL: &str = "cloud.google.com/gke-spot";
 /// The extended resource of TPU chips (and the taint GKE puts on TPU nodes).
 pub const TPU_RESOURCE: &str = "google.com/tpu";
+/// GKE's node label naming a node's node pool: the topology domain of a multi-host slice.
+pub const NODE_POOL_LABEL: &str = "cloud.google.com/gke-nodepool";
 
 /// Labels every object the controller makes carries.
 pub const NAME_LABEL: &str = "app.kubernetes.io/name";
@@ -42,6 +52,9 @@ pub const SLICE_LABEL: &str = "podctl.dev/slice";
 pub const ATTEMPT_LABEL: &str = "podctl.dev/attempt";
 /// The host index inside the slice (`TPU_WORKER_ID`).
 pub const HOST_LABEL: &str = "podctl.dev/host";
+/// One attempt of one slice of one job (`<job key>-s<slice>-a<attempt>`), on the pods of
+/// multi-host slices: what their node-pool affinity and anti-affinity select.
+pub const SLICE_GROUP_LABEL: &str = "podctl.dev/slice-group";
 /// The full job id (labels are too short for every id).
 pub const JOB_ID_ANNOTATION: &str = "podctl.dev/job-id";
 
@@ -49,6 +62,10 @@ pub const JOB_ID_ANNOTATION: &str = "podctl.dev/job-id";
 pub const TOKEN_DIR: &str = "/var/run/podctl/token";
 /// Where a worker pod finds `ca.pem`, `client.pem` and `client.key`.
 pub const TLS_DIR: &str = "/var/run/podctl/tls";
+/// The only keys of the TLS Secret a worker pod mounts: never a server or CA key, whatever
+/// else the Secret holds (whoever reads a worker's files must not be able to serve as a
+/// coordinator or mint certificates).
+pub const WORKER_TLS_FILES: [&str; 3] = ["ca.pem", "client.pem", "client.key"];
 /// The key of the token in a job token Secret.
 pub const TOKEN_KEY: &str = "token";
 
@@ -75,6 +92,11 @@ pub fn parse_pod_name(job_id: &str, name: &str) -> Option<(u32, u32, u32)> {
     let (slice, rest) = rest.split_once("-a")?;
     let (attempt, host) = rest.split_once("-h")?;
     Some((slice.parse().ok()?, attempt.parse().ok()?, host.parse().ok()?))
+}
+
+/// The slice-group label value of one attempt of one slice (see [`SLICE_GROUP_LABEL`]).
+pub fn slice_group(job_id: &str, slice: u32, attempt: u32) -> String {
+    format!("{}-s{slice}-a{attempt}", job_key(job_id))
 }
 
 /// The name of a job's token Secret.
@@ -143,10 +165,16 @@ pub struct WorkerTemplate {
     pub slice: TpuSlice,
     /// Run on Spot VMs (select them and tolerate their taint).
     pub spot: bool,
-    /// Seconds between SIGTERM and SIGKILL: the worker reports its preemption, ends its step
-    /// and its session in that time (GKE gives a Spot VM about 30 s of notice).
+    /// Seconds between SIGTERM and SIGKILL: the pod's `terminationGracePeriodSeconds`, and the
+    /// deadline the worker reports in its preemption notice (`--grace-period-seconds`). On a
+    /// Spot VM's preemption GKE gives user pods at most 15 s unless the node pool's system
+    /// configuration grants more (up to 120 s), whatever the pod asks for.
     pub grace_period_seconds: i64,
-    /// The Kubernetes service account of worker pods (Workload Identity for the bucket).
+    /// Run on the host network (the VM's own interfaces for the gradient ring and libtpu; the
+    /// node's service account for the bucket) rather than the pod network (per-pod Workload
+    /// Identity; the CNI on every packet). docs/KUBERNETES.md weighs the two.
+    pub host_network: bool,
+    /// The Kubernetes service account of worker pods (Workload Identity on the pod network).
     pub service_account: Option<String>,
     /// The headless Service whose DNS names the hosts of a slice (`<pod>.<subdomain>`).
     pub subdomain: String,
@@ -205,6 +233,10 @@ impl WorkerTemplate {
         labels.insert(SLICE_LABEL.into(), slice.to_string());
         labels.insert(ATTEMPT_LABEL.into(), attempt.to_string());
         labels.insert(HOST_LABEL.into(), host.to_string());
+        let multi_host = self.slice.hosts() > 1;
+        if multi_host {
+            labels.insert(SLICE_GROUP_LABEL.into(), slice_group(&job.id, slice, attempt));
+        }
 
         let hostnames = (0..self.slice.hosts())
             .map(|h| format!("{}.{}", pod_name(&job.id, slice, attempt, h), self.subdomain))
@@ -243,6 +275,9 @@ impl WorkerTemplate {
             job.id.clone(),
             "--token-file".into(),
             format!("{TOKEN_DIR}/{TOKEN_KEY}"),
+            // The deadline its preemption notice reports: this pod's grace period.
+            "--grace-period-seconds".into(),
+            self.grace_period_seconds.to_string(),
         ];
         let mut mounts = vec![VolumeMount {
             name: "token".into(),
@@ -272,6 +307,16 @@ impl WorkerTemplate {
                 secret: Some(SecretVolumeSource {
                     secret_name: Some(tls.clone()),
                     default_mode: Some(0o400),
+                    items: Some(
+                        WORKER_TLS_FILES
+                            .iter()
+                            .map(|file| KeyToPath {
+                                key: file.to_string(),
+                                path: file.to_string(),
+                                mode: None,
+                            })
+                            .collect(),
+                    ),
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -301,6 +346,8 @@ impl WorkerTemplate {
             });
         }
 
+        let affinity = multi_host.then(|| exclusive_node_pool(&slice_group(&job.id, slice, attempt)));
+
         Pod {
             metadata,
             spec: Some(PodSpec {
@@ -309,10 +356,12 @@ impl WorkerTemplate {
                 restart_policy: Some("Never".into()),
                 hostname: Some(name),
                 subdomain: Some(self.subdomain.clone()),
-                // DCN traffic (the gradient ring, peer catch-up) goes host to host.
-                host_network: Some(true),
-                dns_policy: Some("ClusterFirstWithHostNet".into()),
+                // On the host network, DCN traffic (the gradient ring, peer catch-up) goes over
+                // the VM's own interfaces.
+                host_network: self.host_network.then_some(true),
+                dns_policy: self.host_network.then(|| "ClusterFirstWithHostNet".into()),
                 service_account_name: self.service_account.clone(),
+                affinity,
                 termination_grace_period_seconds: Some(self.grace_period_seconds),
                 node_selector: Some(node_selector),
                 tolerations: Some(tolerations),
@@ -328,6 +377,11 @@ impl WorkerTemplate {
                         ..Default::default()
                     }),
                     volume_mounts: Some(mounts),
+                    // Root, for libtpu's device nodes (docs/KUBERNETES.md), but never more.
+                    security_context: Some(SecurityContext {
+                        allow_privilege_escalation: Some(false),
+                        ..Default::default()
+                    }),
                     ..Default::default()
                 }],
                 volumes: Some(volumes),
@@ -353,6 +407,44 @@ impl WorkerTemplate {
             }
         }
         docs.iter().map(|d| format!("---\n{d}\n")).collect()
+    }
+}
+
+/// JobSet's exclusive placement on node pools, for the pods of slice attempt `group`: all in the
+/// pool of the first one scheduled (a pod matching its own required affinity may go where none
+/// matches yet), and none in a pool holding another slice's pods, of any podctl install or
+/// namespace. Attempts differ, so a replacement keeps off the pool its predecessor is leaving.
+fn exclusive_node_pool(group: &str) -> Affinity {
+    let requirement = |operator: &str, values: Option<Vec<String>>| LabelSelectorRequirement {
+        key: SLICE_GROUP_LABEL.into(),
+        operator: operator.into(),
+        values,
+    };
+    let term = |expressions: Vec<LabelSelectorRequirement>, namespace_selector: Option<LabelSelector>| {
+        PodAffinityTerm {
+            label_selector: Some(LabelSelector { match_expressions: Some(expressions), match_labels: None }),
+            namespace_selector,
+            topology_key: NODE_POOL_LABEL.into(),
+            ..Default::default()
+        }
+    };
+    Affinity {
+        pod_affinity: Some(PodAffinity {
+            required_during_scheduling_ignored_during_execution: Some(vec![term(
+                vec![requirement("In", Some(vec![group.into()]))],
+                None,
+            )]),
+            ..Default::default()
+        }),
+        pod_anti_affinity: Some(PodAntiAffinity {
+            required_during_scheduling_ignored_during_execution: Some(vec![term(
+                vec![requirement("Exists", None), requirement("NotIn", Some(vec![group.into()]))],
+                // `{}`: every namespace.
+                Some(LabelSelector::default()),
+            )]),
+            ..Default::default()
+        }),
+        node_affinity: None,
     }
 }
 

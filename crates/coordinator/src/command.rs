@@ -138,9 +138,21 @@ struct KubeArgs {
     /// Run workers on Spot VMs.
     #[arg(long)]
     kube_spot: bool,
-    /// Seconds a worker pod gets between SIGTERM and SIGKILL.
-    #[arg(long, default_value_t = 30)]
+    /// Seconds a worker pod gets between SIGTERM and SIGKILL, and the deadline its preemption
+    /// notice reports (GKE gives a Spot VM's pods 15 s unless the node pool grants more).
+    #[arg(long, default_value_t = 15)]
     kube_grace_period_seconds: i64,
+    /// The worker pods' network: `host` (the VM's interfaces; the node's service account for
+    /// the bucket) or `pod` (per-pod Workload Identity; the CNI on every packet).
+    #[arg(long, value_enum, default_value_t = WorkerNetwork::Host)]
+    kube_worker_network: WorkerNetwork,
+}
+
+/// Where worker pods' traffic goes (docs/KUBERNETES.md weighs the two).
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum WorkerNetwork {
+    Host,
+    Pod,
 }
 
 impl KubeArgs {
@@ -165,6 +177,7 @@ impl KubeArgs {
                 slice,
                 spot: self.kube_spot,
                 grace_period_seconds: self.kube_grace_period_seconds,
+                host_network: matches!(self.kube_worker_network, WorkerNetwork::Host),
                 service_account: self.kube_worker_service_account.clone(),
                 subdomain: self.kube_worker_subdomain.clone(),
                 tls_secret: self.kube_worker_tls_secret.clone(),
@@ -322,6 +335,24 @@ mod tests {
         let config = cli.node.node.kube.config().unwrap().unwrap();
         assert_eq!(config.template.slice.hosts(), 4);
         assert!(config.template.spot);
+        // The defaults: the host network, GKE's 15 s for a Spot VM's pods.
+        assert!(config.template.host_network);
+        assert_eq!(config.template.grace_period_seconds, 15);
+        let cli = Cli::try_parse_from([
+            "podctl-coordinator",
+            "--kubernetes",
+            "--kube-namespace=train",
+            "--kube-worker-image=w:1",
+            "--kube-coordinator-address=podctl.train.svc:7001",
+            "--kube-worker-network=pod",
+            "--kube-grace-period-seconds=120",
+        ])
+        .unwrap();
+        let config = cli.node.node.kube.config().unwrap().unwrap();
+        assert!(!config.template.host_network);
+        assert_eq!(config.template.grace_period_seconds, 120);
+        let e = Cli::try_parse_from(["podctl-coordinator", "--kube-worker-network=bridge"]).err().unwrap();
+        assert!(e.to_string().contains("'bridge'") && e.to_string().contains("host, pod"), "{e}");
         let e = Cli::try_parse_from(["podctl-coordinator", "--kubernetes", "--kube-namespace=t"]).unwrap();
         assert!(e.node.node.kube.config().unwrap_err().to_string().contains("--kube-worker-image"));
     }

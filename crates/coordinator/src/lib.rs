@@ -23,7 +23,8 @@
 //! - [`tls`]: a development CA and certificates, and loading them.
 //! - [`command`]: a node's command line (`podctl-coordinator`, `podctl coordinator`).
 //! - [`metrics`]: Prometheus `/metrics` (jobs' steps, step times, recoveries, checkpoints, Raft),
-//!   served when `Config::metrics_listen` is set.
+//!   served when `Config::metrics_listen` is set, with `/healthz` and `/readyz`.
+//! - [`health`]: readiness: a voter of the cluster that knows its leader (the chart's probe).
 //! - [`recorder`]: a job's run record (`metrics.jsonl`, `events.jsonl`, plots), when asked.
 //! - [`kubernetes`]: the coordinator's side of the Kubernetes controller (`crates/controller`):
 //!   the jobs' desired pods, lost pods as preemptions, the workers' tokens.
@@ -49,6 +50,7 @@ mod config;
 pub mod decide;
 mod error;
 pub mod grpc;
+pub mod health;
 pub mod kubernetes;
 pub mod leader;
 pub mod logs;

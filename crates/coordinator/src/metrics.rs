@@ -1,4 +1,5 @@
-//! Prometheus metrics of a coordinator node: `GET /metrics` on `Config::metrics_listen`.
+//! Prometheus metrics of a coordinator node: `GET /metrics` on `Config::metrics_listen`, with
+//! `/healthz` (the process answers) and `/readyz` (it has joined the cluster, [`crate::health`]).
 //!
 //! Two kinds of series. Counters and histograms ([`JobCounters`]) follow the commands as they
 //! are applied on this node (the way [`crate::recorder`] does), so every node, follower or
@@ -445,7 +446,16 @@ pub async fn serve(
                 let (status, body) = match request_path(&head) {
                     Some("/metrics") => ("200 OK", page(&ctx, &counters)),
                     Some("/healthz") => ("200 OK", "ok\n".to_string()),
-                    Some(_) => ("404 Not Found", "only /metrics and /healthz are served here\n".to_string()),
+                    Some("/readyz") => {
+                        let metrics = ctx.raft.metrics().borrow().clone();
+                        match crate::health::readiness(ctx.id, &metrics, ctx.config.timeouts.election_max) {
+                            Ok(ready) => ("200 OK", format!("{ready}\n")),
+                            Err(why) => ("503 Service Unavailable", format!("{why}\n")),
+                        }
+                    }
+                    Some(_) => {
+                        ("404 Not Found", "only /metrics, /healthz and /readyz are served here\n".to_string())
+                    }
                     None => ("400 Bad Request", "expected GET <path> HTTP/1.x\n".to_string()),
                 };
                 let response = format!(

@@ -1,16 +1,27 @@
-//! The Helm chart and the controller's manifests against the Kubernetes API schemas.
+//! The Helm chart and the controller's manifests against the Kubernetes API schemas, and the
+//! chart installed the way docs/gke.md installs it.
 //!
 //! helm is the pinned one `scripts/install-helm.sh` puts in `.tools/`; `kubernetes-validate`
 //! (PyPI, pinned in `scripts/requirements/kubernetes.txt`) is in `.venv/`. `scripts/setup.sh`
 //! installs both; these tests fail, naming it, when they are missing.
+//!
+//! docs/gke.md's shell blocks are read as the commands a user runs (variables assigned in them
+//! are expanded, `$(...)` results are stood in for): its `helm install` flags render the chart,
+//! the coordinators' `--kube-*` flags give the worker pods they would create, and those pods are
+//! held to the Secrets and the identities the same page sets up.
 
 use controller::{DesiredJob, TpuSlice, WorkerTemplate};
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 /// The Kubernetes version manifests are validated against (the chart's `kubeVersion` floor).
 const KUBERNETES: &str = "1.32";
+/// The namespace every rendering uses.
+const NS: &str = "train";
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -51,35 +62,361 @@ fn validate(what: &str, manifests: &str) -> String {
     check(&format!("kubernetes-validate of {what}"), &child.wait_with_output().unwrap())
 }
 
-fn template(values: Option<&str>) -> String {
-    let mut command = helm();
-    command.args(["template", "podctl", "charts/podctl", "--namespace", "train"]);
-    if let Some(values) = values {
-        command.args(["--values", values]);
-    }
-    check("helm template", &command.output().unwrap())
+/// `helm template` of the chart with extra arguments (values files, `--set`s).
+fn template(args: &[String]) -> String {
+    let output = helm().args(["template", "podctl", "charts/podctl", "--namespace", NS]).args(args).output();
+    check(&format!("helm template {args:?}"), &output.unwrap())
 }
 
-const VALUES: [Option<&str>; 2] = [None, Some("charts/podctl/ci/multihost-values.yaml")];
+/// The chart's objects, by `kind/name`.
+fn objects(rendered: &str) -> BTreeMap<String, Value> {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(rendered).expect("helm renders YAML");
+    docs.into_iter()
+        .map(|d| (format!("{}/{}", d["kind"].as_str().unwrap(), d["metadata"]["name"].as_str().unwrap()), d))
+        .collect()
+}
+
+/// docs/gke.md's shell commands, each as its words after expansion, in order.
+struct Walkthrough {
+    commands: Vec<Vec<String>>,
+}
+
+impl Walkthrough {
+    /// Reads the ```sh blocks. Assignments (`A=x B=$A`) set variables for the commands after
+    /// them; `$(...)` is replaced by `outputs[...]` (what the command would print), a heredoc's
+    /// body is skipped.
+    fn read(outputs: &BTreeMap<&str, &str>) -> Self {
+        let text = std::fs::read_to_string(root().join("docs/gke.md")).unwrap();
+        let mut blocks = Vec::new();
+        let mut block: Option<String> = None;
+        for line in text.lines() {
+            match (&mut block, line) {
+                (None, "```sh") => block = Some(String::new()),
+                (Some(b), "```") => blocks.push(std::mem::take(b)),
+                (Some(b), line) => {
+                    b.push_str(line);
+                    b.push('\n');
+                }
+                (None, _) => {}
+            }
+            if line == "```" {
+                block = None;
+            }
+        }
+        // What the reader's shell has already.
+        let mut vars = BTreeMap::from([
+            ("PWD".to_string(), "/podctl".to_string()),
+            ("PATH".to_string(), "/usr/bin".to_string()),
+        ]);
+        let mut commands = Vec::new();
+        for block in blocks {
+            let joined = block.replace("\\\n", " ");
+            let mut heredoc: Option<String> = None;
+            for line in joined.lines() {
+                if let Some(end) = &heredoc {
+                    if line.trim() == end {
+                        heredoc = None;
+                    }
+                    continue;
+                }
+                let words = split_words(line);
+                if let Some(pos) = words.iter().position(|w| w.starts_with("<<")) {
+                    heredoc = Some(words[pos].trim_start_matches("<<").to_string());
+                }
+                // `a && b`, `a; b`: separate commands.
+                for command in words.split(|w| w == "&&" || w == ";") {
+                    // `for NAME in a b; do ... done` runs its body once, with the first value.
+                    if let [keyword, name, _in, first, ..] = command
+                        && keyword == "for"
+                    {
+                        vars.insert(name.clone(), expand(first, &vars, outputs));
+                        continue;
+                    }
+                    if matches!(command, [only] if only == "do" || only == "done") {
+                        continue;
+                    }
+                    let expanded: Vec<String> = command.iter().map(|w| expand(w, &vars, outputs)).collect();
+                    let assignments = expanded.iter().take_while(|w| is_assignment(w)).count();
+                    if assignments == expanded.len() {
+                        for a in &expanded {
+                            let (name, value) = a.split_once('=').unwrap();
+                            vars.insert(name.to_string(), value.to_string());
+                        }
+                    } else if !expanded.is_empty() {
+                        commands.push(expanded);
+                    }
+                }
+            }
+        }
+        Self { commands }
+    }
+
+    /// The commands that begin with these words.
+    fn starting(&self, prefix: &[&str]) -> Vec<&Vec<String>> {
+        self.commands
+            .iter()
+            .filter(|c| c.len() >= prefix.len() && c.iter().zip(prefix).all(|(a, b)| a == b))
+            .collect()
+    }
+
+    /// The only command that begins with these words.
+    fn one(&self, prefix: &[&str]) -> &Vec<String> {
+        let found = self.starting(prefix);
+        assert_eq!(found.len(), 1, "docs/gke.md should run `{}` once: {found:?}", prefix.join(" "));
+        found[0]
+    }
+
+    /// Files of each Secret it creates (`kubectl ... create secret generic NAME --from-file=...`).
+    fn secrets(&self) -> BTreeMap<String, BTreeSet<String>> {
+        let mut secrets = BTreeMap::new();
+        for command in self.starting(&["kubectl"]) {
+            let Some(at) = command.windows(3).position(|w| w == ["create", "secret", "generic"]) else {
+                continue;
+            };
+            let files: BTreeSet<String> = command
+                .iter()
+                .filter_map(|w| w.strip_prefix("--from-file="))
+                .map(|path| {
+                    assert!(!path.ends_with('/'), "a whole directory goes into a Secret: {command:?}");
+                    path.rsplit('/').next().unwrap().to_string()
+                })
+                .collect();
+            secrets.insert(command[at + 3].clone(), files);
+        }
+        secrets
+    }
+
+    /// Whether it grants `role` on `resource` (a bucket, a service account) to `member`.
+    fn grants(&self, resource: &str, member: &str, role: &str) -> bool {
+        self.commands.iter().any(|c| {
+            c.iter().any(|w| w == "add-iam-policy-binding")
+                && c.contains(&resource.to_string())
+                && flag(c, "--member").as_deref() == Some(member)
+                && flag(c, "--role").as_deref() == Some(role)
+        })
+    }
+}
+
+/// Splits a shell line into words: quotes group, `$(...)` stays whole (as written, for
+/// [`expand`]), a `#` word starts a comment.
+fn split_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut quote: Option<char> = None;
+    let mut chars = line.char_indices().peekable();
+    while let Some((at, c)) = chars.next() {
+        match (quote, c) {
+            (_, '$') if line[at..].starts_with("$(") => {
+                let end = at + 2 + matching_paren(&line[at + 2..]);
+                word.get_or_insert_default().push_str(&line[at..=end]);
+                while chars.peek().is_some_and(|&(i, _)| i <= end) {
+                    chars.next();
+                }
+            }
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.get_or_insert_default().push(c),
+            (None, '"' | '\'') => {
+                quote = Some(c);
+                word.get_or_insert_default();
+            }
+            (None, '#') if word.is_none() => break,
+            (None, c) if c.is_whitespace() => words.extend(word.take()),
+            (None, c) => word.get_or_insert_default().push(c),
+        }
+    }
+    words.extend(word);
+    words
+}
+
+/// The index of the `)` that closes a `(` just before `text` (parentheses in quotes do not count).
+fn matching_paren(text: &str) -> usize {
+    let (mut depth, mut quote) = (0, None);
+    for (at, c) in text.char_indices() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '"' | '\'') => quote = Some(c),
+            (None, '(') => depth += 1,
+            (None, ')') if depth == 0 => return at,
+            (None, ')') => depth -= 1,
+            _ => {}
+        }
+    }
+    panic!("unclosed $( in {text}")
+}
+
+fn is_assignment(word: &str) -> bool {
+    word.split_once('=').is_some_and(|(name, _)| {
+        !name.is_empty() && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+    })
+}
+
+/// `$VAR`, `${VAR}` and `$(command)` in a word.
+fn expand(word: &str, vars: &BTreeMap<String, String>, outputs: &BTreeMap<&str, &str>) -> String {
+    let mut out = String::new();
+    let mut rest = word;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        rest = &rest[at + 1..];
+        if let Some(inner) = rest.strip_prefix('(') {
+            let end = matching_paren(inner);
+            let command = &inner[..end];
+            let output =
+                outputs.get(command).unwrap_or_else(|| panic!("no stand-in output for $({command})"));
+            out.push_str(output);
+            rest = &inner[end + 1..];
+            continue;
+        }
+        let (name, after) = match rest.strip_prefix('{') {
+            Some(inner) => {
+                let end = inner.find('}').unwrap();
+                (&inner[..end], &inner[end + 1..])
+            }
+            None => {
+                let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len());
+                (&rest[..end], &rest[end..])
+            }
+        };
+        out.push_str(
+            vars.get(name).unwrap_or_else(|| panic!("${name} is used in docs/gke.md before it is set")),
+        );
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The value of `--name=value` or `--name value` in a command.
+fn flag(command: &[String], name: &str) -> Option<String> {
+    command.iter().enumerate().find_map(|(i, w)| match w.strip_prefix(name) {
+        Some("") => command.get(i + 1).cloned(),
+        Some(rest) => rest.strip_prefix('=').map(str::to_string),
+        None => None,
+    })
+}
+
+/// What `$(...)` prints in docs/gke.md, for the test.
+fn stand_ins() -> BTreeMap<&'static str, &'static str> {
+    BTreeMap::from([
+        ("gcloud config get-value account", "you@example.com"),
+        (
+            "gcloud compute networks subnets describe default --region $REGION --format \"value(ipCidrRange)\"",
+            "10.202.0.0/20",
+        ),
+    ])
+}
+
+/// The arguments of `helm install` in docs/gke.md that shape the rendering (its `--set`s).
+fn docs_helm_args(walkthrough: &Walkthrough) -> Vec<String> {
+    let install = walkthrough.one(&["helm", "install"]);
+    assert_eq!(&install[2..4], ["podctl", "charts/podctl"], "{install:?}");
+    let mut args = Vec::new();
+    for (i, word) in install.iter().enumerate() {
+        if word == "--set" {
+            args.extend(["--set".to_string(), install[i + 1].clone()]);
+        }
+    }
+    args
+}
+
+/// The worker pods the coordinators of a rendered chart would create for a 2-slice job,
+/// from their `--kube-*` flags (the names `podctl-coordinator` parses, crates/coordinator's
+/// command.rs), and the service account objects they run as.
+fn worker_pods(rendered: &BTreeMap<String, Value>) -> Vec<Pod> {
+    let container = &rendered["StatefulSet/podctl"]["spec"]["template"]["spec"]["containers"][0];
+    let mut flags: BTreeMap<String, String> = BTreeMap::new();
+    for arg in container["args"].as_array().unwrap() {
+        let arg = arg.as_str().unwrap();
+        if let Some(kube) = arg.strip_prefix("--kube")
+            && arg != "--kubernetes"
+        {
+            let (name, value) = kube.split_once('=').unwrap_or((kube, ""));
+            flags.insert(name.to_string(), value.to_string());
+        }
+    }
+    let known = [
+        "-namespace",
+        "-instance",
+        "-worker-image",
+        "-coordinator-address",
+        "-worker-subdomain",
+        "-worker-service-account",
+        "-worker-tls-secret",
+        "-tpu-accelerator",
+        "-tpu-topology",
+        "-tpu-chips-per-host",
+        "-spot",
+        "-grace-period-seconds",
+        "-worker-network",
+    ];
+    for name in flags.keys() {
+        assert!(
+            known.contains(&name.as_str()),
+            "the chart passes --kube{name}, which this test does not map"
+        );
+    }
+    let template = WorkerTemplate {
+        namespace: NS.into(),
+        instance: flags["-instance"].clone(),
+        image: flags["-worker-image"].clone(),
+        coordinator: flags["-coordinator-address"].clone(),
+        slice: TpuSlice::new(
+            &flags["-tpu-accelerator"],
+            &flags["-tpu-topology"],
+            flags.get("-tpu-chips-per-host").map(|c| c.parse().unwrap()),
+        )
+        .unwrap(),
+        spot: flags.contains_key("-spot"),
+        grace_period_seconds: flags["-grace-period-seconds"].parse().unwrap(),
+        host_network: match flags["-worker-network"].as_str() {
+            "host" => true,
+            "pod" => false,
+            other => panic!("--kube-worker-network={other}"),
+        },
+        service_account: flags.get("-worker-service-account").cloned(),
+        subdomain: flags["-worker-subdomain"].clone(),
+        tls_secret: flags.get("-worker-tls-secret").cloned(),
+    };
+    let job = DesiredJob {
+        id: "qwen-sft".into(),
+        running: true,
+        slices: 2,
+        devices_per_slice: template.slice.chips(),
+        worker_token: "a-worker-token".into(),
+        registrations: vec![],
+    };
+    let manifests = template.render(&job);
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&manifests).unwrap();
+    docs.into_iter().filter(|d| d["kind"] == "Pod").map(|d| serde_json::from_value(d).unwrap()).collect()
+}
+
+const DEFAULT_VALUES: &[&str] = &[];
+const MULTIHOST_VALUES: &[&str] = &["--values", "charts/podctl/ci/multihost-values.yaml"];
+
+/// Every way the tests render the chart: its defaults, the multi-host values, docs/gke.md's.
+fn renderings() -> Vec<(String, Vec<String>)> {
+    let owned = |args: &[&str]| args.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+    vec![
+        ("the defaults".into(), owned(DEFAULT_VALUES)),
+        ("ci/multihost-values.yaml".into(), owned(MULTIHOST_VALUES)),
+        ("docs/gke.md's helm install".into(), docs_helm_args(&Walkthrough::read(&stand_ins()))),
+    ]
+}
 
 #[test]
 fn the_chart_lints_strictly() {
-    for values in VALUES {
-        let mut command = helm();
-        command.args(["lint", "--strict", "charts/podctl"]);
-        if let Some(values) = values {
-            command.args(["--values", values]);
-        }
-        let text = check("helm lint --strict", &command.output().unwrap());
+    for (what, args) in renderings() {
+        let output = helm().args(["lint", "--strict", "charts/podctl"]).args(&args).output().unwrap();
+        let text = check(&format!("helm lint --strict with {what}"), &output);
         assert!(text.contains("0 chart(s) failed"), "{text}");
     }
 }
 
 #[test]
 fn the_rendered_chart_validates_strictly() {
-    for values in VALUES {
-        let rendered = template(values);
-        let report = validate(&format!("the chart with {values:?}"), &rendered);
+    for (what, args) in renderings() {
+        let rendered = template(&args);
+        let report = validate(&what, &rendered);
         for kind in [
             "statefulset/podctl",
             "service/podctl-peers",
@@ -94,15 +431,21 @@ fn the_rendered_chart_validates_strictly() {
         ] {
             assert!(
                 report.contains(&format!("passed for resource {kind} ")),
-                "{kind} not validated:\n{report}"
+                "{kind} not validated with {what}:\n{report}"
             );
         }
+        // The worker pods its coordinators would create validate too.
+        let pods = worker_pods(&objects(&rendered));
+        let manifests: String =
+            pods.iter().map(|p| format!("---\n{}\n", serde_json::to_string(p).unwrap())).collect();
+        let report = validate(&format!("the worker pods with {what}"), &manifests);
+        assert_eq!(report.matches("passed for resource pod/").count(), pods.len(), "{report}");
     }
 }
 
 #[test]
 fn the_chart_wires_the_controller_to_its_own_objects() {
-    let rendered = template(Some("charts/podctl/ci/multihost-values.yaml"));
+    let rendered = template(&MULTIHOST_VALUES.iter().map(|a| a.to_string()).collect::<Vec<_>>());
     for arg in [
         "--kubernetes",
         "--kube-worker-subdomain=podctl-workers",
@@ -111,55 +454,209 @@ fn the_chart_wires_the_controller_to_its_own_objects() {
         "--kube-worker-tls-secret=podctl-worker-tls",
         "--kube-tpu-topology=4x4",
         "--kube-tpu-chips-per-host=4",
+        "--kube-worker-network=pod",
+        "--kube-grace-period-seconds=60",
+        "--metrics-listen=0.0.0.0:9090",
         "--peers=1=podctl-0.podctl-peers.train.svc:7001,2=podctl-1.podctl-peers.train.svc:7001,3=podctl-2.podctl-peers.train.svc:7001",
     ] {
         assert!(rendered.contains(&format!("- {arg}\n")), "the StatefulSet lacks {arg}:\n{rendered}");
     }
     assert!(!rendered.contains("--kube-spot"), "spot is off in the multi-host values");
-    assert!(rendered.contains("iam.gke.io/gcp-service-account: podctl@my-project.iam.gserviceaccount.com"));
+    let multihost = objects(&rendered);
+    // On the pod network the workers act as their own service account: it is annotated.
+    let annotation = "iam.gke.io/gcp-service-account";
+    let gsa = "podctl@my-project.iam.gserviceaccount.com";
+    for account in ["ServiceAccount/podctl", "ServiceAccount/podctl-worker"] {
+        assert_eq!(multihost[account]["metadata"]["annotations"][annotation], gsa, "{account}");
+    }
+    let pod = &multihost["StatefulSet/podctl"]["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    // Ready when it has joined the Raft cluster (`/readyz`), not when a port opens.
+    assert_eq!(
+        container["readinessProbe"]["httpGet"],
+        serde_json::json!({ "path": "/readyz", "port": "metrics" })
+    );
+    assert_eq!(container["ports"][1], serde_json::json!({ "name": "metrics", "containerPort": 9090 }));
+    // The multi-host values ask for `preferred`; the default is `required` (below).
+    assert!(pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"].is_array());
+    let defaults = objects(&template(&[]));
+    let anti = &defaults["StatefulSet/podctl"]["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"];
+    assert_eq!(
+        anti["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"],
+        "kubernetes.io/hostname"
+    );
+    // The metrics port is opened to the peers the values name, and to nobody by default.
+    let ingress = |o: &BTreeMap<String, Value>| o["NetworkPolicy/podctl"]["spec"]["ingress"].clone();
+    assert_eq!(ingress(&multihost)[1]["ports"][0]["port"], "metrics");
+    assert_eq!(ingress(&defaults).as_array().unwrap().len(), 1);
 }
 
 #[test]
-fn worker_manifests_validate_like_the_chart() {
-    for (topology, slices) in [("2x4", 2), ("4x4", 2)] {
-        let template = WorkerTemplate {
-            namespace: "train".into(),
-            instance: "podctl".into(),
-            image: "ghcr.io/podctl/podctl-worker:0.1.0".into(),
-            coordinator: "podctl.train.svc:7001".into(),
-            slice: TpuSlice::new("tpu-v6e-slice", topology, None).unwrap(),
-            spot: true,
-            grace_period_seconds: 30,
-            service_account: Some("podctl-worker".into()),
-            subdomain: "podctl-workers".into(),
-            tls_secret: Some("podctl-tls".into()),
-        };
-        let job = DesiredJob {
-            id: "llm-3".into(),
-            running: true,
-            slices,
-            devices_per_slice: template.slice.chips(),
-            worker_token: "a-worker-token".into(),
-            registrations: vec![],
-        };
-        let rendered = template.render(&job);
-        let report = validate(&format!("the worker pods of {topology}"), &rendered);
-        let pods = slices * template.slice.hosts();
-        assert_eq!(report.matches("passed for resource pod/").count() as u32, pods, "{report}");
-        assert!(report.contains("passed for resource secret/llm-3-token"), "{report}");
+fn worker_tls_secrets_must_not_be_the_coordinators() {
+    for (set, expected) in [
+        ("tls.workerSecretName=podctl-tls", "the coordinators' Secret, which holds the server key"),
+        ("tls.workerSecretName=", "tls.workerSecretName is empty"),
+        ("coordinator.antiAffinity=sometimes", "use required or preferred"),
+    ] {
+        let output = helm().args(["template", "podctl", "charts/podctl", "--set", set]).output().unwrap();
+        let text = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success() && text.contains(expected), "--set {set}: {text}");
     }
 }
 
+/// The acceptance of issue 23: installed as docs/gke.md installs it, no worker pod mounts a
+/// Secret holding a CA key or a server key, and the workers' credentials for the bucket are
+/// the ones the page sets up (the TPU nodes' service account on the host network; their own
+/// Kubernetes service account through Workload Identity on the pod network).
 #[test]
-fn the_worker_image_installs_the_pinned_libtpu() {
+fn installed_as_docs_gke_md_says_workers_hold_no_signing_key_and_use_the_documented_identity() {
+    let walkthrough = Walkthrough::read(&stand_ins());
+    let secrets = walkthrough.secrets();
+    let forbidden = ["ca.key", "server.key"];
+    // The coordinators' Secret holds the server key but never the CA's.
+    assert!(secrets["podctl-tls"].contains("server.key"), "{secrets:?}");
+    for (name, files) in &secrets {
+        assert!(!files.contains("ca.key"), "docs/gke.md puts the CA key into Secret {name}");
+    }
+
+    let helm_args = docs_helm_args(&walkthrough);
+    let host = objects(&template(&helm_args));
+    let pods = worker_pods(&host);
+    assert_eq!(pods.len(), 2, "a 2-slice v6e-8 job");
+    for pod in &pods {
+        let spec = pod.spec.as_ref().unwrap();
+        let mounted: BTreeSet<&str> =
+            spec.containers[0].volume_mounts.iter().flatten().map(|m| m.name.as_str()).collect();
+        for volume in spec.volumes.iter().flatten().filter(|v| mounted.contains(v.name.as_str())) {
+            let secret = volume.secret.as_ref().expect("worker pods mount Secrets only");
+            let name = secret.secret_name.clone().unwrap();
+            if name == "qwen-sft-token" {
+                continue; // the job's token, the controller's own Secret
+            }
+            // A Secret docs/gke.md creates, holding no signing key, of which the pod projects
+            // exactly the client's files.
+            let files = secrets
+                .get(&name)
+                .unwrap_or_else(|| panic!("workers mount {name}, which docs/gke.md never creates"));
+            assert!(files.iter().all(|f| !forbidden.contains(&f.as_str())), "{name} holds {files:?}");
+            let projected: BTreeSet<&str> = secret.items.iter().flatten().map(|i| i.key.as_str()).collect();
+            assert_eq!(projected, BTreeSet::from(["ca.pem", "client.pem", "client.key"]), "{name}");
+            assert!(projected.iter().all(|k| files.contains(*k)), "{name} lacks one of {projected:?}");
+        }
+    }
+
+    // The host network (the default): the bucket is the TPU nodes' service account's.
+    let bucket = "gs://my-project-podctl";
+    let tpu_sa = "podctl-tpu@my-project.iam.gserviceaccount.com";
+    let gsa = "podctl@my-project.iam.gserviceaccount.com";
+    let annotation = "iam.gke.io/gcp-service-account";
+    let worker_account = |o: &BTreeMap<String, Value>| o["ServiceAccount/podctl-worker"].clone();
+    for pod in &pods {
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(spec.host_network, Some(true));
+        assert_eq!(spec.service_account_name.as_deref(), worker_account(&host)["metadata"]["name"].as_str());
+    }
+    assert!(
+        worker_account(&host)["metadata"]["annotations"][annotation].is_null(),
+        "a Workload Identity annotation on host-network workers would do nothing"
+    );
+    let tpu_pools: Vec<_> = walkthrough
+        .starting(&["gcloud", "container", "node-pools", "create"])
+        .into_iter()
+        .filter(|c| flag(c, "--machine-type").is_some_and(|m| m.starts_with("ct6e-")))
+        .collect();
+    assert!(!tpu_pools.is_empty());
+    for pool in &tpu_pools {
+        assert_eq!(flag(pool, "--service-account").as_deref(), Some(tpu_sa), "{pool:?}");
+        let scopes = flag(pool, "--scopes").unwrap_or_default();
+        assert!(
+            scopes.split(',').any(|s| s == "cloud-platform" || s == "storage-full"),
+            "the default scopes cannot write Cloud Storage: {pool:?}"
+        );
+        assert_eq!(flag(pool, "--workload-metadata").as_deref(), Some("GKE_METADATA"), "{pool:?}");
+    }
+    let spot_pool =
+        tpu_pools.iter().find(|c| flag(c, "--machine-type").as_deref() == Some("ct6e-standard-8t"));
+    assert!(spot_pool.is_some_and(|c| c.contains(&"--spot".to_string())), "a Spot v6e-8 pool");
+    assert!(walkthrough.grants(bucket, &format!("serviceAccount:{tpu_sa}"), "roles/storage.objectAdmin"));
+
+    // The coordinators (pod network) act as the Google service account by Workload Identity.
+    assert_eq!(host["ServiceAccount/podctl"]["metadata"]["annotations"][annotation], gsa);
+    let pool = "serviceAccount:my-project.svc.id.goog";
+    assert!(walkthrough.grants(gsa, &format!("{pool}[{NS}/podctl]"), "roles/iam.workloadIdentityUser"));
+    assert!(walkthrough.grants(bucket, &format!("serviceAccount:{gsa}"), "roles/storage.objectAdmin"));
+    let cluster = walkthrough.one(&["gcloud", "container", "clusters", "create"]);
+    assert_eq!(flag(cluster, "--workload-pool").as_deref(), Some("my-project.svc.id.goog"));
+    // The NetworkPolicy is enforced (Dataplane V2) and lets the host-network workers' nodes in.
+    assert!(cluster.contains(&"--enable-dataplane-v2".to_string()), "{cluster:?}");
+    let from = &host["NetworkPolicy/podctl"]["spec"]["ingress"][0]["from"];
+    assert!(from.as_array().unwrap().iter().any(|f| f["ipBlock"]["cidr"] == "10.202.0.0/20"), "{from}");
+
+    // The pod network, as docs/gke.md offers: the workers' own service account is annotated and
+    // may act as the Google service account.
+    let mut pod_args = helm_args.clone();
+    pod_args.extend(["--set".into(), "workers.hostNetwork=false".into()]);
+    let pod_network = objects(&template(&pod_args));
+    assert_eq!(worker_account(&pod_network)["metadata"]["annotations"][annotation], gsa);
+    for pod in worker_pods(&pod_network) {
+        let spec = pod.spec.unwrap();
+        assert_eq!((spec.host_network, spec.dns_policy), (None, None));
+    }
+    assert!(walkthrough.grants(
+        gsa,
+        &format!("{pool}[{NS}/podctl-worker]"),
+        "roles/iam.workloadIdentityUser"
+    ));
+}
+
+#[test]
+fn the_docs_reader_reads_shell_as_written() {
+    assert_eq!(split_words(r#"a "b c" 'd$e' f # g"#), ["a", "b c", "d$e", "f"]);
+    assert_eq!(split_words("--set \"x={$Y}\" #"), ["--set", "x={$Y}"]);
+    assert_eq!(
+        split_words(r#"N=$(gcloud x --format "value(a)") --member user:$(id -u)"#),
+        [r#"N=$(gcloud x --format "value(a)")"#, "--member", "user:$(id -u)"]
+    );
+    let vars = BTreeMap::from([("A".to_string(), "1".to_string()), ("B_2".to_string(), "2".to_string())]);
+    let outputs = BTreeMap::from([("id -u", "0")]);
+    assert_eq!(expand("x$A-${B_2}y$(id -u)", &vars, &outputs), "x1-2y0");
+    assert!(is_assignment("REGISTRY=$REGION-docker") && !is_assignment("--set=a") && !is_assignment("a=b"));
+    let command: Vec<String> = ["x", "--a", "1", "--b=2"].map(String::from).to_vec();
+    assert_eq!(
+        (flag(&command, "--a"), flag(&command, "--b"), flag(&command, "--c")),
+        (Some("1".into()), Some("2".into()), None)
+    );
+}
+
+#[test]
+fn the_worker_image_installs_the_pinned_libtpu_by_hash_on_pinned_bases() {
     let read = |relative: &str| std::fs::read_to_string(root().join(relative)).unwrap();
     let lock = read("models/requirements.lock");
     let pin = lock.lines().find(|l| l.starts_with("libtpu==")).expect("libtpu is pinned");
+    let requirements = read("deploy/worker-libtpu.txt");
+    let line = requirements
+        .lines()
+        .find(|l| l.starts_with("libtpu=="))
+        .expect("deploy/worker-libtpu.txt pins libtpu");
+    let (version, hash) = line.split_once(" --hash=sha256:").expect("with its wheel's hash");
+    assert_eq!(version, pin, "deploy/worker-libtpu.txt must pin {pin}, the pin of models/requirements.lock");
+    assert!(hash.len() == 64 && hash.chars().all(|c| c.is_ascii_hexdigit()), "{line}");
     let dockerfile = read("deploy/worker.Dockerfile");
     assert!(
-        dockerfile.contains(&format!(" {pin}\n")),
-        "deploy/worker.Dockerfile must install {pin}, the pin of models/requirements.lock"
+        dockerfile.contains("--require-hashes --target /opt/pip -r /tmp/worker-libtpu.txt"),
+        "{dockerfile}"
     );
     // The plugin the worker loads when the pod names none.
     assert!(dockerfile.contains("PODCTL_PJRT_PLUGIN=/opt/libtpu/libtpu.so"), "{dockerfile}");
+    // Every base image by digest (a tag alone can name other bytes tomorrow).
+    for file in ["deploy/worker.Dockerfile", "deploy/coordinator.Dockerfile"] {
+        for from in read(file).lines().filter(|l| l.starts_with("FROM ")) {
+            let image = from.split_whitespace().nth(1).unwrap();
+            let digest = image.split_once("@sha256:").map(|(_, d)| d).unwrap_or_default();
+            assert!(
+                digest.len() == 64 && digest.chars().all(|c| c.is_ascii_hexdigit()),
+                "{file}: `{from}` is not pinned by digest (deploy/pin-base-images.sh pins it)"
+            );
+        }
+    }
 }

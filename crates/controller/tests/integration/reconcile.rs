@@ -100,6 +100,7 @@ fn config(topology: &str) -> ControllerConfig {
             slice: TpuSlice::new("tpu-v6e-slice", topology, None).unwrap(),
             spot: true,
             grace_period_seconds: 30,
+            host_network: true,
             service_account: Some("podctl-worker".into()),
             subdomain: "podctl-workers".into(),
             tls_secret: Some("podctl-tls".into()),

@@ -136,3 +136,54 @@ async fn the_cluster_survives_a_leader_sigkill_and_a_full_restart() {
     // The job token still works: its hash was restored too.
     assert_eq!(wc.get_job(&job).await.unwrap().job_id, job);
 }
+
+/// `GET /readyz` of one node's HTTP listener: whether it answered 200, and what it said.
+fn readyz(port: u16) -> Option<(bool, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream.write_all(b"GET /readyz HTTP/1.1\r\nHost: podctl\r\n\r\n").ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    Some((head.starts_with("HTTP/1.1 200 "), body.trim().to_string()))
+}
+
+/// Waits until node `port` answers ready (or not, per `ready`); what it said last.
+async fn readiness_becomes(port: u16, ready: bool, what: &str) -> String {
+    eventually(what, Duration::from_secs(30), || async {
+        readyz(port).and_then(|(is, said)| (is == ready).then_some(said))
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_is_ready_when_it_has_joined_the_cluster_not_when_its_port_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tls, _) = tls_dir(dir.path());
+    let peers: Vec<(u64, u16)> = (1..=3).map(|id| (id, free_port())).collect();
+    let http: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let start = |id: u64| {
+        let listen = format!("127.0.0.1:{}", http[id as usize - 1]);
+        Proc::start(id, &peers, dir.path(), &tls, &["--metrics-listen", &listen])
+    };
+
+    // Node 2 listens, but nobody has initialized a cluster: its gRPC port is open, it is not ready.
+    let mut two = start(2);
+    let said = readiness_becomes(http[1], false, "node 2 answers /readyz").await;
+    assert!(said.contains("no cluster yet"), "{said}");
+    // Node 1 initializes the cluster; with two of three a leader is elected and both are ready.
+    let mut one = start(1);
+    let said = readiness_becomes(http[0], true, "node 1 ready").await;
+    assert!(said.starts_with("node 1 "), "{said}");
+    readiness_becomes(http[1], true, "node 2 ready").await;
+    // Node 3 joins late and becomes ready once it hears the leader.
+    let _three = start(3);
+    let said = readiness_becomes(http[2], true, "node 3 ready").await;
+    assert!(said.contains("voter") || said.contains("leads"), "{said}");
+    // Without a majority there is no leader: node 3 is alive (`/healthz`) but no longer ready.
+    one.sigkill();
+    two.sigkill();
+    let said = readiness_becomes(http[2], false, "node 3 not ready without a majority").await;
+    assert!(said.contains("knows no leader") || said.contains("no quorum"), "{said}");
+}

@@ -60,6 +60,9 @@ pub struct AgentConfig {
     pub metrics_addr_file: Option<PathBuf>,
     /// Where compiled programs are kept, so a worker started again loads instead of compiling.
     pub compile_cache: Option<PathBuf>,
+    /// From SIGTERM to SIGKILL (a worker pod's `terminationGracePeriodSeconds`): the deadline
+    /// the preemption notice reports.
+    pub preemption_deadline: std::time::Duration,
 }
 
 /// Why the agent returned.

@@ -42,6 +42,18 @@ pub(crate) fn rss_bytes() -> u64 {
     pages * 4096
 }
 
+/// The notice a worker sends on shutdown (SIGTERM): it leaves, and is killed `deadline` after.
+fn preemption_notice(worker_id: &str, status: &Status, deadline: Duration) -> WorkerEvent {
+    WorkerEvent {
+        event: Some(worker_event::Event::Preempted(v1::Preempted {
+            worker_id: worker_id.into(),
+            generation: status.generation,
+            reason: "SIGTERM".into(),
+            deadline_ms: deadline.as_millis() as u64,
+        })),
+    }
+}
+
 #[derive(Clone)]
 pub(super) struct SessionSide {
     pub(super) client: Client,
@@ -49,6 +61,8 @@ pub(super) struct SessionSide {
     pub(super) shared: Arc<Shared>,
     /// Turns true when the agent must leave (the shutdown future resolved).
     pub(super) shutdown: watch::Receiver<bool>,
+    /// What the preemption notice says is left before the process is killed.
+    pub(super) preemption_deadline: Duration,
 }
 
 impl SessionSide {
@@ -184,15 +198,8 @@ impl SessionSide {
     async fn preempted(&self, session: &mut Session) {
         self.shared.stop();
         let status = self.shared.status.borrow().clone();
-        tracing::warn!(step = status.steps_done, "shutting down: leaving the job");
-        let notice = WorkerEvent {
-            event: Some(worker_event::Event::Preempted(v1::Preempted {
-                worker_id: self.worker_id.clone(),
-                generation: status.generation,
-                reason: "SIGTERM".into(),
-                deadline_ms: 30_000,
-            })),
-        };
+        tracing::warn!(step = status.steps_done, deadline = ?self.preemption_deadline, "SIGTERM: leaving the job");
+        let notice = preemption_notice(&self.worker_id, &status, self.preemption_deadline);
         if session.events.send(notice).await.is_ok() {
             // Dropping the session resets its stream, possibly before the notice is on the
             // wire: hold it until the leader answers with a stop or ends the session.
@@ -261,5 +268,18 @@ pub(super) async fn forward_logs(client: Client, mut lines: mpsc::Receiver<LogLi
         if let Err(e) = client.push_logs(std::mem::take(&mut batch)).await {
             tracing::debug!("log lines to the coordinator: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_preemption_notice_reports_the_configured_deadline() {
+        let status = Status { generation: 4, steps_done: 9, phase: "training" };
+        let notice = preemption_notice("job.w2", &status, Duration::from_secs(15));
+        let Some(worker_event::Event::Preempted(p)) = notice.event else { panic!("{notice:?}") };
+        assert_eq!((p.worker_id.as_str(), p.generation, p.deadline_ms), ("job.w2", 4, 15_000));
     }
 }

@@ -186,6 +186,7 @@ impl TrainerSide {
             worker_id: self.worker_id.clone(),
             shared: self.shared.clone(),
             shutdown: self.shutdown.clone(),
+            preemption_deadline: self.config.preemption_deadline,
         };
         let tasks = vec![
             runtime.spawn(session.clone().run(heartbeat, silence, control_tx, events_rx)),
