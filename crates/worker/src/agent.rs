@@ -210,10 +210,8 @@ pub fn run(mut config: AgentConfig) -> Result<AgentExit, AgentError> {
                 .map_err(|source| AgentError::Io { context: "writing the metrics address file", source })?;
         }
         tracing::info!(%addr, "serving Prometheus metrics at /metrics");
-        let (metrics, job, worker) = (metrics.clone(), config.job_id.clone(), worker_label.clone());
-        runtime.spawn(crate::metrics::serve(listener, move || {
-            metrics.render(&job, &worker.lock().unwrap_or_else(|e| e.into_inner()))
-        }));
+        let registry = crate::metrics::registry(metrics.clone(), config.job_id.clone(), worker_label.clone());
+        runtime.spawn(crate::metrics::serve(listener, registry));
     }
     let (logs_tx, logs_rx) = mpsc::channel(LOG_QUEUE);
     runtime.spawn(forward_logs(client.clone(), logs_rx));
