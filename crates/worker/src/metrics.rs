@@ -218,6 +218,6 @@ mod tests {
             );
             used += 1;
         }
-        assert!(used >= 10, "{used}");
+        assert!(used > 0, "the dashboard has no worker series");
     }
 }
