@@ -213,6 +213,8 @@ fn prometheus_scrapes_a_two_slice_run_and_every_dashboard_panel_has_data() {
         .spawn()
         .unwrap();
     let mut launch = Launch { child, run: run.clone() };
+    let t0 = Instant::now();
+    let phase = |what: &str| println!("{:6.1}s {what}", t0.elapsed().as_secs_f64());
     let limit = Duration::from_secs(300);
     let job = "scraped-1";
     let j = format!("job=\"{job}\"");
@@ -223,6 +225,7 @@ fn prometheus_scrapes_a_two_slice_run_and_every_dashboard_panel_has_data() {
     let first_targets = write_targets(dir.path(), &run);
     let prometheus = Prometheus::start(dir.path());
     let started = unix_now();
+    phase("Prometheus started");
 
     // The coordinator and both workers are scraped, and the job has saved a checkpoint.
     wait_for("3 targets up", limit, || (prometheus.value("sum(up)")? == 3.0).then_some(()));
@@ -231,6 +234,8 @@ fn prometheus_scrapes_a_two_slice_run_and_every_dashboard_panel_has_data() {
         let working = prometheus.value(&format!("count(podctl_worker_steps_total{{{j}}} > 0)"))? == 2.0;
         (saved && working).then_some(())
     });
+
+    phase("a checkpoint and steps on both workers scraped");
 
     // A spot preemption of slice 1: its replacement is found through the targets file.
     let preempted = read(&run.join("workers/slice-1.pid")).unwrap();
@@ -241,6 +246,7 @@ fn prometheus_scrapes_a_two_slice_run_and_every_dashboard_panel_has_data() {
         (pid != preempted && !first_targets.contains(&addr)).then_some(())
     });
     write_targets(dir.path(), &run);
+    phase("slice 1 preempted and replaced");
     let step_then = wait_for("a recovery from the preemption", limit, || {
         let recovered = prometheus.value(&format!("podctl_recovery_seconds_count{{{j}}}"))? >= 1.0
             && prometheus.value(&format!("podctl_recoveries_total{{{j},cause=\"preemption\"}}"))? >= 1.0;
@@ -253,6 +259,8 @@ fn prometheus_scrapes_a_two_slice_run_and_every_dashboard_panel_has_data() {
         let stepping = prometheus.value(&format!("podctl_job_step{{{j}}}"))? >= step_then + 5.0;
         (took_over && stepping).then_some(())
     });
+
+    phase("the recovery and steps after it scraped");
 
     // The run's last step, held still: the workers are paused (so they cannot leave, and the
     // launcher keeps the coordinator up while it waits for them), then the job is stopped.
@@ -272,6 +280,7 @@ fn prometheus_scrapes_a_two_slice_run_and_every_dashboard_panel_has_data() {
         stopped.then(|| prometheus.value(&format!("podctl_job_step{{{j}}}")))?
     });
     workers.iter().for_each(|pid| signal(pid, "CONT"));
+    phase("the stopped job scraped");
     println!("Prometheus: podctl_job_step {scraped}; the run stopped at step {last_step}");
     assert_eq!(scraped, last_step as f64, "Prometheus's podctl_job_step against `podctl status`");
     let ended = wait_for("launch to end", Duration::from_secs(60), || launch.child.try_wait().unwrap());
@@ -280,6 +289,7 @@ fn prometheus_scrapes_a_two_slice_run_and_every_dashboard_panel_has_data() {
     let recorded = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
     let recorded: Value = serde_json::from_str(recorded.lines().last().unwrap()).unwrap();
     assert_eq!(recorded["step"].as_u64(), Some(last_step), "the run record's last step");
+    phase("the launch ended");
 
     // Every panel of the dashboard, over the whole run, with the job filled in.
     let dashboard: Value =
@@ -313,7 +323,7 @@ fn prometheus_scrapes_a_two_slice_run_and_every_dashboard_panel_has_data() {
             checked += 1;
         }
     }
-    println!("{checked} panel expressions returned data over the run");
+    phase(&format!("{checked} panel expressions returned data over the run"));
     assert!(empty.is_empty(), "panels without data:\n{}", empty.join("\n"));
     assert!(checked > 0, "no panel expressions found in the dashboard");
 }
