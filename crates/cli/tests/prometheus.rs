@@ -318,12 +318,12 @@ fn prometheus_scrapes_a_two_slice_run_and_every_dashboard_panel_has_data() {
                 })
             });
             if !finite {
-                empty.push(format!("panel {:?}: {promql}", panel["title"]));
+                empty.push(format!("panel \"{}\": {promql}", panel["title"].as_str().unwrap_or_default()));
             }
             checked += 1;
         }
     }
-    phase(&format!("{checked} panel expressions returned data over the run"));
+    phase(&format!("{checked} panel expressions queried over the run"));
     assert!(empty.is_empty(), "panels without data:\n{}", empty.join("\n"));
     assert!(checked > 0, "no panel expressions found in the dashboard");
 }
