@@ -151,7 +151,10 @@ impl Drop for Prometheus {
         if std::thread::panicking() {
             let log = std::fs::read_to_string(&self.log).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(30).collect();
-            eprintln!("the end of Prometheus's log:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+            eprintln!(
+                "the end of Prometheus's log:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
         }
     }
 }
@@ -178,7 +181,8 @@ impl Drop for Launch {
 
 /// What Prometheus should scrape: the coordinator and the workers as they are now.
 fn write_targets(dir: &Path, run: &Path) -> Vec<String> {
-    let mut targets = vec![read(&run.join("coordinator.metrics-addr")).expect("the coordinator's metrics address")];
+    let mut targets =
+        vec![read(&run.join("coordinator.metrics-addr")).expect("the coordinator's metrics address")];
     for slice in 0..2 {
         targets.extend(read(&run.join(format!("workers/slice-{slice}.metrics-addr"))));
     }
@@ -264,13 +268,15 @@ fn prometheus_scrapes_a_two_slice_run_and_every_dashboard_panel_has_data() {
 
     // The run's last step, held still: the workers are paused (so they cannot leave, and the
     // launcher keeps the coordinator up while it waits for them), then the job is stopped.
-    let workers: Vec<String> = (0..2).map(|s| read(&run.join(format!("workers/slice-{s}.pid"))).unwrap()).collect();
+    let workers: Vec<String> =
+        (0..2).map(|s| read(&run.join(format!("workers/slice-{s}.pid"))).unwrap()).collect();
     workers.iter().for_each(|pid| signal(pid, "STOP"));
     let address = read(&run.join("coordinator.addr")).unwrap();
     let connect = ["--coordinator", &address, "--insecure-plaintext", "--token-file"];
     let out = podctl().args(["stop", job]).args(connect).arg(run.join("job-token")).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = podctl().args(["status", job, "--json"]).args(connect).arg(run.join("job-token")).output().unwrap();
+    let out =
+        podctl().args(["status", job, "--json"]).args(connect).arg(run.join("job-token")).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let status: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(status["state"], "stopped", "{status}");
@@ -293,16 +299,20 @@ fn prometheus_scrapes_a_two_slice_run_and_every_dashboard_panel_has_data() {
 
     // Every panel of the dashboard, over the whole run, with the job filled in.
     let dashboard: Value =
-        serde_json::from_str(&std::fs::read_to_string(root().join("deploy/grafana/podctl.json")).unwrap()).unwrap();
-    let jobs = prometheus.api(&format!("/api/v1/label/job/values?{}", encode_pair("match[]", "podctl_job_step")));
+        serde_json::from_str(&std::fs::read_to_string(root().join("deploy/grafana/podctl.json")).unwrap())
+            .unwrap();
+    let jobs =
+        prometheus.api(&format!("/api/v1/label/job/values?{}", encode_pair("match[]", "podctl_job_step")));
     assert!(jobs.as_array().unwrap().iter().any(|v| v == job), "the $job variable's values: {jobs}");
     let (start, end) = (started, unix_now());
     let mut checked = 0;
     let mut empty = Vec::new();
     // Rows hold their panels inside when collapsed.
-    let panels = dashboard["panels"].as_array().unwrap().iter().flat_map(|p| {
-        std::iter::once(p).chain(p["panels"].as_array().into_iter().flatten())
-    });
+    let panels = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| std::iter::once(p).chain(p["panels"].as_array().into_iter().flatten()));
     for panel in panels {
         for target in panel["targets"].as_array().into_iter().flatten() {
             let expr = target["expr"].as_str().unwrap();
@@ -312,11 +322,12 @@ fn prometheus_scrapes_a_two_slice_run_and_every_dashboard_panel_has_data() {
                 "/api/v1/query_range?query={}&start={start:.3}&end={end:.3}&step=1",
                 encode(&promql)
             ));
-            let finite = data["result"].as_array().unwrap().iter().any(|series| {
-                series["values"].as_array().unwrap().iter().any(|v| {
-                    v[1].as_str().and_then(|s| s.parse::<f64>().ok()).is_some_and(f64::is_finite)
-                })
-            });
+            let finite =
+                data["result"].as_array().unwrap().iter().any(|series| {
+                    series["values"].as_array().unwrap().iter().any(|v| {
+                        v[1].as_str().and_then(|s| s.parse::<f64>().ok()).is_some_and(f64::is_finite)
+                    })
+                });
             if !finite {
                 empty.push(format!("panel \"{}\": {promql}", panel["title"].as_str().unwrap_or_default()));
             }

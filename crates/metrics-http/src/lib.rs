@@ -193,6 +193,13 @@ mod tests {
         assert_eq!((status(&head), body(&head)), (200, ""), "{head}");
         let health = exchange(addr, b"GET /healthz HTTP/1.0\r\n\r\n").await;
         assert_eq!(body(&health), "ok\n", "{health}");
+        // A client that closes its side once it has asked (`nc -N`) is answered too.
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(SCRAPE).await.unwrap();
+        stream.shutdown().await.unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.unwrap();
+        assert_eq!(status(&answer), 200, "{answer}");
     }
 
     #[tokio::test]
