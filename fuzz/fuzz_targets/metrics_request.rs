@@ -1,6 +1,6 @@
 //! Any bytes as a request to the `/metrics` endpoint (metrics-http: hyper's HTTP/1.1 and the
 //! route table), over an in-memory connection the client closes after sending. The answer is
-//! nothing (an incomplete request) or one HTTP/1.1 response: 200 with exactly the page or the
+//! nothing (an incomplete request) or one HTTP/1.x response: 200 with exactly the page or the
 //! health answer (nothing else is ever served), or a 4xx; never a 5xx, never a panic. The
 //! registry encodes the same page afterwards: no request changes what the endpoint serves.
 #![no_main]
@@ -50,8 +50,10 @@ fuzz_target!(|data: &[u8]| {
     if !answer.is_empty() {
         let answer = String::from_utf8(answer).expect("answers are text");
         let (head, body) = answer.split_once("\r\n\r\n").expect("a complete head");
-        let status: u16 = head
-            .strip_prefix("HTTP/1.1 ")
+        // hyper answers in the request's version (HTTP/1.0 or 1.1).
+        let status: u16 = ["HTTP/1.1 ", "HTTP/1.0 "]
+            .iter()
+            .find_map(|version| head.strip_prefix(version))
             .and_then(|rest| rest.get(..3)?.parse().ok())
             .unwrap_or_else(|| panic!("not a status line: {head:?}"));
         match status {
