@@ -154,3 +154,15 @@ rpc["checkpoint-report"] = (
 )
 for name, (kind, body) in rpc.items():
     write("rpc_messages", name, bytes([kind]) + body)
+
+# metrics_request: requests to the /metrics endpoint, good and bad.
+for name, request in {
+    "scrape": "GET /metrics HTTP/1.1\r\nHost: podctl\r\nAccept: application/openmetrics-text;version=1.0.0\r\n\r\n",
+    "head": "HEAD /metrics?x=1 HTTP/1.0\r\n\r\n",
+    "health": "GET /healthz HTTP/1.1\r\nHost: podctl\r\n\r\n",
+    "post": "POST /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",
+    "chunked": "GET /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    "absolute": "GET http://podctl:9100/metrics HTTP/1.1\r\nHost: podctl\r\n\r\n",
+    "long-header": "GET /metrics HTTP/1.1\r\nX-Pad: " + "a" * 9000 + "\r\n\r\n",
+}.items():
+    write("metrics_request", name, request)

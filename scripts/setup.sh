@@ -5,8 +5,9 @@
 #                      kubernetes-validate
 #   .tools/helm-*/     helm, for the chart tests (scripts/install-helm.sh)
 #   target/release/podctl   (only with --release)
-# Nothing is installed outside the project except Debian's tmux where it is missing (a test drives
-# a real terminal); every version comes from a pin in this repository.
+# Nothing is installed outside the project except Debian's tmux (a test drives a real terminal)
+# and prometheus (a test scrapes a run with it) where they are missing; every version comes from a
+# pin in this repository.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +33,23 @@ if ! command -v tmux >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux=3.3a-3 >/dev/null
   else
     echo "setup: tmux is missing and cannot be installed here (needs root and apt-get); the status --watch test needs it" >&2
+    exit 1
+  fi
+fi
+
+# And a real Prometheus: crates/cli/tests/prometheus.rs starts Debian's server on loopback to
+# scrape a local run (promtool comes with it). Pinned, installed only where it is missing; the
+# package's own service is not wanted (the test runs its own), so it is disabled where systemd runs.
+if ! command -v prometheus >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing Debian's prometheus 2.42.0+ds-5+b6 (for the metrics test)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      prometheus=2.42.0+ds-5+b6 >/dev/null
+    if [ -d /run/systemd/system ]; then
+      systemctl disable --now prometheus >/dev/null 2>&1 || true
+    fi
+  else
+    echo "setup: prometheus is missing and cannot be installed here (needs root and apt-get); the metrics test needs it" >&2
     exit 1
   fi
 fi

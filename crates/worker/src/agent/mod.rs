@@ -272,9 +272,7 @@ fn serve_metrics(
             .map_err(|source| AgentError::Io { context: "writing the metrics address file", source })?;
     }
     tracing::info!(%addr, "serving Prometheus metrics at /metrics");
-    let job = config.job_id.clone();
-    runtime.spawn(crate::metrics::serve(listener, move || {
-        metrics.render(&job, &worker.lock().unwrap_or_else(|e| e.into_inner()))
-    }));
+    let registry = crate::metrics::registry(metrics, config.job_id.clone(), worker);
+    runtime.spawn(crate::metrics::serve(listener, registry));
     Ok(())
 }
