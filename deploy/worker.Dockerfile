@@ -5,7 +5,7 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p podctl-cli --bin podctl
+RUN cargo build --release --locked -p podctl --bin podctl
 
 FROM python:3.11-slim-bookworm AS libtpu
 # The pin of models/requirements.lock (crates/controller's deploy test checks they agree).

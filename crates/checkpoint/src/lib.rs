@@ -27,6 +27,7 @@
 //! only after all of its bytes and its manifest are durable. Nothing reads a manifest's numbers
 //! before [`Manifest::check`] has bounded them.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod commit;
 mod error;

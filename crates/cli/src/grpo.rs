@@ -18,7 +18,11 @@ use worker::grpo::{EvalReport, GrpoTask};
 /// Rewrites `grpo.init_from` into the checkpoint directory it means, so that every worker and
 /// every restart starts from the same one. An SFT job spec there (`*.yaml`) is launched first
 /// when its checkpoint root holds no committed checkpoint.
-pub fn resolve_init_from(job: &mut JobSpec, connect: &ConnectArgs) -> Result<()> {
+pub fn resolve_init_from(
+    job: &mut JobSpec,
+    connect: &ConnectArgs,
+    node: &dyn crate::StartNode,
+) -> Result<()> {
     let Some(grpo) = &job.grpo else { return Ok(()) };
     let Some(from) = grpo.init_from.clone() else { return Ok(()) };
     let uri = match grpo.init_from_job() {
@@ -49,7 +53,7 @@ pub fn resolve_init_from(job: &mut JobSpec, connect: &ConnectArgs) -> Result<()>
                     println!(
                         "grpo.init_from {path}: no checkpoint under {root} yet; training that job first"
                     );
-                    crate::launch::run(Path::new(path), false, None, None, connect)?;
+                    crate::launch::run(Path::new(path), false, None, None, connect, node)?;
                     println!();
                     newest_checkpoint(&root)?.with_context(|| {
                         format!("{path} ran but left no committed checkpoint under {root}")

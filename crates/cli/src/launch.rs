@@ -39,6 +39,7 @@ pub fn run(
     out: Option<PathBuf>,
     resume: Option<String>,
     connect: &ConnectArgs,
+    node: &dyn crate::StartNode,
 ) -> Result<()> {
     let mut job = JobSpec::load(job_path)?;
     if out.is_some() {
@@ -64,7 +65,7 @@ pub fn run(
         );
     }
     if !dry_run {
-        crate::grpo::resolve_init_from(&mut job, connect)?;
+        crate::grpo::resolve_init_from(&mut job, connect, node)?;
     }
     let bundle = resolve_bundle(&tools, &job)?;
     let manifest = bundle.manifest();
@@ -114,6 +115,7 @@ pub fn run(
             false => crate::local::Cluster::Local {
                 plugin: plugin_path,
                 compile_cache: tools.cache.join("executables"),
+                node,
             },
         };
         return crate::local::run(&job, &bundle, cluster);

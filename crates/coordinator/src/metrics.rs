@@ -12,7 +12,7 @@
 //! The text exposition format (version 0.0.4) is written by hand and served by a minimal
 //! HTTP/1.1 responder: the page is small, and it keeps a web stack out of the coordinator.
 
-use crate::node::Ctx;
+use crate::ctx::Ctx;
 use crate::state::{Command, Response};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

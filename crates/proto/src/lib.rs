@@ -8,6 +8,7 @@
 //! **Architecture Invariant:** this crate is only the wire schema: no logic, no I/O. Protobuf
 //! types do not leak past the coordinator and the worker.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 /// The generated code of package `podctl.v1`.
 #[allow(missing_docs, clippy::all)]

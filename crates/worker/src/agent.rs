@@ -23,12 +23,12 @@ use crate::peer::{self, StateServer};
 use crate::slice::Slice;
 use crate::trainer::Trainer;
 use checkpoint::{SaveOptions, Storage, StoreOptions};
+use client::{Client, ClientConfig, ClientError, LogLine, Session};
 use collective::{AbortHandle, Endpoint, GroupSpec};
-use coordinator::client::{Client, ClientConfig, ClientError, Session};
 use job::JobSpec;
 use proto::v1::{
-    self, Assignment, CheckpointReport, Directive, Heartbeat, LogLine, StepReport, WorkerEvent, directive,
-    resume, worker_event,
+    self, Assignment, CheckpointReport, Directive, Heartbeat, StepReport, WorkerEvent, directive, resume,
+    worker_event,
 };
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};

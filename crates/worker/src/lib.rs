@@ -23,6 +23,7 @@
 //! program comes from the bundle manifest. Buffers stay on device between steps; the host sees
 //! only batches going in and metrics coming out (and, for syncs and saves, gradients and state).
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod ckpt;
