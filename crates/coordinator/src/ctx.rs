@@ -3,8 +3,8 @@
 //!
 //! [`Ctx`] sits low in the crate: it knows the state, the store, the leader's memory and the
 //! configuration, and nothing that uses it (services, loops, the Kubernetes plane), which
-//! `node.rs` wires together. Its refusals are a typed [`NotServing`]; the gRPC edge turns them
-//! into `tonic::Status` (`grpc::status`).
+//! `node.rs` wires together. Its refusals are a typed [`NotServing`]; the gRPC edge
+//! ([`crate::grpc`]) turns them into statuses.
 
 use crate::config::Config;
 use crate::logs::LogBuffers;

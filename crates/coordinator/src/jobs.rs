@@ -3,7 +3,7 @@
 //! its part.
 //!
 //! Each runs on the leader and goes through Raft. The refusals are a typed [`JobError`]; the
-//! gRPC edge (`grpc::status`) and the Kubernetes plane ([`crate::kubernetes`]) say them each in
+//! gRPC edge ([`crate::grpc`]) and the Kubernetes plane ([`crate::kubernetes`]) say them each in
 //! their own terms.
 //!
 //! A job's checkpoint root is decided here, once, at submission, from its spec (`checkpoint.uri`,

@@ -102,3 +102,24 @@ pub mod typ {
     /// Raft metrics.
     pub type Metrics = openraft::RaftMetrics<u64, openraft::BasicNode>;
 }
+
+#[cfg(test)]
+mod tests {
+    /// The modules below the services (docs/ARCHITECTURE.md): their refusals are typed, and only
+    /// `grpc` turns them into statuses.
+    const CORE: [(&str, &str); 5] = [
+        ("state.rs", include_str!("state.rs")),
+        ("decide.rs", include_str!("decide.rs")),
+        ("memory.rs", include_str!("memory.rs")),
+        ("ctx.rs", include_str!("ctx.rs")),
+        ("jobs.rs", include_str!("jobs.rs")),
+    ];
+
+    #[test]
+    fn the_core_below_the_services_names_no_grpc() {
+        for (file, text) in CORE {
+            let named = text.lines().find(|l| l.contains("tonic") || l.contains("crate::grpc::"));
+            assert_eq!(named, None, "{file} reaches into gRPC");
+        }
+    }
+}

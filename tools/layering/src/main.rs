@@ -6,7 +6,10 @@
 //! - a crate's normal and build dependencies on workspace crates are exactly the ones the block
 //!   lists for it, and those come earlier in the block (the block is the dependency order);
 //! - a dev-dependency (tests, benchmarks) may use any crate listed earlier than its own, which
-//!   keeps the graph free of cycles, but never one of its `never` edges;
+//!   keeps the graph free of cycles;
+//! - `never crate: deps` names dependencies (workspace or external) a crate must not have, of
+//!   any kind, dev-dependencies included; `only package: crates` names the only crates that may
+//!   depend on an external package (openraft, clap, ...);
 //! - every library and binary target of every crate but the `unsafe` exceptions starts with
 //!   `#![forbid(unsafe_code)]`. Tests, benchmarks and examples are not checked: they may measure
 //!   with `unsafe` (a counting allocator, `posix_fadvise`).
@@ -58,8 +61,10 @@ struct Target {
 struct Rules {
     /// Crates in dependency order, each with the crates it may depend on.
     order: Vec<(String, BTreeSet<String>)>,
-    /// Edges no kind of dependency may take.
+    /// Dependencies (workspace or external) a crate must not have, of any kind.
     never: BTreeMap<String, BTreeSet<String>>,
+    /// External packages only these crates may depend on.
+    only: BTreeMap<String, BTreeSet<String>>,
     /// Crates that may hold `unsafe` code.
     unsafe_allowed: BTreeSet<String>,
 }
@@ -70,7 +75,7 @@ fn short(package: &str) -> &str {
 }
 
 /// The block's rules. Its lines: `crate: deps...` (in dependency order), `never crate: deps...`,
-/// `unsafe crate`, `# comments`.
+/// `only package: crates...`, `unsafe crate`, `# comments`.
 fn parse(doc: &str) -> Result<Rules, String> {
     let mut lines = doc.lines().skip_while(|l| l.trim() != "```layering");
     if lines.next().is_none() {
@@ -94,9 +99,12 @@ fn parse(doc: &str) -> Result<Rules, String> {
         let (head, deps) =
             line.split_once(':').ok_or_else(|| format!("{DOC}: `{line}` is not `crate: deps`"))?;
         let deps: BTreeSet<String> = deps.split_whitespace().map(str::to_string).collect();
-        match head.strip_prefix("never ") {
-            Some(name) => rules.never.entry(name.trim().to_string()).or_default().extend(deps),
-            None => rules.order.push((head.trim().to_string(), deps)),
+        if let Some(name) = head.strip_prefix("never ") {
+            rules.never.entry(name.trim().to_string()).or_default().extend(deps);
+        } else if let Some(package) = head.strip_prefix("only ") {
+            rules.only.entry(package.trim().to_string()).or_default().extend(deps);
+        } else {
+            rules.order.push((head.trim().to_string(), deps));
         }
     }
     if !closed {
@@ -138,14 +146,25 @@ fn check(metadata: &Metadata, rules: &Rules, source: impl Fn(&Path) -> Option<St
         let allowed = &rules.order[at].1;
         let never = rules.never.get(name);
         let mut declared = BTreeSet::new();
-        for dep in package.dependencies.iter().filter(|d| names.contains(short(&d.name))) {
+        for dep in &package.dependencies {
             let target = short(&dep.name);
             let kind = dep.kind.as_deref().unwrap_or("normal");
             if never.is_some_and(|n| n.contains(target)) {
                 found.push(format!(
                     "`{name}` has a {kind} dependency on `{target}`, which it must never have"
                 ));
-            } else if kind == "dev" {
+                continue;
+            }
+            if let Some(users) = rules.only.get(&dep.name)
+                && !users.contains(name)
+            {
+                let users = users.iter().map(String::as_str).collect::<Vec<_>>().join(", ");
+                found.push(format!("`{name}` depends on `{}`, which only {users} may", dep.name));
+            }
+            if !names.contains(target) {
+                continue;
+            }
+            if kind == "dev" {
                 if position.get(target).is_none_or(|&j| j >= at) {
                     found.push(format!(
                         "`{name}` has a dev-dependency on `{target}`, which is not below it: {fix}"
@@ -180,9 +199,9 @@ fn check(metadata: &Metadata, rules: &Rules, source: impl Fn(&Path) -> Option<St
             }
         }
     }
-    for (name, _) in &rules.never {
+    for name in rules.never.keys().chain(rules.only.values().flatten()) {
         if !position.contains_key(name.as_str()) {
-            found.push(format!("{DOC}: `never {name}` names a crate the block does not list"));
+            found.push(format!("{DOC}: `{name}` in a `never` or `only` line is not a crate the block lists"));
         }
     }
     found
@@ -278,6 +297,15 @@ mod tests {
     }
 
     #[test]
+    fn openraft_stays_in_the_coordinator() {
+        let (mut metadata, rules) = workspace();
+        let worker = package(&mut metadata, "podctl-worker");
+        worker.dependencies.push(Dependency { name: "openraft".into(), kind: None });
+        let found = check(&metadata, &rules, read);
+        assert_eq!(found, ["`worker` depends on `openraft`, which only coordinator may"]);
+    }
+
+    #[test]
     fn a_dev_dependency_that_points_up_is_a_cycle() {
         let (mut metadata, rules) = workspace();
         let mesh = package(&mut metadata, "podctl-mesh");
@@ -310,11 +338,12 @@ mod tests {
 
     #[test]
     fn the_block_parses_order_never_and_exceptions() {
-        let doc = "text\n```layering\n# comment\nmesh:\npjrt: mesh\nnever cli: proto\nunsafe pjrt\n```\nmore";
+        let doc = "text\n```layering\n# comment\nmesh:\npjrt: mesh\nnever cli: proto\nonly clap: cli\nunsafe pjrt\n```\nmore";
         let rules = parse(doc).unwrap();
         assert_eq!(rules.order.len(), 2);
         assert_eq!(rules.order[1], ("pjrt".into(), BTreeSet::from(["mesh".to_string()])));
         assert!(rules.never["cli"].contains("proto"));
+        assert!(rules.only["clap"].contains("cli"));
         assert!(rules.unsafe_allowed.contains("pjrt"));
         assert!(parse("no block").unwrap_err().contains("no ```layering block"));
         assert!(parse("```layering\nmesh:\n").unwrap_err().contains("not closed"));
