@@ -276,15 +276,23 @@ mod tests {
     #[test]
     fn a_forbidden_edge_fails_the_check() {
         let (mut metadata, rules) = workspace();
-        // The worker reaching into the coordinator again, as it did for its client.
-        let worker = package(&mut metadata, "podctl-worker");
-        worker.dependencies.push(Dependency { name: "podctl-coordinator".into(), kind: None });
+        // An edge the block does not list: the checkpoint crate writing the run record.
+        let checkpoint = package(&mut metadata, "podctl-checkpoint");
+        checkpoint.dependencies.push(Dependency { name: "podctl-record".into(), kind: None });
         let found = check(&metadata, &rules, read);
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(
-            found[0].contains("`worker` has a normal dependency on `coordinator`, which is not allowed"),
+            found[0].starts_with("`checkpoint` has a normal dependency on `record`, which is not allowed"),
             "{found:?}"
         );
+        // The worker reaching into the coordinator again, as it did for its client.
+        let (mut metadata, _) = workspace();
+        let worker = package(&mut metadata, "podctl-worker");
+        worker
+            .dependencies
+            .push(Dependency { name: "podctl-coordinator".into(), kind: Some("build".into()) });
+        let found = check(&metadata, &rules, read);
+        assert_eq!(found, ["`worker` has a build dependency on `coordinator`, which it must never have"]);
     }
 
     #[test]

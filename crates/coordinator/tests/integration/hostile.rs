@@ -77,7 +77,7 @@ async fn job_b_cannot_read_or_write_job_a() {
     let report = sim::run(a_worker.clone(), a.job_id.clone(), "a0".into(), opts(8, 4)).await;
     assert!(report.stop_reason.contains("Completed"), "{report:?}");
     let listed = a_worker.checkpoints(&a.job_id).await.unwrap();
-    assert_eq!(listed.checkpoints.iter().map(|c| c.step).collect::<Vec<_>>(), vec![4, 8]);
+    assert_eq!(listed.iter().map(|c| c.step).collect::<Vec<_>>(), vec![4, 8]);
 
     let b_client = client(vec![addr.clone()], &b.job_token, Some(mtls.clone()));
     let denied = |what: &str, e: client::ClientError| {
@@ -261,7 +261,7 @@ async fn no_token_appears_in_logs_or_on_disk() {
     let report = sim::run(worker.clone(), job.job_id.clone(), "w0".into(), opts(6, 3)).await;
     assert!(report.stop_reason.contains("Completed"), "{report:?}");
     let listed = worker.checkpoints(&job.job_id).await.unwrap();
-    assert_eq!(listed.checkpoints.iter().map(|c| c.step).collect::<Vec<_>>(), vec![3, 6]);
+    assert_eq!(listed.iter().map(|c| c.step).collect::<Vec<_>>(), vec![3, 6]);
     // Refused tokens are not echoed either.
     let wrong = "wrong-token-0123456789abcdef";
     let e = client(vec![addr.clone()], wrong, Some(ClientTls::read(&files.ca, None).unwrap()))
