@@ -8,7 +8,7 @@
 FROM rust:1.95-bookworm@sha256:6258907abe69656e41cd992e0b705cdcfabcbbe3db374f92ed2d47121282d4a1 AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p podctl-cli --bin podctl
+RUN cargo build --release --locked -p podctl --bin podctl
 
 FROM python:3.11-slim-bookworm@sha256:528257d48c1da0dcecc2e725d1ae34498d60c965f1241e39cd6a85a8859bdf84 AS libtpu
 COPY deploy/worker-libtpu.txt /tmp/worker-libtpu.txt

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-runs/grpo-arith}
-cargo build --release --locked -p podctl-cli
+cargo build --release --locked -p podctl
 echo "load before: $(uptime)"
 target/release/podctl launch examples/grpo-arith.yaml --out "$out"
 echo "load after: $(uptime)"

@@ -26,7 +26,7 @@ if ! "$python" -c 'import sys; assert sys.version_info[:2] == (3, 11)' 2>/dev/nu
 fi
 
 # One system tool the tests drive: tmux, the real terminal of `podctl status --watch`'s test
-# (crates/cli/tests/observe.rs). Debian's package, pinned; installed only where it is missing.
+# (crates/podctl/tests/observe.rs). Debian's package, pinned; installed only where it is missing.
 if ! command -v tmux >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing Debian's tmux 3.3a-3 (for the terminal test)"
@@ -77,5 +77,5 @@ scripts/install-helm.sh
 
 if [ "$release" = 1 ]; then
   echo "setup: building podctl (release)"
-  cargo build --release --locked -p podctl-cli
+  cargo build --release --locked -p podctl
 fi

@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+echo "test: crate layering (docs/ARCHITECTURE.md)"
+cargo run --quiet --locked -p podctl-layering
 echo "test: Rust workspace"
 cargo nextest run --workspace --locked --no-fail-fast
 echo "test: fail points (collective, checkpoint, coordinator)"

@@ -9,6 +9,7 @@
 //! **API Boundary:** nothing else crosses between JAX and Rust. **Architecture Invariant:** this
 //! crate reads files and validates; it never compiles or runs anything.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod manifest;
 mod presets;

@@ -29,6 +29,7 @@
 //! only after all of its bytes and its manifest are durable. Nothing reads a manifest's numbers
 //! before [`Manifest::check`] has bounded them.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 /// A `fail::fail_point!` that exists only with the `failpoints` feature. The save path's points
 /// take no closure: they are for crashing the process (`panic`, which a test's child turns into

@@ -3,9 +3,8 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use coordinator::client::{Client, ClientConfig};
-use coordinator::tls::ClientTls;
-use std::path::{Path, PathBuf};
+use client::{Client, ClientConfig, ClientTls};
+use std::path::PathBuf;
 
 #[derive(Args, Clone, Debug)]
 pub struct ConnectArgs {
@@ -80,21 +79,12 @@ impl ConnectArgs {
 
     /// The TLS material given on the command line; `None` when none was.
     fn given_tls(&self) -> Result<Option<ClientTls>> {
-        let read = |p: &Path| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
         if let Some(dir) = &self.tls_dir {
-            let (cert, key) = (dir.join("client.pem"), dir.join("client.key"));
-            let identity = match cert.exists() && key.exists() {
-                true => Some((read(&cert)?, read(&key)?)),
-                false => None,
-            };
-            return Ok(Some(ClientTls { ca_pem: read(&dir.join("ca.pem"))?, identity }));
+            return Ok(Some(ClientTls::from_dir(dir).context("--tls-dir")?));
         }
         let Some(ca) = &self.ca else { return Ok(None) };
-        let identity = match (&self.cert, &self.key) {
-            (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
-            _ => None,
-        };
-        Ok(Some(ClientTls { ca_pem: read(ca)?, identity }))
+        let identity = self.cert.as_deref().zip(self.key.as_deref());
+        Ok(Some(ClientTls::read(ca, identity).context("--ca, --cert, --key")?))
     }
 
     /// The client settings for `--coordinator` (workers and commands that take no kubeconfig).

@@ -18,6 +18,7 @@ pub fn run(
     out: Option<PathBuf>,
     resume: Resume,
     connect: &ConnectArgs,
+    node: &dyn crate::StartNode,
 ) -> Result<()> {
     let mut job = JobSpec::load(job_path)?;
     if out.is_some() {
@@ -47,7 +48,7 @@ pub fn run(
             "grpo.init_from {}: no checkpoint under {root} yet; training that job first",
             spec.display()
         );
-        run(&spec, false, None, Resume::Newest, connect)?;
+        run(&spec, false, None, Resume::Newest, connect, node)?;
         println!();
         if let InitFrom::TrainFirst { .. } = init_from::resolve(&mut job, connect)? {
             bail!("{} ran but left no committed checkpoint under {root}", spec.display());
@@ -101,6 +102,7 @@ pub fn run(
             false => crate::local::Cluster::Local {
                 plugin: plugin_path,
                 compile_cache: tools.cache.join("executables"),
+                node,
             },
         };
         return crate::local::run(&job, &bundle, cluster);

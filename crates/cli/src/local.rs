@@ -7,14 +7,13 @@
 //! for pods.
 
 use crate::connect::ConnectArgs;
+use crate::embedded::{NodeSettings, StartNode};
 use crate::progress::human_rate;
 use anyhow::{Context, Result, bail};
 use bundle::Bundle;
-use coordinator::client::{Client, ClientConfig};
-use coordinator::{Config, Embedded};
+use client::{Client, ClientConfig, JobState, JobStatus, Submission};
 use indicatif::{ProgressBar, ProgressStyle};
 use job::JobSpec;
-use proto::v1::{JobState, JobStatus, SubmitJobRequest};
 use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -28,10 +27,11 @@ const MAX_RESPAWNS_PER_SLICE: u32 = 5;
 const WORKER_EXIT_WAIT: Duration = Duration::from_secs(20);
 
 /// Where the job runs.
-pub enum Cluster {
-    /// Here: an embedded coordinator and worker processes on `plugin`, keeping compiled
-    /// programs in `compile_cache` (a replaced worker loads them instead of compiling).
-    Local { plugin: PathBuf, compile_cache: PathBuf },
+pub enum Cluster<'a> {
+    /// Here: an embedded coordinator (started by `node`) and worker processes on `plugin`,
+    /// keeping compiled programs in `compile_cache` (a replaced worker loads them instead of
+    /// compiling).
+    Local { plugin: PathBuf, compile_cache: PathBuf, node: &'a dyn StartNode },
     /// A coordinator cluster reached as these arguments say (admin token); its workers are
     /// started by its controller or by hand (`podctl worker`).
     Remote(ConnectArgs),
@@ -45,7 +45,9 @@ pub fn run(job: &JobSpec, bundle: &Bundle, cluster: Cluster) -> Result<()> {
         .context("starting the coordinator's runtime")?;
     runtime.block_on(async {
         match cluster {
-            Cluster::Local { plugin, compile_cache } => launch(job, bundle, &plugin, &compile_cache).await,
+            Cluster::Local { plugin, compile_cache, node } => {
+                launch(job, bundle, &plugin, &compile_cache, node).await
+            }
             Cluster::Remote(connect) => submit_remote(job, bundle, &connect).await,
         }
     })
@@ -58,9 +60,13 @@ async fn submit_remote(job: &JobSpec, bundle: &Bundle, connect: &ConnectArgs) ->
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     let connection = connect.connect().await?;
     let client = connection.client()?;
-    let mut request = submit_request(job, bundle)?;
-    request.bundle_uri = publish_bundle(job, bundle, connect.kube_context.is_some()).await?;
-    let submitted = client.submit(request).await?;
+    // The run directory as this machine names it: the coordinator derives a default
+    // checkpoint root from it.
+    let mut job = job.clone();
+    job.output = Some(run_dir.clone());
+    let mut submission = submission(&job, bundle)?;
+    submission.bundle_uri = publish_bundle(&job, bundle, connect.kube_context.is_some()).await?;
+    let submitted = client.submit(&submission).await?;
     let token_path = run_dir.join("job-token");
     write_private(&token_path, &submitted.job_token)?;
     println!("job {} submitted; its workers' token is in {}", submitted.job_id, token_path.display());
@@ -108,17 +114,17 @@ pub async fn publish_bundle(job: &JobSpec, bundle: &Bundle, kubernetes: bool) ->
     Ok(uri)
 }
 
-fn submit_request(job: &JobSpec, bundle: &Bundle) -> Result<SubmitJobRequest> {
-    Ok(SubmitJobRequest {
+/// The job with its bundle on this machine; the coordinator decides its checkpoint root.
+fn submission(job: &JobSpec, bundle: &Bundle) -> Result<Submission> {
+    Ok(Submission {
         spec_yaml: job.to_yaml(),
         bundle_uri: format!("file://{}", std::path::absolute(bundle.dir())?.display()),
         bundle_id: bundle.id().to_string(),
-        checkpoint_uri: job.checkpoint_uri().unwrap_or_default(),
     })
 }
 
 fn ended(status: &JobStatus, run_dir: &Path) -> Result<()> {
-    match status.state() {
+    match status.state {
         JobState::Completed => {
             println!(
                 "done: {} steps, final loss {:.4}; metrics, events and plots in {}",
@@ -238,7 +244,13 @@ impl Workers {
     }
 }
 
-async fn launch(job: &JobSpec, bundle: &Bundle, plugin: &Path, compile_cache: &Path) -> Result<()> {
+async fn launch(
+    job: &JobSpec,
+    bundle: &Bundle,
+    plugin: &Path,
+    compile_cache: &Path,
+    node: &dyn StartNode,
+) -> Result<()> {
     let run_dir = std::path::absolute(job.output_dir())?;
     let logs = run_dir.join("workers");
     std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
@@ -246,20 +258,20 @@ async fn launch(job: &JobSpec, bundle: &Bundle, plugin: &Path, compile_cache: &P
     job.output = Some(run_dir.clone());
 
     let admin = random_token()?;
-    let mut config = Config::new(1, "127.0.0.1:0".parse()?, run_dir.join("coordinator"), admin.clone());
-    config.insecure_plaintext = true;
-    config.record_runs = true;
-    config.metrics_listen = Some(free_loopback_port()?);
-    let metrics = config.metrics_listen;
-    let node = Embedded::start(config).await.context("starting the embedded coordinator")?;
+    let settings = NodeSettings {
+        data_dir: run_dir.join("coordinator"),
+        admin_token: admin.clone(),
+        metrics_listen: Some(free_loopback_port()?),
+    };
+    let node = node.start(settings).await.context("starting the embedded coordinator")?;
     let address = node.addr().to_string();
     // What `podctl status`/`logs` and a Prometheus scrape from another terminal need.
     std::fs::write(run_dir.join("coordinator.addr"), &address)?;
-    if let Some(metrics) = metrics {
+    if let Some(metrics) = node.metrics_addr() {
         std::fs::write(run_dir.join("coordinator.metrics-addr"), metrics.to_string())?;
     }
     let client = Client::new(ClientConfig::new(vec![address.clone()], admin, None))?;
-    let submitted = client.submit(submit_request(&job, bundle)?).await?;
+    let submitted = client.submit(&submission(&job, bundle)?).await?;
     write_private(&run_dir.join("job-token"), &submitted.job_token)?;
     println!("coordinator {address}, job {}, run directory {}", submitted.job_id, run_dir.display());
     println!(
@@ -334,7 +346,7 @@ async fn follow(
             status.loss,
             human_rate(status.tokens_per_second),
             status.generation,
-            status.state()
+            status.state
         ));
         if bar.is_hidden() && status.step >= last_printed + (total / 20).max(1) {
             eprintln!(
@@ -346,7 +358,7 @@ async fn follow(
             );
             last_printed = status.step;
         }
-        if matches!(status.state(), JobState::Completed | JobState::Failed | JobState::Stopped) {
+        if status.state.is_terminal() {
             bar.finish_and_clear();
             return Ok(status);
         }

@@ -8,7 +8,7 @@ use crate::connect::ConnectArgs;
 use crate::status::clock;
 use anyhow::Context;
 use clap::Args;
-use proto::v1::{JobState, LogLine, LogsRequest};
+use client::LogLine;
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::time::Duration;
@@ -78,11 +78,11 @@ pub fn run(args: &LogsArgs) -> anyhow::Result<()> {
             let mut seen = Seen::default();
             let mut tail = args.tail;
             loop {
-                let request =
-                    LogsRequest { job_id: args.job.clone(), follow: args.follow, slice: args.slice, tail };
-                let mut stream =
-                    client.logs(request).await.with_context(|| format!("logs of {}", args.job))?;
-                while let Ok(Some(line)) = stream.message().await {
+                let mut stream = client
+                    .logs(&args.job, args.follow, args.slice, tail)
+                    .await
+                    .with_context(|| format!("logs of {}", args.job))?;
+                while let Ok(Some(line)) = stream.next().await {
                     if seen.admit(&line) {
                         let mut stdout = std::io::stdout().lock();
                         writeln!(stdout, "{}", format_line(&line))?;
@@ -93,7 +93,7 @@ pub fn run(args: &LogsArgs) -> anyhow::Result<()> {
                     return Ok(());
                 }
                 let status = client.get_job(&args.job).await?;
-                if matches!(status.state(), JobState::Completed | JobState::Failed | JobState::Stopped) {
+                if status.state.is_terminal() {
                     return Ok(());
                 }
                 // After a leader change, every line it kept (the filter drops repeats).

@@ -9,8 +9,7 @@
 use crate::connect::{ConnectArgs, Connection};
 use anyhow::Context;
 use clap::Args;
-use coordinator::client::Client;
-use proto::v1::{ClusterInfo, JobState, JobStatus};
+use client::{Client, ClusterInfo, JobState, JobStatus};
 use serde_json::{Value, json};
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
@@ -114,7 +113,7 @@ async fn watch_job(client: &Client, job: &str, interval_ms: u32, out: &mut Outpu
         let cluster = client.cluster_info().await.ok();
         let mut stream = client.watch_job(job, interval_ms).await?;
         // The stream ends when the job does, or when the leader changes: then watch again.
-        while let Ok(Some(status)) = stream.message().await {
+        while let Ok(Some(status)) = stream.next().await {
             out.job(&status, cluster.as_ref())?;
             if is_terminal(&status) {
                 return Ok(());
@@ -129,7 +128,7 @@ async fn watch_job(client: &Client, job: &str, interval_ms: u32, out: &mut Outpu
 }
 
 fn is_terminal(status: &JobStatus) -> bool {
-    matches!(status.state(), JobState::Completed | JobState::Failed | JobState::Stopped)
+    status.state.is_terminal()
 }
 
 /// Where frames go: JSON lines, a redrawn terminal frame, or plain text.
@@ -224,10 +223,10 @@ pub fn redraw_prefix(drawn: usize) -> String {
     if drawn == 0 { String::new() } else { format!("\x1b[{drawn}A\r\x1b[J") }
 }
 
-/// The wire state in lower case (`running`, `recovering`, ...).
+/// A job state in lower case (`running`, `recovering`, ...).
 pub fn state_name(state: JobState) -> &'static str {
     match state {
-        JobState::Unspecified => "unknown",
+        JobState::Unknown => "unknown",
         JobState::Pending => "pending",
         JobState::Running => "running",
         JobState::Recovering => "recovering",
@@ -329,7 +328,7 @@ pub fn render_job(s: &JobStatus, cluster: Option<&ClusterInfo>, now_unix: f64) -
         "job {} ({})  {}  generation {}  leader {}",
         s.name,
         s.job_id,
-        state_name(s.state()).to_uppercase(),
+        state_name(s.state).to_uppercase(),
         s.generation,
         leader
     ));
@@ -346,7 +345,7 @@ pub fn render_job(s: &JobStatus, cluster: Option<&ClusterInfo>, now_unix: f64) -
     if s.mfu > 0.0 {
         progress.push_str(&format!("  MFU {:.1}%", 100.0 * s.mfu));
     }
-    if s.state() == JobState::Running && s.step_seconds > 0.0 && s.step < s.total_steps {
+    if s.state == JobState::Running && s.step_seconds > 0.0 && s.step < s.total_steps {
         progress.push_str(&format!("  eta {}", duration((s.total_steps - s.step) as f64 * s.step_seconds)));
     }
     lines.push(progress);
@@ -424,7 +423,7 @@ pub fn render_list(jobs: &[JobStatus], cluster: Option<&ClusterInfo>) -> Vec<Str
         rows.push(vec![
             j.name.clone(),
             j.job_id.clone(),
-            state_name(j.state()).into(),
+            state_name(j.state).into(),
             format!("{}/{}", j.step, j.total_steps),
             loss(j.loss),
             si(j.tokens_per_second),
@@ -448,7 +447,7 @@ pub fn watch_line(s: &JobStatus, now_unix: f64) -> String {
         "{} {} {} step {}/{} loss {} {} tok/s gen {}",
         clock(now_unix),
         s.name,
-        state_name(s.state()),
+        state_name(s.state),
         s.step,
         s.total_steps,
         loss(s.loss),
@@ -480,7 +479,7 @@ pub fn status_json(s: &JobStatus, cluster: Option<&ClusterInfo>) -> Value {
     let mut v = json!({
         "job_id": s.job_id,
         "name": s.name,
-        "state": state_name(s.state()),
+        "state": state_name(s.state),
         "message": s.message,
         "generation": s.generation,
         "step": s.step,
@@ -516,13 +515,13 @@ pub fn status_json(s: &JobStatus, cluster: Option<&ClusterInfo>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proto::v1::{CheckpointInfo, Event, SliceStatus};
+    use client::{CheckpointInfo, Event, SliceStatus};
 
     fn sample() -> JobStatus {
         JobStatus {
             job_id: "j-000001".into(),
             name: "tiny-arith".into(),
-            state: JobState::Running as i32,
+            state: JobState::Running,
             generation: 2,
             step: 150,
             total_steps: 300,
@@ -599,7 +598,7 @@ mod tests {
         let fresh = JobStatus {
             job_id: "j2".into(),
             name: "new".into(),
-            state: JobState::Pending as i32,
+            state: JobState::Pending,
             total_steps: 10,
             loss: f64::NAN,
             message: "waiting for 2 workers".into(),

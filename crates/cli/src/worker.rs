@@ -4,7 +4,7 @@
 use crate::connect::ConnectArgs;
 use anyhow::Result;
 use clap::Args;
-use coordinator::client::ClientConfig;
+use client::ClientConfig;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -66,6 +66,7 @@
 //! # }
 //! ```
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 /// A `fail::fail_point!` that exists only with the `failpoints` feature.
 macro_rules! fail_point {

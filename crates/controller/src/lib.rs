@@ -21,6 +21,7 @@
 //! **Architecture Invariant:** this crate knows nothing of the coordinator (no openraft, no
 //! gRPC): the coordinator implements [`reconcile::ControlPlane`]. Only this crate names kube.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod decide;
 pub mod declare;

@@ -10,9 +10,9 @@
 
 extern crate podctl_coordinator as coordinator;
 
-use coordinator::client::{Client, ClientConfig};
-use coordinator::tls::ClientTls;
-use proto::v1::{Heartbeat, RegisterRequest, SubmitJobRequest, WorkerEvent, directive, worker_event};
+use client::ClientTls;
+use client::{Client, ClientConfig};
+use proto::v1::{Heartbeat, RegisterRequest, WorkerEvent, directive, worker_event};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -84,7 +84,7 @@ async fn run(n: usize, window: Duration, dir: &Path, addrs: &[String], nodes: &[
         dir.join("run").display()
     );
     let job = admin
-        .submit(SubmitJobRequest { spec_yaml: spec, bundle_id: "00".into(), ..Default::default() })
+        .submit(&client::Submission { spec_yaml: spec, bundle_uri: String::new(), bundle_id: "00".into() })
         .await
         .expect("submits");
     let clients: Vec<Client> = (0..n.div_ceil(SESSIONS_PER_CONNECTION))
@@ -208,7 +208,7 @@ async fn run(n: usize, window: Duration, dir: &Path, addrs: &[String], nodes: &[
         cpu * 100.0,
     );
     let stopped = admin.stop_job(&job.job_id).await.expect("stops");
-    assert_eq!(stopped, proto::v1::JobState::Stopped);
+    assert_eq!(stopped, client::JobState::Stopped);
 }
 
 fn main() {
@@ -217,7 +217,7 @@ fn main() {
     );
     let dir = tempfile::tempdir().expect("a temp dir");
     let files = coordinator::tls::create_dev_ca(&dir.path().join("tls"), &[]).expect("certificates");
-    let tls = ClientTls::with_identity(&files).expect("client certificate");
+    let tls = coordinator::tls::client_tls(&files).expect("client certificate");
     let ports: Vec<u16> = (0..3)
         .map(|_| {
             std::net::TcpListener::bind("127.0.0.1:0").expect("a port").local_addr().expect("addr").port()

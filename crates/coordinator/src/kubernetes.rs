@@ -7,10 +7,10 @@
 //! (`decide::decide_generation`) is the same one. A declared job (`controller::declare`) is
 //! submitted as `Jobs.Submit` would, with its source recorded; the state machine keeps one job
 //! per source. The loop runs on every node but acts only on the leader whose memory is ready
-//! ([`crate::node::Ctx::require_leader`]).
+//! ([`crate::ctx::Ctx::require_leader`]).
 
+use crate::ctx::Ctx;
 use crate::decide::Out;
-use crate::node::Ctx;
 use crate::state::{Command, Job};
 use controller::{ControlPlane, Declaration, DeclaredJob, DesiredJob, Registration};
 use hmac::{Hmac, Mac};
@@ -117,8 +117,8 @@ impl ControlPlane for Plane {
             unix: crate::leader::unix_now(),
         };
         async move {
-            if let Err(status) = ctx.propose(command).await {
-                tracing::warn!("controller: cannot fail the job: {}", status.message());
+            if let Err(e) = ctx.propose(command).await {
+                tracing::warn!("controller: cannot fail the job: {e}");
             }
         }
     }
@@ -143,18 +143,13 @@ impl ControlPlane for Plane {
         declaration: &Declaration,
     ) -> impl Future<Output = Result<String, String>> + Send {
         let ctx = self.0.clone();
-        let request = proto::v1::SubmitJobRequest {
-            spec_yaml: declaration.spec_yaml.clone(),
-            bundle_uri: declaration.bundle_uri.clone(),
-            bundle_id: declaration.bundle_id.clone(),
-            checkpoint_uri: String::new(),
-        };
+        let Declaration { spec_yaml, bundle_uri, bundle_id } = declaration.clone();
         let source = source.to_string();
         async move {
-            crate::grpc::submit_job(&ctx, request, source)
+            crate::jobs::submit(&ctx, spec_yaml, bundle_uri, bundle_id, source)
                 .await
                 .map(|submitted| submitted.job_id)
-                .map_err(|status| status.message().to_string())
+                .map_err(|e| e.to_string())
         }
     }
 
@@ -164,12 +159,8 @@ impl ControlPlane for Plane {
         let reason = reason.to_string();
         async move {
             let Some(job) = job else { return };
-            if let Err(status) = crate::grpc::stop_job(&ctx, &job).await {
-                tracing::warn!(
-                    job_id = job.id,
-                    "controller: cannot stop the job ({reason}): {}",
-                    status.message()
-                );
+            if let Err(e) = crate::jobs::stop(&ctx, &job).await {
+                tracing::warn!(job_id = job.id, "controller: cannot stop the job ({reason}): {e}");
             }
         }
     }

@@ -1,130 +1,22 @@
-//! The leader's memory and its loop.
+//! The leader loop, and the directives it sends.
 //!
-//! Heartbeats, leases, worker sessions, pending step and checkpoint reports live here, in the
-//! leader's memory only: they change every second per worker, and losing them with the leader
-//! costs nothing that matters (a new leader grants every known worker one full lease before it
-//! counts one as lost, and workers resend what was not acknowledged). The loop looks at every
-//! live job on a tick and whenever a heartbeat or report may have changed a decision, calls the
-//! pure functions of [`crate::decide`], proposes what they return through Raft, and then tells
-//! every worker with a session the directive now in force.
+//! The loop looks at every live job on a tick and whenever a heartbeat or report may have
+//! changed a decision (the leader's memory, [`crate::memory`], wakes it), calls the pure
+//! functions of [`crate::decide`], proposes what they return through Raft, and then tells every
+//! worker with a session the directive now in force.
 
-use crate::decide::{self, Decision, JobLive, StepReportData, Timing, WorkerLive};
-use crate::node::Ctx;
-use crate::state::{CheckpointEntry, Command, Job, JobState, MemberPlan, Response, ResumePlan};
-use checkpoint::{CheckpointError, CommitLog, CommitRecord, HostReport, SaveSpec};
+use crate::ctx::{Ctx, NotServing};
+use crate::decide::{self, Decision, StepReportData, Timing};
+use crate::memory::LeaderState;
+use crate::state::{Command, Job, JobState, MemberPlan, Response, ResumePlan};
 use openraft::ServerState;
 use proto::v1::{self, Directive, directive};
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
-use tokio::sync::{Notify, mpsc};
-use tonic::Status;
 
 /// Seconds since the Unix epoch, for the timestamps the leader puts in commands.
 pub fn unix_now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
-}
-
-/// The sending half of a worker's session.
-#[derive(Debug, Clone)]
-pub struct SessionHandle {
-    /// Distinguishes a reconnected session from the one it replaced.
-    pub id: u64,
-    /// Directives to the worker (bounded: a worker that does not read is dropped).
-    pub tx: mpsc::Sender<Result<Directive, Status>>,
-}
-
-/// A save whose host reports are coming in.
-#[derive(Debug, Clone)]
-pub struct PendingSave {
-    /// The generation that saves it.
-    pub generation: u64,
-    /// Its spec, the same from every member.
-    pub spec: SaveSpec,
-    /// Host reports by worker.
-    pub reports: BTreeMap<String, HostReport>,
-}
-
-/// Everything the leader keeps in memory.
-#[derive(Debug, Default)]
-pub struct LeaderState {
-    /// The term this memory belongs to; `None` until the leader has caught up with the log.
-    pub term: Option<u64>,
-    /// Per job: workers' liveness and pending step reports.
-    pub jobs: BTreeMap<String, JobLive>,
-    /// Open sessions by worker id.
-    pub sessions: HashMap<String, SessionHandle>,
-    /// Saves being reported, by job then (step, save id).
-    pub saves: BTreeMap<String, BTreeMap<(u64, String), PendingSave>>,
-    next_session: u64,
-}
-
-impl LeaderState {
-    /// The job's live view, with every active worker present (a worker the leader has not seen
-    /// yet gets a lease starting now).
-    pub fn job_mut(&mut self, job: &Job, now: Instant) -> &mut JobLive {
-        let live = self.jobs.entry(job.id.clone()).or_default();
-        for (id, _) in job.active_workers() {
-            live.workers.entry(id.clone()).or_insert_with(|| WorkerLive::new(now));
-        }
-        live
-    }
-
-    /// One worker's live view (a worker the leader has not seen yet gets a lease from now).
-    pub fn worker_mut(&mut self, job_id: &str, worker_id: &str, now: Instant) -> &mut WorkerLive {
-        if !self.jobs.contains_key(job_id) {
-            self.jobs.insert(job_id.to_string(), JobLive::default());
-        }
-        let live = self.jobs.get_mut(job_id).expect("inserted above");
-        if !live.workers.contains_key(worker_id) {
-            live.workers.insert(worker_id.to_string(), WorkerLive::new(now));
-        }
-        live.workers.get_mut(worker_id).expect("inserted above")
-    }
-
-    /// Registers a session, replacing an older one of the same worker.
-    pub fn open_session(&mut self, worker_id: &str, tx: mpsc::Sender<Result<Directive, Status>>) -> u64 {
-        self.next_session += 1;
-        self.sessions.insert(worker_id.to_string(), SessionHandle { id: self.next_session, tx });
-        self.next_session
-    }
-
-    /// Forgets a session if it is still the one registered under `id`.
-    pub fn close_session(&mut self, worker_id: &str, id: u64) {
-        if self.sessions.get(worker_id).is_some_and(|s| s.id == id) {
-            self.sessions.remove(worker_id);
-        }
-    }
-
-    /// Sends a directive to a worker's session, dropping the session if it does not keep up.
-    pub fn send(&mut self, worker_id: &str, directive: Directive) {
-        if let Some(session) = self.sessions.get(worker_id)
-            && session.tx.try_send(Ok(directive)).is_err()
-        {
-            tracing::warn!(worker_id, "session does not keep up with directives; closing it");
-            self.sessions.remove(worker_id);
-        }
-    }
-}
-
-/// The leader's memory, shared by the loop and the services.
-#[derive(Debug, Default)]
-pub struct LeaderMemory {
-    state: Mutex<LeaderState>,
-    /// Wakes the loop early (a heartbeat answered a quiesce, a report completed a step).
-    pub wake: Notify,
-}
-
-impl LeaderMemory {
-    /// Runs `f` on the memory; keep it short and never hold it across an await.
-    pub fn with<T>(&self, f: impl FnOnce(&mut LeaderState) -> T) -> T {
-        f(&mut self.state.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    /// The term the memory is ready for.
-    pub fn term(&self) -> Option<u64> {
-        self.with(|m| m.term)
-    }
 }
 
 /// The directive in force for a worker: what a worker that reconnects or lags is told.
@@ -246,7 +138,7 @@ async fn tick(ctx: &Arc<Ctx>) {
             return;
         }
         ctx.leader.with(|m| {
-            *m = LeaderState { term: Some(term), ..LeaderState::default() };
+            *m = LeaderState::ready(term);
         });
         tracing::info!(id = ctx.id, term, "leading; every known worker gets one full lease");
     }
@@ -255,8 +147,8 @@ async fn tick(ctx: &Arc<Ctx>) {
         .shared
         .read(|s| s.jobs.values().filter(|j| !j.state.is_terminal()).map(|j| j.id.clone()).collect());
     for job_id in jobs {
-        if let Err(status) = tick_job(ctx, &job_id, now).await {
-            tracing::warn!(job_id, "leader loop: {}", status.message());
+        if let Err(e) = tick_job(ctx, &job_id, now).await {
+            tracing::warn!(job_id, "leader loop: {e}");
             return;
         }
     }
@@ -272,7 +164,7 @@ fn timing(ctx: &Ctx) -> Timing {
     }
 }
 
-async fn tick_job(ctx: &Arc<Ctx>, job_id: &str, now: Instant) -> Result<(), Status> {
+async fn tick_job(ctx: &Arc<Ctx>, job_id: &str, now: Instant) -> Result<(), NotServing> {
     let Some(job) = ctx.shared.read(|s| s.jobs.get(job_id).cloned()) else { return Ok(()) };
     let timing = timing(ctx);
     let (commit, decision) = ctx.leader.with(|m| {
@@ -380,64 +272,4 @@ pub fn record_step_report(ctx: &Ctx, job: &Job, worker_id: &str, step: u64, repo
     });
     ctx.leader.wake.notify_one();
     recorded
-}
-
-/// The checkpoint crate's commit log over Raft: a commit is durable once the
-/// `CommitCheckpoint` entry is applied, and it is refused when the generation that saved it
-/// has ended.
-pub struct RaftCommitLog {
-    /// The node.
-    pub ctx: Arc<Ctx>,
-    /// The job.
-    pub job_id: String,
-    /// The generation that saved.
-    pub generation: u64,
-    /// The checkpoint root URL.
-    pub root: String,
-    /// Bytes of the save's objects.
-    pub bytes: u64,
-}
-
-fn commit_log_error(operation: &'static str, reason: String) -> CheckpointError {
-    CheckpointError::CommitLog { operation, source: reason.into() }
-}
-
-impl CommitLog for RaftCommitLog {
-    async fn record(&self, commit: &CommitRecord) -> checkpoint::Result<()> {
-        let entry = CheckpointEntry {
-            record: commit.clone(),
-            uri: format!("{}/{}", self.root.trim_end_matches('/'), commit.dir()),
-            committed_unix: unix_now(),
-            bytes: self.bytes,
-        };
-        let command =
-            Command::CommitCheckpoint { job_id: self.job_id.clone(), generation: self.generation, entry };
-        match self.ctx.propose(command).await {
-            Ok(Response::Refused { reason }) => Err(commit_log_error("record", reason)),
-            Ok(_) => Ok(()),
-            Err(status) => Err(commit_log_error("record", status.message().to_string())),
-        }
-    }
-
-    async fn list(&self) -> checkpoint::Result<Vec<CommitRecord>> {
-        Ok(self.ctx.shared.read(|s| {
-            s.jobs
-                .get(&self.job_id)
-                .map(|j| j.checkpoints.iter().map(|c| c.record.clone()).collect())
-                .unwrap_or_default()
-        }))
-    }
-
-    async fn remove(&self, commit: &CommitRecord) -> checkpoint::Result<()> {
-        let command = Command::ForgetCheckpoint {
-            job_id: self.job_id.clone(),
-            step: commit.step,
-            save_id: commit.save_id.clone(),
-        };
-        match self.ctx.propose(command).await {
-            Ok(Response::Refused { reason }) => Err(commit_log_error("remove", reason)),
-            Ok(_) => Ok(()),
-            Err(status) => Err(commit_log_error("remove", status.message().to_string())),
-        }
-    }
 }

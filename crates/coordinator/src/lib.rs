@@ -3,36 +3,47 @@
 //! Three coordinator nodes form one Raft group (openraft 0.9). The replicated state
 //! ([`state::ClusterState`]) holds jobs and their lifecycle, registered workers, generations and
 //! placements, committed steps, the checkpoint catalog and the KV store. Heartbeats, leases and
-//! pending reports stay in the leader's memory ([`leader`]); only registrations, generation
+//! pending reports stay in the leader's memory ([`memory`]); only registrations, generation
 //! changes, commits and KV writes go through the log. `docs/COORDINATOR.md` explains the design,
 //! `docs/PROTOCOL.md` the sequences.
 //!
 //! # Layout
+//! In dependency order, lowest first: each module uses only those above it (and the
+//! configuration, the errors and the log buffers).
 //! - [`state`]: the replicated state and its pure transition function (`apply`).
 //! - [`decide`]: the decisions as pure functions of (now, job, leader memory): placement of
 //!   virtual ranks, generation changes, the quiesce -> assignment plan, step commits.
 //! - [`store`]: the redb-backed Raft log, vote, snapshot and the state machine store.
-//! - [`network`]: outbound Raft RPCs to peers over the `Raft` gRPC service.
-//! - [`leader`]: the leader's memory and its loop, which turns decisions into proposals and
-//!   directives; checkpoint finalization ([`leader::RaftCommitLog`]).
+//! - [`memory`]: the leader's memory (liveness, sessions, pending reports and saves).
+//! - [`ctx`]: [`ctx::Ctx`], what everything below shares (Raft, the applied state, the leader's
+//!   memory, the configuration), and its typed refusal [`ctx::NotServing`].
+//! - [`leader`]: the leader loop, which turns decisions into proposals and directives.
+//! - [`jobs`]: submitting and stopping a job, and committing a checkpoint once every member
+//!   reported ([`jobs::RaftCommitLog`]); the checkpoint root is decided at submission. Typed
+//!   refusals ([`jobs::JobError`]).
+//! - [`kubernetes`]: the coordinator's side of the Kubernetes controller (`crates/controller`):
+//!   the jobs' desired pods, lost pods as preemptions, declared jobs submitted through [`jobs`],
+//!   the workers' tokens.
 //! - [`grpc`]: the services (`Jobs`, `Cluster`, `Workers`, `Kv`, `Raft`), authentication and
 //!   the one place errors become `tonic::Status`.
-//! - [`node`]: wiring: storage, Raft, services, TLS, shutdown; [`run`] and [`Embedded`].
-//! - [`client`]: the client library podctl and workers use (leader discovery, redirects,
-//!   retries, deadlines).
-//! - [`tls`]: a development CA and certificates, and loading them.
-//! - [`command`]: a node's command line (`podctl-coordinator`, `podctl coordinator`).
 //! - [`metrics`]: Prometheus `/metrics` (jobs' steps, step times, recoveries, checkpoints, Raft),
 //!   served when `Config::metrics_listen` is set, with `/healthz` and `/readyz`.
 //! - [`health`]: readiness: a voter of the cluster that knows its leader (the chart's probe).
 //! - [`recorder`]: a job's run record (`metrics.jsonl`, `events.jsonl`, plots), when asked.
-//! - [`kubernetes`]: the coordinator's side of the Kubernetes controller (`crates/controller`):
-//!   the jobs' desired pods, lost pods as preemptions, the workers' tokens.
+//! - [`network`]: outbound Raft RPCs to peers over the `Raft` gRPC service.
+//! - [`tls`]: a development CA and certificates, and loading them. Clients, this node's peer
+//!   connections included, dial through the `client` crate (`podctl-client`).
+//! - [`node`]: wiring: storage, Raft, services, TLS, shutdown; [`run`] and [`Embedded`].
+//! - [`command`]: a node's command line (`podctl-coordinator`, `podctl coordinator`).
 //!
-//! **Architecture Invariant:** only this crate names openraft; protobuf types cross its public
-//! API only in [`client`] and the services. Kubernetes is reached only through the controller
-//! crate's `ControlPlane` trait, which [`kubernetes::Plane`] implements.
+//! **Architecture Invariant:** only this crate names openraft. Protobuf and gRPC types cross
+//! its public API only in the services ([`grpc`]), the outbound Raft network and the
+//! directives the leader sends ([`leader`]); below them ([`state`], [`decide`], [`memory`],
+//! [`ctx`], [`jobs`]) refusals are typed and become a `tonic::Status` only in [`grpc`].
+//! Kubernetes is reached only through the controller crate's `ControlPlane` trait, which
+//! [`kubernetes::Plane`] implements.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 /// A `fail::fail_point!` that exists only with the `failpoints` feature; used to crash a node
 /// (`panic`, which the failpoints build of the node binary turns into an abort) or pause it.
@@ -44,16 +55,18 @@ macro_rules! fail_point {
 }
 pub(crate) use fail_point;
 
-pub mod client;
 pub mod command;
 mod config;
+pub mod ctx;
 pub mod decide;
 mod error;
 pub mod grpc;
 pub mod health;
+pub mod jobs;
 pub mod kubernetes;
 pub mod leader;
 pub mod logs;
+pub mod memory;
 pub mod metrics;
 pub mod network;
 pub mod node;
@@ -100,4 +113,25 @@ pub mod typ {
     pub type ClientWriteResponse = openraft::raft::ClientWriteResponse<TypeConfig>;
     /// Raft metrics.
     pub type Metrics = openraft::RaftMetrics<u64, openraft::BasicNode>;
+}
+
+#[cfg(test)]
+mod tests {
+    /// The modules below the services (docs/ARCHITECTURE.md): their refusals are typed, and only
+    /// `grpc` turns them into statuses.
+    const CORE: [(&str, &str); 5] = [
+        ("state.rs", include_str!("state.rs")),
+        ("decide.rs", include_str!("decide.rs")),
+        ("memory.rs", include_str!("memory.rs")),
+        ("ctx.rs", include_str!("ctx.rs")),
+        ("jobs.rs", include_str!("jobs.rs")),
+    ];
+
+    #[test]
+    fn the_core_below_the_services_names_no_grpc() {
+        for (file, text) in CORE {
+            let named = text.lines().find(|l| l.contains("tonic") || l.contains("crate::grpc::"));
+            assert_eq!(named, None, "{file} reaches into gRPC");
+        }
+    }
 }

@@ -11,7 +11,7 @@
 //! step, total, generation and state, the last step's loss and throughput, the Raft term, log
 //! and applied (committed) index, and who leads. docs/METRICS.md lists every series.
 
-use crate::node::Ctx;
+use crate::ctx::Ctx;
 use crate::state::{Command, Response, StepCommit};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};

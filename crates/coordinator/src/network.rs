@@ -6,6 +6,7 @@
 
 use crate::TypeConfig;
 use crate::typ;
+use client::tls::endpoint;
 use openraft::error::{InstallSnapshotError, NetworkError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -19,13 +20,13 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 use std::time::Duration;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// Builds channels to peers.
 #[derive(Clone)]
 pub struct PeerDialer {
     /// TLS towards peers (with this node's client certificate); `None` in plaintext mode.
-    pub tls: Option<crate::tls::ClientTls>,
+    pub tls: Option<client::ClientTls>,
     /// Deadline of one RPC.
     pub rpc_timeout: Duration,
     /// Largest message accepted back.
@@ -37,39 +38,6 @@ impl PeerDialer {
     pub fn channel(&self, addr: &str) -> Result<Channel, String> {
         endpoint(addr, self.tls.as_ref(), self.rpc_timeout).map(|e| e.connect_lazy())
     }
-}
-
-/// An endpoint for `addr` (`host:port`), with TLS when given, a connect deadline, and HTTP/2
-/// keep-alives so a dead peer is noticed. Calls set their own deadlines (streams have none).
-pub fn endpoint(
-    addr: &str,
-    tls: Option<&crate::tls::ClientTls>,
-    connect_timeout: Duration,
-) -> Result<Endpoint, String> {
-    endpoint_via(addr, addr, tls, connect_timeout)
-}
-
-/// An endpoint that connects to `connect` (`host:port`) and checks the server's certificate
-/// against the host of `addr`: a port-forward to a coordinator keeps its name.
-pub fn endpoint_via(
-    addr: &str,
-    connect: &str,
-    tls: Option<&crate::tls::ClientTls>,
-    connect_timeout: Duration,
-) -> Result<Endpoint, String> {
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{connect}"))
-        .map_err(|e| format!("'{connect}' is not a host:port address: {e}"))?
-        .connect_timeout(connect_timeout)
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(5))
-        .keep_alive_timeout(Duration::from_secs(5))
-        .keep_alive_while_idle(true);
-    if let Some(tls) = tls {
-        let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).trim_matches(['[', ']']);
-        endpoint = endpoint.tls_config(tls.config(host)).map_err(|e| format!("TLS for {addr}: {e}"))?;
-    }
-    Ok(endpoint)
 }
 
 /// The factory openraft asks for a connection per peer.

@@ -6,14 +6,13 @@
 //! [`Embedded`] is a single-node cluster in the calling process, for `podctl launch`.
 
 use crate::config::Config;
+use crate::ctx::Ctx;
 use crate::grpc;
-use crate::leader::LeaderMemory;
 use crate::logs::LogBuffers;
+use crate::memory::LeaderMemory;
 use crate::network::{Network, PeerDialer};
-use crate::state::{Command, Response};
-use crate::store::{self, LogStore, Shared, StateMachineStore};
+use crate::store::{self, LogStore, StateMachineStore};
 use crate::{Error, typ};
-use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ServerState, SnapshotPolicy};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -22,69 +21,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tonic::Status;
-
-/// What every service and the leader loop share.
-pub struct Ctx {
-    /// This node's id.
-    pub id: u64,
-    /// The Raft node.
-    pub raft: typ::Raft,
-    /// The replicated state, as applied here.
-    pub shared: Arc<Shared>,
-    /// The leader's memory (empty on followers).
-    pub leader: LeaderMemory,
-    /// Workers' log lines (leader only).
-    pub logs: LogBuffers,
-    /// The configuration.
-    pub config: Config,
-    /// The address this node is reached at.
-    pub advertise: String,
-    /// SHA-256 of the admin token.
-    pub admin_sha: [u8; 32],
-}
-
-impl Ctx {
-    /// Proposes a command and waits for it to be applied. A follower answers UNAVAILABLE with
-    /// the leader's address.
-    pub async fn propose(&self, command: Command) -> Result<Response, Status> {
-        match self.raft.client_write(command).await {
-            Ok(response) => Ok(response.data),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
-                Err(grpc::not_leader(forward.leader_node.map(|n| n.addr)))
-            }
-            Err(e) => Err(Status::unavailable(format!("the cluster could not commit: {e}; retry"))),
-        }
-    }
-
-    /// The current leader's id and address, as this node knows them.
-    pub fn leader(&self) -> Option<(u64, String)> {
-        let metrics = self.raft.metrics().borrow().clone();
-        let id = metrics.current_leader?;
-        let addr = metrics.membership_config.membership().get_node(&id).map(|n| n.addr.clone())?;
-        Some((id, addr))
-    }
-
-    /// Ok when this node leads and its memory is ready; else UNAVAILABLE naming the leader.
-    pub fn require_leader(&self) -> Result<(), Status> {
-        let metrics = self.raft.metrics().borrow().clone();
-        let leading = metrics.state == ServerState::Leader && metrics.current_leader == Some(self.id);
-        if leading && self.leader.term() == Some(metrics.current_term) {
-            return Ok(());
-        }
-        if leading {
-            return Err(Status::unavailable(
-                "this node was just elected and is catching up; retry in a moment",
-            ));
-        }
-        Err(grpc::not_leader(self.leader().map(|(_, addr)| addr)))
-    }
-
-    /// `id@address` of this node, for `JobStatus.leader`.
-    pub fn label(&self) -> String {
-        format!("{}@{}", self.id, self.advertise)
-    }
-}
 
 /// A bound, running node.
 pub struct Node {
@@ -136,7 +72,7 @@ impl Node {
         .map_err(|e| Error::Config { field: "timeouts", reason: e.to_string() })?;
 
         let tls = match &config.tls {
-            Some(files) => Some(crate::tls::ClientTls::with_identity(files)?),
+            Some(files) => Some(crate::tls::client_tls(files)?),
             None => None,
         };
         let dialer =

@@ -6,7 +6,7 @@
 //! It follows the commands as they are applied on this node, so it writes what the cluster
 //! committed, in log order.
 
-use crate::node::Ctx;
+use crate::ctx::Ctx;
 use crate::state::{Command, Response, StepCommit};
 use crate::store::Applied;
 use record::RunRecord;

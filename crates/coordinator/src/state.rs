@@ -8,7 +8,7 @@
 //! proposed twice (by an old and a new leader) harmless.
 //!
 //! Heartbeats, leases and pending reports are deliberately absent: they live in the leader's
-//! memory ([`crate::leader`]).
+//! memory ([`crate::memory`]).
 
 use checkpoint::CommitRecord;
 use serde::{Deserialize, Serialize};
@@ -52,19 +52,6 @@ impl JobState {
     /// Whether the job is over.
     pub fn is_terminal(self) -> bool {
         matches!(self, Self::Completed | Self::Failed | Self::Stopped)
-    }
-
-    /// The wire enum.
-    pub fn to_proto(self) -> proto::v1::JobState {
-        use proto::v1::JobState as P;
-        match self {
-            Self::Pending => P::Pending,
-            Self::Running => P::Running,
-            Self::Recovering => P::Recovering,
-            Self::Completed => P::Completed,
-            Self::Failed => P::Failed,
-            Self::Stopped => P::Stopped,
-        }
     }
 }
 

@@ -1,4 +1,5 @@
-//! Certificates: a development CA and the TLS settings of servers and clients.
+//! Certificates: a development CA, the servers' TLS settings, and the client certificate a node
+//! presents to its peers (read by `client::ClientTls`, as every client of the cluster does).
 //!
 //! Every listener serves TLS (rustls) with the node's server certificate. Client certificates
 //! are optional at the handshake, but when one is presented it must be signed by the cluster
@@ -7,25 +8,22 @@
 
 use crate::Error;
 use crate::config::TlsFiles;
+use client::ClientTls;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose,
 };
 use std::path::Path;
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
-/// The CA certificate's file name.
-pub const CA_CERT: &str = "ca.pem";
+pub use client::tls::{CA_CERT, CLIENT_CERT, CLIENT_KEY};
+
 /// The CA key's file name (keep it off the nodes in production).
 pub const CA_KEY: &str = "ca.key";
 /// The server certificate's file name.
 pub const SERVER_CERT: &str = "server.pem";
 /// The server key's file name.
 pub const SERVER_KEY: &str = "server.key";
-/// The client certificate's file name (workers and peers present it).
-pub const CLIENT_CERT: &str = "client.pem";
-/// The client key's file name.
-pub const CLIENT_KEY: &str = "client.key";
 
 fn tls_err(what: &str) -> impl Fn(rcgen::Error) -> Error + '_ {
     move |e| Error::Tls(format!("cannot make the {what}: {e}"))
@@ -99,39 +97,10 @@ pub fn server_config(files: &TlsFiles) -> Result<ServerTlsConfig, Error> {
         .client_auth_optional(true))
 }
 
-/// The PEM material a client needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClientTls {
-    /// The CA that signed the servers' certificates.
-    pub ca_pem: Vec<u8>,
-    /// A client certificate and key (workers and peers), PEM.
-    pub identity: Option<(Vec<u8>, Vec<u8>)>,
-}
-
-impl ClientTls {
-    /// The CA and the client certificate of a [`TlsFiles`] set (what workers and peers use).
-    pub fn with_identity(files: &TlsFiles) -> Result<Self, Error> {
-        Ok(Self {
-            ca_pem: read(&files.ca)?,
-            identity: Some((read(&files.client_cert)?, read(&files.client_key)?)),
-        })
-    }
-
-    /// Only the CA (what podctl uses: it authenticates with a bearer token).
-    pub fn ca_only(ca: &Path) -> Result<Self, Error> {
-        Ok(Self { ca_pem: read(ca)?, identity: None })
-    }
-
-    /// tonic's settings for a server reached as `host`.
-    pub fn config(&self, host: &str) -> ClientTlsConfig {
-        let mut config = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(&self.ca_pem))
-            .domain_name(host.to_string());
-        if let Some((cert, key)) = &self.identity {
-            config = config.identity(Identity::from_pem(cert, key));
-        }
-        config
-    }
+/// The CA and this node's client certificate, which it presents to its peers.
+pub fn client_tls(files: &TlsFiles) -> Result<ClientTls, Error> {
+    ClientTls::read(&files.ca, Some((&files.client_cert, &files.client_key)))
+        .map_err(|e| Error::Tls(e.to_string()))
 }
 
 #[cfg(test)]
@@ -151,7 +120,7 @@ mod tests {
             assert_eq!(mode & 0o077, 0, "{path:?} is readable by others");
         }
         assert!(server_config(&files).is_ok());
-        assert!(ClientTls::with_identity(&files).unwrap().identity.is_some());
+        assert!(client_tls(&files).unwrap().identity.is_some());
     }
 
     #[test]

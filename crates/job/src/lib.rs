@@ -11,6 +11,7 @@
 //! **Architecture Invariant:** no I/O beyond reading the spec file; no knowledge of PJRT,
 //! gRPC or the bundle format. The planner is used through its pure, analytic side only.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod grpo;
 mod mesh_spec;

@@ -8,6 +8,7 @@
 //! Secrets' `stringData` becomes `data`, as the real server does. Every write is logged
 //! ([`MockApi::requests`]) so tests can assert that nothing was created twice.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};

@@ -10,6 +10,7 @@
 //! **Architecture Invariant:** no I/O, no async, no dependency on another podctl crate. Device
 //! indices here are positions in the mesh (row-major over its axes), never PJRT device ids.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod dtype;
 mod region;

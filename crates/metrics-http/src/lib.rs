@@ -13,6 +13,7 @@
 //! - at most [`MAX_CONNECTIONS`] connections at once; past that, new ones wait in the listen
 //!   backlog.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 use bytes::Bytes;
 use http_body_util::Full;

@@ -24,6 +24,7 @@
 //! tokio; the same inputs give the same plan, byte for byte. Exact numbers enter the search
 //! only through the [`Oracle`] trait.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod exact;
 mod hardware;

@@ -6,8 +6,11 @@
 //! a `*_server` module per service (tonic servers).
 //!
 //! **Architecture Invariant:** this crate is only the wire schema: no logic, no I/O. Protobuf
-//! types do not leak past the coordinator and the worker.
+//! types do not leak past the coordinator, the client crate and the worker: the client answers
+//! podctl's commands in its own types, and the cli never depends on this crate (checked by
+//! `podctl-layering` against docs/ARCHITECTURE.md: `never cli: proto`).
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 /// The generated code of package `podctl.v1`.
 #[allow(missing_docs, clippy::all)]

@@ -10,6 +10,7 @@
 //!
 //! Lines are flushed as they are written, so `tail -f` and a crash both see every step.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod plot;
 

@@ -15,17 +15,17 @@
 //! Entry points: `cargo run -p podctl-chaos --release -- --help` (the acceptance run),
 //! `tests/short.rs` (the CI variant), `benches/goodput.rs` (goodput against a
 //! restart-from-checkpoint policy on the same schedule).
+#![forbid(unsafe_code)]
 
 pub mod net;
 pub mod procs;
 pub mod schedule;
 
 use anyhow::{Context, Result, bail};
-use coordinator::client::{Client, ClientConfig};
-use coordinator::tls::ClientTls;
+use client::{Client, ClientConfig, ClientTls, JobState, JobStatus};
 use net::Network;
+use nix::sys::signal::Signal;
 use procs::{ADMIN, Coordinators, Slot, WorkerLauncher};
-use proto::v1::{JobState, JobStatus};
 use schedule::{Event, Kind, Trigger};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
@@ -65,7 +65,7 @@ impl Setup {
 pub fn build_binaries(home: &Path, release: bool) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut command = Command::new(cargo);
-    command.args(["build", "-q", "-p", "podctl-cli", "--bin", "podctl", "-p", "podctl-coordinator"]);
+    command.args(["build", "-q", "-p", "podctl", "--bin", "podctl", "-p", "podctl-coordinator"]);
     command.args(["--bin", "podctl-coordinator"]).current_dir(home);
     if release {
         command.arg("--release");
@@ -223,7 +223,7 @@ impl Harness {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
         let coordinators = Coordinators::start(&setup.bin_dir.join("podctl-coordinator"), &setup.dir)?;
         let addrs: Vec<String> = coordinators.nodes.iter().map(|n| n.addr.clone()).collect();
-        let mut config = ClientConfig::new(addrs, ADMIN, Some(ClientTls::with_identity(&coordinators.tls)?));
+        let mut config = ClientConfig::new(addrs, ADMIN, Some(ClientTls::from_dir(&coordinators.tls_dir)?));
         config.call_timeout = Duration::from_secs(2);
         config.retry_for = Duration::from_secs(3);
         let admin = {
@@ -236,7 +236,7 @@ impl Harness {
             plugin: setup.plugin(),
             compile_cache: setup.cache.join("executables"),
             coordinators: coordinators.addresses(),
-            tls: coordinators.tls.clone(),
+            tls_dir: coordinators.tls_dir.clone(),
         };
         Ok(Harness { setup, network, runtime, coordinators, admin, launcher })
     }
@@ -306,7 +306,6 @@ impl Harness {
         run.run_dir = run_dir;
         let list = self.runtime.block_on(self.admin.checkpoints(&job_id))?;
         run.checkpoints = list
-            .checkpoints
             .iter()
             .map(|c| (c.step, c.uri.strip_prefix("file://").unwrap_or(&c.uri).to_string()))
             .collect();
@@ -323,7 +322,7 @@ impl Harness {
             .arg("launch")
             .arg(spec)
             .args(["--coordinator", &self.coordinators.addresses(), "--ca"])
-            .arg(&self.coordinators.tls.ca)
+            .arg(self.coordinators.tls_dir.join(client::tls::CA_CERT))
             .arg("--token-file")
             .arg(self.setup.dir.join("admin-token"))
             .stdout(Stdio::piped())
@@ -403,7 +402,7 @@ impl Harness {
             std::thread::sleep(POLL);
             let Some(status) = self.status(job_id) else { continue };
             let now = Instant::now();
-            let state = status.state();
+            let state = status.state;
             // The timeline, the history and who is a member of which slice.
             let last = run.timeline.last().copied();
             if last.is_none_or(|l| l.step != status.step || l.generation != status.generation) {
@@ -429,7 +428,7 @@ impl Harness {
             // Processes that left: deliberately, with the job, or by themselves (a defect).
             for slot in slots.iter_mut() {
                 if let Some(exit) = slot.exited() {
-                    let with_the_job = || self.status(job_id).is_some_and(|s| terminal(s.state()));
+                    let with_the_job = || self.status(job_id).is_some_and(|s| terminal(s.state));
                     if !deliberate.remove(&slot.slice) && !terminal(state) && !with_the_job() {
                         let note =
                             format!("worker {} of slice {} exited by itself ({exit})", slot.host, slot.slice);
@@ -538,7 +537,7 @@ impl Harness {
                         .collect();
                     match kind {
                         Kind::Preempt => {
-                            slots[k].signal(libc::SIGTERM)?;
+                            slots[k].signal(Signal::SIGTERM)?;
                             deliberate.insert(k);
                             sequels.push((now + event.then_after, Sequel::Replace(k)));
                         }
@@ -578,14 +577,14 @@ impl Harness {
             bail!(
                 "job {} ended ({:?}: {}) with {} of {} failures injected; give it more steps",
                 spec.name,
-                status.state(),
+                status.state,
                 status.message,
                 next,
                 schedule.len()
             );
         }
-        if status.state() != JobState::Completed {
-            bail!("job {} ended {:?}: {}", spec.name, status.state(), status.message);
+        if status.state != JobState::Completed {
+            bail!("job {} ended {:?}: {}", spec.name, status.state, status.message);
         }
         if let Some(open) = run
             .events
@@ -687,7 +686,7 @@ fn observe(
 ) {
     let since = now.duration_since(record.started).as_secs_f64();
     let moved_on = record.kind == Kind::LeaderKill || status.generation > record.generation;
-    if record.resumed_after.is_none() && moved_on && status.state() == JobState::Running {
+    if record.resumed_after.is_none() && moved_on && status.state == JobState::Running {
         let start = if status.generation > record.generation {
             start_of(history, status.generation)
         } else {

@@ -5,6 +5,7 @@
 //!
 //! `cargo run --release -p podctl-chaos -- --seed 1` (add `--restart-policy` to run the same
 //! schedule under the restart-everything-from-a-checkpoint policy as well).
+#![forbid(unsafe_code)]
 
 use anyhow::{Context, Result, bail};
 use podctl_chaos::{Harness, JobSpec, Policy, Setup, build_binaries, print_events, schedule, verify};

@@ -9,6 +9,7 @@
 //! CAP_NET_ADMIN) and `ip` from iproute2.
 
 use anyhow::{Context, Result, bail};
+use nix::sched::{CloneFlags, unshare};
 use std::net::Ipv4Addr;
 use std::process::Command;
 
@@ -47,9 +48,8 @@ impl Network {
     /// Moves the calling thread into a new hub namespace and makes `slices` slice namespaces.
     /// Call it before starting any thread or runtime that must be inside.
     pub fn create(slices: usize) -> Result<Network> {
-        // SAFETY: unshare(2) with a flag only changes this thread's network namespace.
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            let error = std::io::Error::last_os_error();
+        // unshare(2) with this flag only changes this thread's network namespace.
+        if let Err(error) = unshare(CloneFlags::CLONE_NEWNET) {
             bail!(
                 "cannot create a network namespace ({error}): the chaos harness needs root \
                  (CAP_SYS_ADMIN, CAP_NET_ADMIN) for the namespaces it cuts slices off in"

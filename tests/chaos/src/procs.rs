@@ -4,6 +4,8 @@
 
 use crate::net::Network;
 use anyhow::{Context, Result, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -15,13 +17,10 @@ pub const ADMIN: &str = "podctl-chaos-admin-token-0123456789abcdef";
 /// How long a coordinator node gets to open its port.
 const NODE_START: Duration = Duration::from_secs(60);
 
-/// Sends `signal` to `pid`.
-pub fn signal(pid: u32, signal: libc::c_int) -> Result<()> {
-    // SAFETY: kill(2) on a child this harness started and has not reaped.
-    if unsafe { libc::kill(pid as libc::pid_t, signal) } != 0 {
-        bail!("kill -{signal} {pid}: {}", std::io::Error::last_os_error());
-    }
-    Ok(())
+/// Sends `signal` to `pid` (a child this harness started and has not reaped).
+pub fn signal(pid: u32, signal: Signal) -> Result<()> {
+    let raw = i32::try_from(pid).with_context(|| format!("pid {pid} is out of range"))?;
+    kill(Pid::from_raw(raw), signal).with_context(|| format!("kill -{signal} {pid}"))
 }
 
 /// One coordinator node.
@@ -94,15 +93,26 @@ pub struct Coordinators {
     bin: PathBuf,
     /// The nodes, by id - 1.
     pub nodes: Vec<Node>,
-    /// TLS files of the development CA.
-    pub tls: coordinator::TlsFiles,
+    /// The development CA's directory (`podctl-coordinator dev-ca`): `ca.pem`, the nodes'
+    /// server certificate and the client certificate workers and the harness present.
+    pub tls_dir: PathBuf,
 }
 
 impl Coordinators {
     /// Starts three nodes on the hub's address.
     pub fn start(bin: &Path, dir: &Path) -> Result<Coordinators> {
         let tls_dir = dir.join("tls");
-        let tls = coordinator::tls::create_dev_ca(&tls_dir, &[Network::HUB.to_string()])?;
+        let made = Command::new(bin)
+            .arg("dev-ca")
+            .arg("--dir")
+            .arg(&tls_dir)
+            .args(["--host", &Network::HUB.to_string()])
+            .stdout(Stdio::null())
+            .status()
+            .context("running podctl-coordinator dev-ca")?;
+        if !made.success() {
+            bail!("podctl-coordinator dev-ca --dir {} failed ({made})", tls_dir.display());
+        }
         let addrs: Vec<String> = (0..3)
             .map(|_| {
                 let listener = std::net::TcpListener::bind((Network::HUB, 0))?;
@@ -140,7 +150,7 @@ impl Coordinators {
         for node in &mut nodes {
             node.spawn(bin)?;
         }
-        Ok(Coordinators { bin: bin.to_path_buf(), nodes, tls })
+        Ok(Coordinators { bin: bin.to_path_buf(), nodes, tls_dir })
     }
 
     /// The nodes' addresses, comma-separated.
@@ -170,8 +180,8 @@ pub struct WorkerLauncher {
     pub compile_cache: PathBuf,
     /// The coordinators' addresses.
     pub coordinators: String,
-    /// TLS files.
-    pub tls: coordinator::TlsFiles,
+    /// The development CA's directory: workers present its client certificate.
+    pub tls_dir: PathBuf,
 }
 
 /// One slice's worker processes, one at a time.
@@ -219,12 +229,8 @@ impl Slot {
             .arg(&launcher.plugin)
             .arg("--compile-cache")
             .arg(&launcher.compile_cache)
-            .arg("--ca")
-            .arg(&launcher.tls.ca)
-            .arg("--cert")
-            .arg(&launcher.tls.client_cert)
-            .arg("--key")
-            .arg(&launcher.tls.client_key)
+            .arg("--tls-dir")
+            .arg(&launcher.tls_dir)
             .arg("--token-file")
             .arg(token)
             .stdin(Stdio::null())
@@ -250,7 +256,7 @@ impl Slot {
     }
 
     /// Sends `signal` to the running process.
-    pub fn signal(&self, sig: libc::c_int) -> Result<()> {
+    pub fn signal(&self, sig: Signal) -> Result<()> {
         signal(self.pid().context("no worker process runs in the slot")?, sig)
     }
 

@@ -12,6 +12,7 @@
 //! - `collective-peer raw-ring` prints its address, reads `{"next": ADDR, "bytes": N}`, then sends
 //!   N bytes to `next` while receiving N bytes from whoever connects to it, and prints how long
 //!   both took: a ring of plain streams, the ceiling for an all-reduce's links on this machine.
+#![forbid(unsafe_code)]
 
 use podctl_collective::{AbortHandle, Buffer, Config, Endpoint, Error, GroupSpec};
 use serde::Deserialize;

@@ -1,6 +1,7 @@
 //! Runs one coordinator node (the container image and process tests use it), or makes
 //! development certificates: [`coordinator::command`] has the flags, and `podctl coordinator`
 //! is the same command.
+#![forbid(unsafe_code)]
 
 // The workspace names this crate `coordinator` everywhere else.
 extern crate podctl_coordinator as coordinator;

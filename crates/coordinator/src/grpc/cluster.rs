@@ -1,7 +1,7 @@
 //! Cluster membership: who the nodes are and who leads; adding and removing nodes.
 
 use super::caller;
-use crate::node::Ctx;
+use crate::ctx::Ctx;
 use openraft::BasicNode;
 use openraft::error::{ClientWriteError, RaftError};
 use proto::v1::cluster_server::Cluster;

@@ -1,17 +1,15 @@
 //! Jobs: what podctl submits, watches and stops.
 
 use super::{Caller, caller, find_job, linearizable};
+use crate::ctx::Ctx;
 use crate::decide::{JobLive, Out};
-use crate::leader::{broadcast_in_force, unix_now};
-use crate::node::Ctx;
-use crate::state::{Command, Job, JobShape, Response as Applied, SubmitJob};
+use crate::state::{self, Job};
 use proto::v1::jobs_server::Jobs;
 use proto::v1::{
-    CheckpointInfo, CheckpointList, Event, GetJobRequest, JobStatus, ListJobsRequest, ListJobsResponse,
-    LogLine, LogsRequest, SliceStatus, StopJobRequest, StopJobResponse, SubmitJobRequest, SubmitJobResponse,
-    WatchJobRequest,
+    CheckpointInfo, CheckpointList, Event, GetJobRequest, JobState, JobStatus, ListJobsRequest,
+    ListJobsResponse, LogLine, LogsRequest, SliceStatus, StopJobRequest, StopJobResponse, SubmitJobRequest,
+    SubmitJobResponse, WatchJobRequest,
 };
-use sha2::{Digest, Sha256};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,26 +28,16 @@ const MIN_WATCH_INTERVAL: Duration = Duration::from_millis(100);
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
-/// What the leader derives from a spec.
-fn shape_of(spec: &job::JobSpec) -> Result<JobShape, Status> {
-    let dp_size = u32::try_from(spec.mesh.dcn)
-        .map_err(|_| Status::invalid_argument(format!("mesh.dcn {} is too large", spec.mesh.dcn)))?;
-    Ok(JobShape {
-        name: spec.name.clone(),
-        dp_size,
-        total_steps: spec.steps,
-        checkpoint_every: spec.checkpoint.as_ref().map_or(0, |c| c.every),
-        keep_last: spec.checkpoint.as_ref().map_or(3, |c| c.keep),
-        keep_every: spec.checkpoint.as_ref().map_or(0, |c| c.keep_every),
-        output_dir: spec.output_dir().display().to_string(),
-    })
-}
-
-fn new_token() -> Result<String, Status> {
-    let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes)
-        .map_err(|e| Status::internal(format!("no randomness for a job token: {e}")))?;
-    Ok(hex::encode(bytes))
+/// A job's state on the wire.
+fn wire_state(state: state::JobState) -> JobState {
+    match state {
+        state::JobState::Pending => JobState::Pending,
+        state::JobState::Running => JobState::Running,
+        state::JobState::Recovering => JobState::Recovering,
+        state::JobState::Completed => JobState::Completed,
+        state::JobState::Failed => JobState::Failed,
+        state::JobState::Stopped => JobState::Stopped,
+    }
 }
 
 fn health(
@@ -109,7 +97,7 @@ pub fn job_status(ctx: &Ctx, job: &Job, live: Option<&JobLive>) -> JobStatus {
     JobStatus {
         job_id: job.id.clone(),
         name: job.shape.name.clone(),
-        state: job.state.to_proto() as i32,
+        state: wire_state(job.state) as i32,
         message: job.message.clone(),
         generation: job.generation,
         step: job.committed_step,
@@ -137,7 +125,7 @@ pub fn job_status(ctx: &Ctx, job: &Job, live: Option<&JobLive>) -> JobStatus {
     }
 }
 
-fn checkpoint_info(c: &crate::state::CheckpointEntry) -> CheckpointInfo {
+fn checkpoint_info(c: &state::CheckpointEntry) -> CheckpointInfo {
     CheckpointInfo {
         step: c.record.step,
         uri: c.uri.clone(),
@@ -152,46 +140,6 @@ fn status_now(ctx: &Ctx, job_id: &str) -> Option<JobStatus> {
     Some(job_status(ctx, &job, live.as_ref()))
 }
 
-/// Submits a job on the leader: checks the spec, derives its shape, proposes it. `source` is the
-/// Kubernetes declaration it comes from (empty through the API); the state machine keeps one job
-/// per declaration.
-pub(crate) async fn submit_job(
-    ctx: &Ctx,
-    request: SubmitJobRequest,
-    source: String,
-) -> Result<SubmitJobResponse, Status> {
-    let SubmitJobRequest { spec_yaml, bundle_uri, bundle_id, checkpoint_uri } = request;
-    let spec = job::JobSpec::from_yaml(&spec_yaml, std::path::Path::new("<submitted spec>"))
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
-    let checkpoint_uri =
-        if checkpoint_uri.is_empty() { spec.checkpoint_uri().unwrap_or_default() } else { checkpoint_uri };
-    let token = new_token()?;
-    let submit = SubmitJob {
-        shape: shape_of(&spec)?,
-        spec_yaml,
-        bundle_uri,
-        bundle_id,
-        checkpoint_uri,
-        token_sha256: hex::encode(Sha256::digest(token.as_bytes())),
-        unix: unix_now(),
-        source,
-    };
-    match ctx.propose(Command::SubmitJob(Box::new(submit))).await? {
-        Applied::JobSubmitted { job_id } => Ok(SubmitJobResponse { job_id, job_token: token }),
-        Applied::Refused { reason } => Err(Status::resource_exhausted(reason)),
-        other => Err(Status::internal(format!("unexpected answer to a submission: {other:?}"))),
-    }
-}
-
-/// Stops a job on the leader unless it already ended; its state after.
-pub(crate) async fn stop_job(ctx: &Ctx, job: &Job) -> Result<proto::v1::JobState, Status> {
-    if !job.state.is_terminal() {
-        ctx.propose(Command::StopJob { job_id: job.id.clone(), unix: unix_now() }).await?;
-        broadcast_in_force(ctx, &job.id);
-    }
-    Ok(ctx.shared.read(|s| s.jobs.get(&job.id).map(|j| j.state.to_proto())).unwrap_or_default())
-}
-
 #[tonic::async_trait]
 impl Jobs for JobsService {
     async fn submit(
@@ -201,7 +149,9 @@ impl Jobs for JobsService {
         let ctx = &self.0;
         caller(ctx, &request)?.require_admin("submitting a job")?;
         ctx.require_leader()?;
-        Ok(Response::new(submit_job(ctx, request.into_inner(), String::new()).await?))
+        let SubmitJobRequest { spec_yaml, bundle_uri, bundle_id } = request.into_inner();
+        let submitted = crate::jobs::submit(ctx, spec_yaml, bundle_uri, bundle_id, String::new()).await?;
+        Ok(Response::new(SubmitJobResponse { job_id: submitted.job_id, job_token: submitted.token }))
     }
 
     async fn get(&self, request: Request<GetJobRequest>) -> Result<Response<JobStatus>, Status> {
@@ -240,12 +190,12 @@ impl Jobs for JobsService {
             let mut last_sent: Option<JobStatus> = None;
             let mut last_time = tokio::time::Instant::now();
             loop {
-                if let Err(status) = ctx.require_leader() {
-                    let _ = tx.send(Err(status)).await;
+                if let Err(refused) = ctx.require_leader() {
+                    let _ = tx.send(Err(refused.into())).await;
                     return;
                 }
                 let Some(status) = status_now(&ctx, &job_id) else { return };
-                let terminal = status.state >= proto::v1::JobState::Completed as i32;
+                let terminal = status.state >= JobState::Completed as i32;
                 let mut compare = status.clone();
                 // Heartbeat ages change every call; they alone do not make a new status.
                 for s in &mut compare.slices {
@@ -279,7 +229,7 @@ impl Jobs for JobsService {
         let who = caller(ctx, &request)?;
         ctx.require_leader()?;
         let job = find_job(ctx, &who, &request.get_ref().job_id)?;
-        let state = stop_job(ctx, &job).await?;
+        let state = crate::jobs::stop(ctx, &job).await?.map_or(JobState::Unspecified, wire_state);
         Ok(Response::new(StopJobResponse { state: state as i32 }))
     }
 

@@ -2,7 +2,7 @@
 //! leader and may wait for a key to appear.
 
 use super::{caller, find_job, linearizable, require_client_cert};
-use crate::node::Ctx;
+use crate::ctx::Ctx;
 use crate::state::{Command, Response as Applied};
 use proto::v1::kv_server::Kv;
 use proto::v1::{KvGetRequest, KvGetResponse, KvPutRequest, KvPutResponse};

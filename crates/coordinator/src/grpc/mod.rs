@@ -7,8 +7,12 @@
 //! - `Kv` (workers): rendezvous keys.
 //! - `Raft` (peers only): openraft's messages.
 //!
+//! The core's typed refusals ([`NotServing`], [`JobError`]) become a `tonic::Status` here only,
+//! by the `From` conversions below.
+//!
 //! Everything but `Cluster.Info` and `Raft` is served by the leader; a follower answers
-//! UNAVAILABLE with the leader's address in `x-podctl-leader`, which [`crate::client`] follows.
+//! UNAVAILABLE with the leader's address in `x-podctl-leader`, which the client crate
+//! (`podctl-client`) follows.
 
 mod cluster;
 mod jobs;
@@ -16,9 +20,8 @@ mod kv;
 mod raft_service;
 mod workers;
 
-pub(crate) use jobs::{stop_job, submit_job};
-
-use crate::node::Ctx;
+use crate::ctx::{Ctx, NotServing};
+use crate::jobs::JobError;
 use crate::state::Job;
 use proto::v1::{
     cluster_server::ClusterServer, jobs_server::JobsServer, kv_server::KvServer, raft_server::RaftServer,
@@ -48,10 +51,7 @@ pub fn routes(builder: &mut tonic::transport::Server, ctx: Arc<Ctx>) -> Router {
 
 /// UNAVAILABLE, with the leader's address when known, so clients can follow it.
 pub fn not_leader(leader: Option<String>) -> Status {
-    let message = match &leader {
-        Some(addr) => format!("not the leader; the leader is {addr}"),
-        None => "not the leader, and no leader is known (an election may be running); retry".to_string(),
-    };
+    let message = NotServing::NotLeader { leader: leader.clone() }.to_string();
     let mut status = Status::unavailable(message);
     if let Some(addr) = leader
         && let Ok(value) = addr.parse()
@@ -59,6 +59,29 @@ pub fn not_leader(leader: Option<String>) -> Status {
         status.metadata_mut().insert(proto::LEADER_METADATA_KEY, value);
     }
     status
+}
+
+impl From<NotServing> for Status {
+    fn from(e: NotServing) -> Self {
+        match e {
+            NotServing::NotLeader { leader } => not_leader(leader),
+            NotServing::CatchingUp | NotServing::NoCommit(_) => Status::unavailable(e.to_string()),
+        }
+    }
+}
+
+impl From<JobError> for Status {
+    fn from(e: JobError) -> Self {
+        let message = e.to_string();
+        match e {
+            JobError::NotServing(e) => e.into(),
+            JobError::InvalidSpec(_) | JobError::SaveSpecDiffers { .. } => Status::invalid_argument(message),
+            JobError::Full(_) => Status::resource_exhausted(message),
+            JobError::NotCommitted { .. } => Status::failed_precondition(message),
+            JobError::FinalizeTimeout(_) => Status::deadline_exceeded(message),
+            JobError::Internal(_) => Status::internal(message),
+        }
+    }
 }
 
 /// FAILED_PRECONDITION for a message of an older (or unknown newer) generation.
@@ -170,9 +193,8 @@ pub fn find_job(ctx: &Ctx, caller: &Caller, id_or_name: &str) -> Result<Job, Sta
 pub async fn linearizable(ctx: &Ctx) -> Result<(), Status> {
     ctx.require_leader()?;
     ctx.raft.ensure_linearizable().await.map(|_| ()).map_err(|e| {
-        let leader = ctx.leader().map(|(_, addr)| addr);
         tracing::debug!("linearizable read refused: {e}");
-        not_leader(leader)
+        ctx.not_leader().into()
     })
 }
 
@@ -186,6 +208,26 @@ mod tests {
         assert_eq!(status.code(), tonic::Code::Unavailable);
         assert_eq!(status.metadata().get(proto::LEADER_METADATA_KEY).unwrap(), "127.0.0.1:7001");
         assert!(not_leader(None).metadata().get(proto::LEADER_METADATA_KEY).is_none());
+        // The client repeats even a submission after these: they provably did nothing.
+        assert!(client::retry_safe(&not_leader(Some("a:1".into()))));
+        assert!(client::retry_safe(&not_leader(None)));
+        assert!(client::retry_safe(&NotServing::CatchingUp.into()));
+        // A commit that failed may have happened: not safe to repeat blindly.
+        assert!(!client::retry_safe(&NotServing::NoCommit("timeout".into()).into()));
+    }
+
+    #[test]
+    fn job_refusals_keep_their_codes_at_the_edge() {
+        let code = |e: JobError| Status::from(e).code();
+        assert_eq!(code(JobError::InvalidSpec("x".into())), tonic::Code::InvalidArgument);
+        assert_eq!(code(JobError::Full("x".into())), tonic::Code::ResourceExhausted);
+        assert_eq!(
+            code(JobError::NotCommitted { step: 4, reason: "x".into() }),
+            tonic::Code::FailedPrecondition
+        );
+        assert_eq!(code(NotServing::NotLeader { leader: None }.into()), tonic::Code::Unavailable);
+        let redirect = Status::from(JobError::from(NotServing::NotLeader { leader: Some("b:2".into()) }));
+        assert_eq!(redirect.metadata().get(proto::LEADER_METADATA_KEY).unwrap(), "b:2");
     }
 
     #[test]

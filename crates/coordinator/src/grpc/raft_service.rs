@@ -2,7 +2,7 @@
 //! a client certificate signed by the cluster CA is required, and the bearer token is not used.
 
 use super::require_client_cert;
-use crate::node::Ctx;
+use crate::ctx::Ctx;
 use proto::v1::RaftPayload;
 use proto::v1::raft_server::Raft;
 use serde::Serialize;

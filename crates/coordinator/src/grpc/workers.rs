@@ -4,9 +4,10 @@
 //! certificate. Reports carry the generation and are refused when it is not the current one.
 
 use super::{caller, find_job, require_client_cert, stale_generation};
+use crate::ctx::Ctx;
 use crate::decide::{MAX_STEPS_AHEAD, Out, StepReportData};
-use crate::leader::{PendingSave, RaftCommitLog, directive_in_force, record_step_report, unix_now};
-use crate::node::Ctx;
+use crate::jobs::SaveReport;
+use crate::leader::{directive_in_force, record_step_report, unix_now};
 use crate::state::{Command, Job, JobState, RegisterWorker, Response as Applied, WorkerRecord};
 use checkpoint::{HostReport, SaveSpec};
 use proto::v1::workers_server::Workers;
@@ -16,8 +17,8 @@ use proto::v1::{
 };
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
+use std::time::Instant;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
@@ -29,8 +30,6 @@ pub struct WorkersService(pub Arc<Ctx>);
 const SESSION_BUFFER: usize = 64;
 /// Host report or save spec larger than this is refused.
 const MAX_REPORT_JSON: usize = 1 << 20;
-/// Longest time one checkpoint finalization may take (manifest write, commit, marker, GC).
-const FINALIZE_TIMEOUT: Duration = Duration::from_secs(120);
 
 type DirectiveStream = Pin<Box<dyn Stream<Item = Result<Directive, Status>> + Send>>;
 
@@ -262,10 +261,12 @@ impl Workers for WorkersService {
             return Err(Status::resource_exhausted(format!("{sessions} sessions are open, the limit")));
         }
         let (tx, rx) = mpsc::channel(SESSION_BUFFER);
+        // Why the session ended, when it ended on an error: sent after the directives queued.
+        let (end_tx, end_rx) = oneshot::channel::<Status>();
         let session_id = ctx.leader.with(|m| m.open_session(&worker_id, tx.clone()));
         // What is in force now (a reconnect after a leader change, a quiesce in progress).
         if let Some(directive) = directive_in_force(&job, &worker_id) {
-            let _ = tx.try_send(Ok(directive));
+            let _ = tx.try_send(directive);
         }
         let service = WorkersService(ctx.clone());
         let lease = ctx.config.timeouts.lease;
@@ -281,15 +282,15 @@ impl Workers for WorkersService {
                     },
                 };
                 let result = event.and_then(|e| service.on_event(&worker_id, e));
-                let still_leader = ctx.require_leader();
+                let still_leader = ctx.require_leader().map_err(Status::from);
                 match (result, still_leader) {
                     (_, Err(status)) | (Err(status), _) => {
-                        let _ = tx.send(Err(status)).await;
+                        let _ = end_tx.send(status);
                         break;
                     }
                     (Ok(directives), Ok(())) => {
                         for d in directives {
-                            if tx.try_send(Ok(d)).is_err() {
+                            if tx.try_send(d).is_err() {
                                 tracing::warn!(worker_id, "session does not keep up; closing it");
                                 ctx.leader.with(|m| m.close_session(&worker_id, session_id));
                                 return;
@@ -300,7 +301,9 @@ impl Workers for WorkersService {
             }
             ctx.leader.with(|m| m.close_session(&worker_id, session_id));
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        // The stream ends once the task and the leader's memory let go of the session.
+        let ended = futures::stream::once(end_rx).filter_map(|end| end.ok().map(Err));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx).map(Ok).chain(ended))))
     }
 
     async fn report_step(&self, request: Request<StepReport>) -> Result<Response<StepAck>, Status> {
@@ -398,61 +401,9 @@ impl Workers for WorkersService {
                 r.step, r.save_id, report.step, report.save_id, spec.step, spec.save_id
             )));
         }
-        if job.checkpoints.iter().any(|c| c.record.step == r.step && c.record.save_id == r.save_id) {
-            let uri = job
-                .checkpoints
-                .iter()
-                .find(|c| c.record.step == r.step)
-                .map(|c| c.uri.clone())
-                .unwrap_or_default();
-            return Ok(Response::new(CheckpointAck { committed: true, uri }));
-        }
-        let key = (r.step, r.save_id.clone());
-        let ready = ctx.leader.with(|m| {
-            let saves = m.saves.entry(job.id.clone()).or_default();
-            let save = saves.entry(key.clone()).or_insert_with(|| PendingSave {
-                generation: job.generation,
-                spec: spec.clone(),
-                reports: Default::default(),
-            });
-            if save.spec != spec {
-                return Err(Status::invalid_argument(format!(
-                    "{} sent a save spec for step {} that differs from another member's",
-                    r.worker_id, r.step
-                )));
-            }
-            save.reports.insert(r.worker_id.clone(), report);
-            let complete = job.members.iter().all(|m| save.reports.contains_key(&m.worker_id));
-            Ok(complete.then(|| save.clone()))
-        })?;
-        let Some(save) = ready else {
-            return Ok(Response::new(CheckpointAck { committed: false, uri: String::new() }));
-        };
-        // In its own task: a worker that goes away (stopped by the completion this very commit
-        // causes) must not cancel the commit or the retention after it.
-        let task = {
-            let ctx = ctx.clone();
-            tokio::spawn(async move {
-                let uri = tokio::time::timeout(FINALIZE_TIMEOUT, finalize(&ctx, &job, save)).await.map_err(
-                    |_| {
-                        Status::deadline_exceeded(format!(
-                            "finalizing the checkpoint took over {FINALIZE_TIMEOUT:?}"
-                        ))
-                    },
-                )?;
-                ctx.leader.with(|m| {
-                    if let Some(saves) = m.saves.get_mut(&job.id) {
-                        saves.remove(&key);
-                    }
-                });
-                // The final checkpoint completes the job: tell the workers.
-                crate::leader::broadcast_in_force(&ctx, &job.id);
-                uri
-            })
-        };
-        let uri =
-            task.await.map_err(|e| Status::internal(format!("checkpoint finalization stopped: {e}")))??;
-        Ok(Response::new(CheckpointAck { committed: true, uri }))
+        let part = SaveReport { worker_id: r.worker_id, report, spec };
+        let uri = crate::jobs::report_checkpoint(&ctx, job, part).await?;
+        Ok(Response::new(CheckpointAck { committed: uri.is_some(), uri: uri.unwrap_or_default() }))
     }
 
     async fn push_logs(
@@ -475,34 +426,4 @@ impl Workers for WorkersService {
         }
         Ok(Response::new(PushLogsResponse {}))
     }
-}
-
-/// Writes the manifest, commits through Raft, writes the marker, then applies retention.
-async fn finalize(ctx: &Arc<Ctx>, job: &Job, save: PendingSave) -> Result<String, Status> {
-    let storage = checkpoint::Storage::open(&job.checkpoint_uri, &ctx.config.store_options)
-        .map_err(|e| Status::failed_precondition(e.to_string()))?;
-    let reports: Vec<HostReport> = save.reports.into_values().collect();
-    let bytes = reports.iter().map(|r| r.object.size).sum();
-    let log = RaftCommitLog {
-        ctx: ctx.clone(),
-        job_id: job.id.clone(),
-        generation: save.generation,
-        root: storage.url().to_string(),
-        bytes,
-    };
-    let commit = checkpoint::finalize(&storage, &save.spec, &reports, &log).await.map_err(|e| {
-        Status::failed_precondition(format!("checkpoint step {} not committed: {e}", save.spec.step))
-    })?;
-    let active: Vec<String> = ctx.leader.with(|m| {
-        m.saves.get(&job.id).map(|s| s.keys().map(|(_, id)| id.clone()).collect()).unwrap_or_default()
-    });
-    let retention = checkpoint::Retention {
-        keep_last: job.shape.keep_last as usize,
-        keep_every: job.shape.keep_every,
-        ..Default::default()
-    };
-    if let Err(e) = checkpoint::gc(&storage, &log, &retention, &active).await {
-        tracing::warn!(job_id = job.id, "checkpoint retention failed (the commit stands): {e}");
-    }
-    Ok(format!("{}/{}", storage.url().trim_end_matches('/'), commit.dir()))
 }

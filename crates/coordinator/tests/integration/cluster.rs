@@ -2,14 +2,14 @@
 
 use crate::common::*;
 use crate::sim::{self, SimOptions};
-use coordinator::client::Client;
-use coordinator::tls::ClientTls;
-use proto::v1::JobState;
+use client::Client;
+use client::ClientTls;
+use client::JobState;
 use std::time::{Duration, Instant};
 
 /// Asks `addr` alone about the cluster, once (a loaded machine may take a while to answer).
-async fn info_of(addr: &str, tls: &ClientTls) -> Option<proto::v1::ClusterInfo> {
-    let mut config = coordinator::client::ClientConfig::new(vec![addr.into()], ADMIN, Some(tls.clone()));
+async fn info_of(addr: &str, tls: &ClientTls) -> Option<client::ClusterInfo> {
+    let mut config = client::ClientConfig::new(vec![addr.into()], ADMIN, Some(tls.clone()));
     config.retry_for = Duration::ZERO;
     config.call_timeout = Duration::from_secs(5);
     Client::new(config).ok()?.cluster_info().await.ok()
@@ -25,8 +25,8 @@ async fn leader_seen_by(addr: &str, tls: &ClientTls) -> Option<(u64, u64)> {
 async fn the_cluster_survives_a_leader_sigkill_and_a_full_restart() {
     let dir = tempfile::tempdir().unwrap();
     let (tls, files) = tls_dir(dir.path());
-    let ca = ClientTls::ca_only(&files.ca).unwrap();
-    let mtls = ClientTls::with_identity(&files).unwrap();
+    let ca = ClientTls::read(&files.ca, None).unwrap();
+    let mtls = coordinator::tls::client_tls(&files).unwrap();
     let peers: Vec<(u64, u16)> = (1..=3).map(|id| (id, free_port())).collect();
     // A low snapshot threshold: the killed node comes back behind a purged log.
     let extra = ["--snapshot-every", "20"];
@@ -35,7 +35,7 @@ async fn the_cluster_survives_a_leader_sigkill_and_a_full_restart() {
     let addrs: Vec<String> = peers.iter().map(|(_, p)| format!("127.0.0.1:{p}")).collect();
     let admin = client(addrs.clone(), ADMIN, Some(ca.clone()));
 
-    let submitted = admin.submit(submit_request(spec("ha", 3, 60, Some(10), dir.path()))).await.unwrap();
+    let submitted = admin.submit(&submit_request(spec("ha", 3, 60, Some(10), dir.path()))).await.unwrap();
     let job = submitted.job_id.clone();
     let wc = client(addrs.clone(), &submitted.job_token, Some(mtls.clone()));
     let opts = SimOptions {
@@ -82,7 +82,7 @@ async fn the_cluster_survives_a_leader_sigkill_and_a_full_restart() {
         );
     }
     let status = admin.get_job(&job).await.unwrap();
-    assert_eq!((status.state(), status.step), (JobState::Completed, 60));
+    assert_eq!((status.state, status.step), (JobState::Completed, 60));
     // A leader change is not a membership change: the workers kept generation 1 throughout,
     // and every step was committed once (the last commit is step 60's own report).
     assert_eq!(status.generation, 1, "{:?}", status.events);
@@ -99,7 +99,7 @@ async fn the_cluster_survives_a_leader_sigkill_and_a_full_restart() {
             r.acks
         );
     }
-    let catalog = admin.checkpoints(&job).await.unwrap().checkpoints;
+    let catalog = admin.checkpoints(&job).await.unwrap();
     assert_eq!(catalog.iter().map(|c| c.step).collect::<Vec<_>>(), vec![50, 60]);
 
     // The killed node restarts and catches up; the leader's log was purged past where the
@@ -131,8 +131,8 @@ async fn the_cluster_survives_a_leader_sigkill_and_a_full_restart() {
         admin.get_job(&job).await.ok()
     })
     .await;
-    assert_eq!((after.state(), after.step, after.generation), (JobState::Completed, 60, 1));
-    assert_eq!(admin.checkpoints(&job).await.unwrap().checkpoints, catalog);
+    assert_eq!((after.state, after.step, after.generation), (JobState::Completed, 60, 1));
+    assert_eq!(admin.checkpoints(&job).await.unwrap(), catalog);
     // The job token still works: its hash was restored too.
     assert_eq!(wc.get_job(&job).await.unwrap().job_id, job);
 }

@@ -1,7 +1,7 @@
 //! Fixtures: job specs, in-process and process nodes, clients.
 
-use coordinator::client::{Client, ClientConfig};
-use coordinator::tls::ClientTls;
+use client::ClientTls;
+use client::{Client, ClientConfig};
 use coordinator::{Config, Embedded, TlsFiles};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -29,12 +29,11 @@ pub fn spec(name: &str, dcn: usize, steps: u64, every: Option<u64>, dir: &Path) 
     )
 }
 
-pub fn submit_request(spec_yaml: String) -> proto::v1::SubmitJobRequest {
-    proto::v1::SubmitJobRequest {
+pub fn submit_request(spec_yaml: String) -> client::Submission {
+    client::Submission {
         spec_yaml,
         bundle_uri: "file:///nowhere/bundle".into(),
         bundle_id: "00ff00ff".into(),
-        checkpoint_uri: String::new(),
     }
 }
 

@@ -3,9 +3,9 @@
 
 use crate::common::*;
 use crate::sim::{self, SimOptions};
+use client::ClientTls;
 use coordinator::Embedded;
-use coordinator::tls::ClientTls;
-use proto::v1::{CheckpointReport, LogsRequest, StepReport};
+use proto::v1::{CheckpointReport, StepReport};
 use std::path::Path;
 use std::time::Duration;
 use tonic::Code;
@@ -32,13 +32,13 @@ async fn an_oversized_rpc_is_refused_with_a_clear_status() {
     let mut huge = spec("huge", 1, 5, None, dir.path());
     huge.push('#');
     huge.push_str(&"x".repeat(100 << 10));
-    let e = admin.submit(submit_request(huge)).await.unwrap_err();
+    let e = admin.submit(&submit_request(huge)).await.unwrap_err();
     assert_eq!(e.code(), Code::OutOfRange, "{e}");
     let text = e.to_string();
     assert!(text.contains("message length too large") && text.contains("65536"), "{text}");
 
     // The same on the worker-facing services.
-    let job = admin.submit(submit_request(spec("small", 1, 5, None, dir.path()))).await.unwrap();
+    let job = admin.submit(&submit_request(spec("small", 1, 5, None, dir.path()))).await.unwrap();
     let worker = admin.with_token(&job.job_token).unwrap();
     let e = worker.kv_put(&job.job_id, "k", vec![7; 100 << 10], None).await.unwrap_err();
     assert_eq!(e.code(), Code::OutOfRange, "{e}");
@@ -63,12 +63,12 @@ async fn job_b_cannot_read_or_write_job_a() {
     let dir = tempfile::tempdir().unwrap();
     let (_, files) = tls_dir(dir.path());
     let (node, addr) = embedded(dir.path(), Some(files.clone()), false).await;
-    let ca = ClientTls::ca_only(&files.ca).unwrap();
-    let mtls = ClientTls::with_identity(&files).unwrap();
+    let ca = ClientTls::read(&files.ca, None).unwrap();
+    let mtls = coordinator::tls::client_tls(&files).unwrap();
     let admin = client(vec![addr.clone()], ADMIN, Some(ca.clone()));
     let a_dir = dir.path().join("a");
-    let a = admin.submit(submit_request(spec("alpha", 1, 8, Some(4), &a_dir))).await.unwrap();
-    let b = admin.submit(submit_request(spec("beta", 1, 8, None, &dir.path().join("b")))).await.unwrap();
+    let a = admin.submit(&submit_request(spec("alpha", 1, 8, Some(4), &a_dir))).await.unwrap();
+    let b = admin.submit(&submit_request(spec("beta", 1, 8, None, &dir.path().join("b")))).await.unwrap();
 
     // Job a runs to the end with checkpoints and a rendezvous key.
     let a_worker = client(vec![addr.clone()], &a.job_token, Some(mtls.clone()));
@@ -77,10 +77,10 @@ async fn job_b_cannot_read_or_write_job_a() {
     let report = sim::run(a_worker.clone(), a.job_id.clone(), "a0".into(), opts(8, 4)).await;
     assert!(report.stop_reason.contains("Completed"), "{report:?}");
     let listed = a_worker.checkpoints(&a.job_id).await.unwrap();
-    assert_eq!(listed.checkpoints.iter().map(|c| c.step).collect::<Vec<_>>(), vec![4, 8]);
+    assert_eq!(listed.iter().map(|c| c.step).collect::<Vec<_>>(), vec![4, 8]);
 
     let b_client = client(vec![addr.clone()], &b.job_token, Some(mtls.clone()));
-    let denied = |what: &str, e: coordinator::client::ClientError| {
+    let denied = |what: &str, e: client::ClientError| {
         assert_eq!(e.code(), Code::PermissionDenied, "{what}: {e}");
         assert!(e.to_string().contains(&format!("for job {}, not {}", b.job_id, a.job_id)), "{what}: {e}");
     };
@@ -91,8 +91,7 @@ async fn job_b_cannot_read_or_write_job_a() {
     assert_eq!(visible, vec![b.job_id.clone()]);
     // Checkpoints, logs, watch, stop.
     denied("checkpoints", b_client.checkpoints(&a.job_id).await.unwrap_err());
-    let logs = LogsRequest { job_id: a.job_id.clone(), ..Default::default() };
-    denied("logs", b_client.logs(logs).await.unwrap_err());
+    denied("logs", b_client.logs(&a.job_id, false, None, 0).await.unwrap_err());
     denied("watch", b_client.watch_job(&a.job_id, 0).await.map(drop).unwrap_err());
     denied("stop", b_client.stop_job(&a.job_id).await.unwrap_err());
     // Rendezvous keys, both ways.
@@ -133,7 +132,7 @@ async fn job_b_cannot_read_or_write_job_a() {
     // Job a is as it was.
     let status = admin.get_job(&a.job_id).await.unwrap();
     assert_eq!(status.step, 8);
-    assert_eq!(admin.checkpoints(&a.job_id).await.unwrap().checkpoints.len(), 2);
+    assert_eq!(admin.checkpoints(&a.job_id).await.unwrap().len(), 2);
     node.stop().await.unwrap();
 }
 
@@ -151,12 +150,12 @@ async fn a_checkpoint_root_or_save_id_with_dot_dot_is_refused() {
         "{}checkpoint: {{ every: 2, keep: 2, uri: \"s3://bucket/jobs/../other-team\" }}\n",
         spec("climb", 1, 4, None, dir.path())
     );
-    let e = admin.submit(submit_request(bad)).await.unwrap_err();
+    let e = admin.submit(&submit_request(bad)).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e}");
     assert!(e.to_string().contains(".."), "{e}");
 
     // A worker's checkpoint report whose save id climbs out of the job's checkpoint root.
-    let job = admin.submit(submit_request(spec("reports", 1, 20, Some(2), dir.path()))).await.unwrap();
+    let job = admin.submit(&submit_request(spec("reports", 1, 20, Some(2), dir.path()))).await.unwrap();
     let worker = admin.with_token(&job.job_token).unwrap();
     let worker_id = worker
         .register(proto::v1::RegisterRequest {
@@ -255,16 +254,17 @@ async fn no_token_appears_in_logs_or_on_disk() {
     // Debug logging on every podctl module: the most a log ever says.
     let node = start_debug(1, &peers, dir.path(), &tls);
     let addr = format!("127.0.0.1:{port}");
-    let admin = client(vec![addr.clone()], ADMIN, Some(ClientTls::ca_only(&files.ca).unwrap()));
-    let job = admin.submit(submit_request(spec("quiet", 1, 6, Some(3), dir.path()))).await.unwrap();
-    let worker = client(vec![addr.clone()], &job.job_token, Some(ClientTls::with_identity(&files).unwrap()));
+    let admin = client(vec![addr.clone()], ADMIN, Some(ClientTls::read(&files.ca, None).unwrap()));
+    let job = admin.submit(&submit_request(spec("quiet", 1, 6, Some(3), dir.path()))).await.unwrap();
+    let worker =
+        client(vec![addr.clone()], &job.job_token, Some(coordinator::tls::client_tls(&files).unwrap()));
     let report = sim::run(worker.clone(), job.job_id.clone(), "w0".into(), opts(6, 3)).await;
     assert!(report.stop_reason.contains("Completed"), "{report:?}");
     let listed = worker.checkpoints(&job.job_id).await.unwrap();
-    assert_eq!(listed.checkpoints.iter().map(|c| c.step).collect::<Vec<_>>(), vec![3, 6]);
+    assert_eq!(listed.iter().map(|c| c.step).collect::<Vec<_>>(), vec![3, 6]);
     // Refused tokens are not echoed either.
     let wrong = "wrong-token-0123456789abcdef";
-    let e = client(vec![addr.clone()], wrong, Some(ClientTls::ca_only(&files.ca).unwrap()))
+    let e = client(vec![addr.clone()], wrong, Some(ClientTls::read(&files.ca, None).unwrap()))
         .get_job(&job.job_id)
         .await
         .unwrap_err();

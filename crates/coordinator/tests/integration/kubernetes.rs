@@ -3,11 +3,11 @@
 
 use crate::common::*;
 use crate::sim::{self, SimOptions};
+use client::JobState;
 use controller::{Controller, ControllerConfig, TpuSlice, WorkerTemplate};
 use coordinator::kubernetes::Plane;
 use k8s_openapi::api::core::v1::Secret;
 use kube_mock::MockApi;
-use proto::v1::JobState;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,7 +59,7 @@ async fn a_deleted_pod_is_a_preemption_and_its_slice_is_replaced() {
     }));
 
     let admin = client(vec![addr], ADMIN, None);
-    let job = admin.submit(submit_request(spec("kube", 2, 100_000, None, dir.path()))).await.unwrap().job_id;
+    let job = admin.submit(&submit_request(spec("kube", 2, 100_000, None, dir.path()))).await.unwrap().job_id;
     let first = vec![format!("{job}-s0-a0-h0"), format!("{job}-s1-a0-h0")];
     eventually("the job's pods", Duration::from_secs(10), || async {
         (live_pods(&api) == first).then_some(())
@@ -107,7 +107,7 @@ async fn a_deleted_pod_is_a_preemption_and_its_slice_is_replaced() {
     eventually("both slices training again", Duration::from_secs(30), || async {
         let s = admin.get_job(&job).await.ok()?;
         let members = s.slices.iter().filter(|s| !s.virtual_ranks.is_empty()).count();
-        (s.state() == JobState::Running && members == 2 && s.step > before + 3).then_some(())
+        (s.state == JobState::Running && members == 2 && s.step > before + 3).then_some(())
     })
     .await;
 
@@ -196,17 +196,14 @@ async fn a_laptop_reaches_the_coordinator_through_port_forwards_with_tls() {
 
     let remote = controller::remote::connect(api.client(NS), NS).await.unwrap();
     assert_eq!(remote.addresses, [format!("{peer_name}:7001")]);
-    let tls = coordinator::tls::ClientTls { ca_pem: remote.ca_pem.clone().unwrap(), identity: None };
-    let mut config = coordinator::client::ClientConfig::new(
-        remote.addresses.clone(),
-        remote.token.clone().unwrap(),
-        Some(tls),
-    );
+    let tls = client::ClientTls { ca_pem: remote.ca_pem.clone().unwrap(), identity: None };
+    let mut config =
+        client::ClientConfig::new(remote.addresses.clone(), remote.token.clone().unwrap(), Some(tls));
     config.routes = remote.routes.clone();
     config.retry_for = Duration::from_secs(10);
-    let laptop = coordinator::client::Client::new(config).unwrap();
+    let laptop = client::Client::new(config).unwrap();
     // TLS checks the coordinator's own name through the forward; the token is the admin's.
-    let submitted = laptop.submit(submit_request(spec("remote", 1, 5, None, dir.path()))).await.unwrap();
+    let submitted = laptop.submit(&submit_request(spec("remote", 1, 5, None, dir.path()))).await.unwrap();
     assert_eq!(laptop.get_job(&submitted.job_id).await.unwrap().job_id, submitted.job_id);
     node.stop().await.unwrap();
 }
@@ -253,7 +250,7 @@ async fn a_declared_job_is_submitted_once_and_its_deletion_stops_it() {
         admin.list_jobs().await.ok()?.into_iter().find(|j| j.name == "declared")
     })
     .await;
-    assert_eq!(job.state(), JobState::Pending);
+    assert_eq!(job.state, JobState::Pending);
     let pods = vec![format!("{}-s0-a0-h0", job.job_id), format!("{}-s1-a0-h0", job.job_id)];
     eventually("its pods", Duration::from_secs(10), || async { (live_pods(&api) == pods).then_some(()) })
         .await;
@@ -265,7 +262,7 @@ async fn a_declared_job_is_submitted_once_and_its_deletion_stops_it() {
     // A GitOps prune: the job stops, its pods go.
     api.delete("configmaps", NS, "podctl-job-declared");
     eventually("the job stopped", Duration::from_secs(10), || async {
-        (admin.get_job(&job.job_id).await.ok()?.state() == JobState::Stopped).then_some(())
+        (admin.get_job(&job.job_id).await.ok()?.state == JobState::Stopped).then_some(())
     })
     .await;
     eventually("the pods deleted", Duration::from_secs(10), || async {

@@ -2,7 +2,7 @@
 
 use crate::common::*;
 use crate::sim::{self, SimOptions};
-use proto::v1::{JobState, LogLine, LogsRequest};
+use client::{JobState, LogLine};
 use std::time::Duration;
 
 fn opts(total_steps: u64, checkpoint_every: u64) -> SimOptions {
@@ -26,7 +26,7 @@ async fn a_job_runs_to_the_end_with_checkpoints_kv_logs_and_a_run_record() {
     let dir = tempfile::tempdir().unwrap();
     let (node, addr) = embedded(dir.path(), None, true).await;
     let admin = client(vec![addr.clone()], ADMIN, None);
-    let submitted = admin.submit(submit_request(spec("demo", 2, 12, Some(4), dir.path()))).await.unwrap();
+    let submitted = admin.submit(&submit_request(spec("demo", 2, 12, Some(4), dir.path()))).await.unwrap();
     let job = submitted.job_id.clone();
     let worker_client = admin.with_token(&submitted.job_token).unwrap();
 
@@ -66,7 +66,7 @@ async fn a_job_runs_to_the_end_with_checkpoints_kv_logs_and_a_run_record() {
     assert_eq!(committed[..2], [4, 8], "{reports:?}");
 
     let status = admin.get_job(&job).await.unwrap();
-    assert_eq!(status.state(), JobState::Completed);
+    assert_eq!(status.state, JobState::Completed);
     assert_eq!(status.step, 12);
     assert!((status.loss - sim::loss_of(12)).abs() < 1e-12, "{}", status.loss);
     assert_eq!(status.slices.len(), 2);
@@ -74,8 +74,7 @@ async fn a_job_runs_to_the_end_with_checkpoints_kv_logs_and_a_run_record() {
     // Retention keeps the last two; the first one's objects and marker are gone.
     // It runs right after the final commit, as the workers are being stopped.
     eventually("retention to keep the last two checkpoints", Duration::from_secs(10), || async {
-        let steps: Vec<u64> =
-            admin.checkpoints(&job).await.ok()?.checkpoints.iter().map(|c| c.step).collect();
+        let steps: Vec<u64> = admin.checkpoints(&job).await.ok()?.iter().map(|c| c.step).collect();
         (steps == [8, 12]).then_some(())
     })
     .await;
@@ -106,12 +105,9 @@ async fn a_job_runs_to_the_end_with_checkpoints_kv_logs_and_a_run_record() {
         ..Default::default()
     };
     worker_client.push_logs(vec![line(0, "one"), line(1, "two"), line(0, "three")]).await.unwrap();
-    let mut stream = admin
-        .logs(LogsRequest { job_id: job.clone(), follow: false, slice: Some(0), tail: 0 })
-        .await
-        .unwrap();
+    let mut stream = admin.logs(&job, false, Some(0), 0).await.unwrap();
     let mut got = Vec::new();
-    while let Some(l) = stream.message().await.unwrap() {
+    while let Some(l) = stream.next().await.unwrap() {
         got.push(l.message);
     }
     assert_eq!(got, ["one", "three"]);
@@ -123,7 +119,7 @@ async fn a_lost_worker_is_replaced_and_no_step_is_lost_or_repeated() {
     let dir = tempfile::tempdir().unwrap();
     let (node, addr) = embedded(dir.path(), None, true).await;
     let admin = client(vec![addr.clone()], ADMIN, None);
-    let submitted = admin.submit(submit_request(spec("elastic", 3, 40, None, dir.path()))).await.unwrap();
+    let submitted = admin.submit(&submit_request(spec("elastic", 3, 40, None, dir.path()))).await.unwrap();
     let job = submitted.job_id.clone();
     let wc = admin.with_token(&submitted.job_token).unwrap();
     let spawn = |name: &str| tokio::spawn(sim::run(wc.clone(), job.clone(), name.into(), opts(40, 0)));
@@ -138,7 +134,7 @@ async fn a_lost_worker_is_replaced_and_no_step_is_lost_or_repeated() {
     c.abort();
     let recovered = eventually("generation 2 with two members", Duration::from_secs(30), || async {
         let s = admin.get_job(&job).await.ok()?;
-        (s.generation == 2 && s.state() == JobState::Running).then_some(s)
+        (s.generation == 2 && s.state == JobState::Running).then_some(s)
     })
     .await;
     let mut ranks: Vec<Vec<u32>> = recovered
@@ -166,7 +162,7 @@ async fn a_lost_worker_is_replaced_and_no_step_is_lost_or_repeated() {
     assert_eq!(rd.generations, vec![3]);
     assert!(rd.resumes[0].contains("Peer"), "{:?}", rd.resumes);
     let status = admin.get_job(&job).await.unwrap();
-    assert_eq!((status.state(), status.step, status.generation), (JobState::Completed, 40, 3));
+    assert_eq!((status.state, status.step, status.generation), (JobState::Completed, 40, 3));
     assert_eq!(status.slices.iter().filter(|s| !s.virtual_ranks.is_empty()).count(), 3);
 
     let run = dir.path().join("run");

@@ -12,7 +12,7 @@
 //! - `cluster`: three `podctl-coordinator` processes on loopback: SIGKILL the leader mid-run,
 //!   restart it (it catches up by snapshot), stop and restart all three.
 //!
-//! Simulated workers are real gRPC clients built on `coordinator::client`; they do what
+//! Simulated workers are real gRPC clients built on the client crate (`podctl-client`); they do what
 //! docs/PROTOCOL.md asks of a worker, with a sleep in place of the train step.
 
 // The workspace names this crate `coordinator` everywhere else; so do its tests.

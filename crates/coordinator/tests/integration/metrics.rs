@@ -4,8 +4,8 @@
 
 use crate::common::*;
 use crate::sim::{self, SimOptions};
+use client::JobState;
 use coordinator::Embedded;
-use proto::v1::JobState;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -42,7 +42,8 @@ async fn metrics_move_with_steps_checkpoints_and_a_lost_worker() {
     let node = Embedded::start(config).await.unwrap();
     let addr = node.addr().to_string();
     let admin = client(vec![addr], ADMIN, None);
-    let submitted = admin.submit(submit_request(spec("scraped", 2, 400, Some(5), dir.path()))).await.unwrap();
+    let submitted =
+        admin.submit(&submit_request(spec("scraped", 2, 400, Some(5), dir.path()))).await.unwrap();
     let job = submitted.job_id.clone();
     let label = format!("job=\"{job}\"");
     let wc = admin.with_token(&submitted.job_token).unwrap();
@@ -119,7 +120,7 @@ async fn metrics_move_with_steps_checkpoints_and_a_lost_worker() {
     })
     .await;
     assert_eq!(value(&page, "podctl_job_state", &[&label, "state=\"running\""]), Some(0.0));
-    assert_eq!(admin.get_job(&job).await.unwrap().state(), JobState::Stopped);
+    assert_eq!(admin.get_job(&job).await.unwrap().state, JobState::Stopped);
     let _ = tokio::time::timeout(Duration::from_secs(10), a).await;
     node.stop().await.unwrap();
 }

@@ -1,7 +1,7 @@
 //! Tokens, client certificates, generation fencing and job isolation, over mutual TLS.
 
 use crate::common::*;
-use coordinator::tls::ClientTls;
+use client::ClientTls;
 use proto::v1::{Heartbeat, RegisterRequest, StepReport, WorkerEvent, directive, worker_event};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,13 +25,13 @@ async fn requests_without_the_right_token_or_certificate_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let (_, files) = tls_dir(dir.path());
     let (node, addr) = embedded(dir.path(), Some(files.clone()), false).await;
-    let mtls = ClientTls::with_identity(&files).unwrap();
-    let ca_only = ClientTls::ca_only(&files.ca).unwrap();
+    let mtls = coordinator::tls::client_tls(&files).unwrap();
+    let ca_only = ClientTls::read(&files.ca, None).unwrap();
 
     // podctl: a bearer token over TLS, no client certificate needed.
     let admin = client(vec![addr.clone()], ADMIN, Some(ca_only.clone()));
-    let a = admin.submit(submit_request(spec("alpha", 1, 5, None, dir.path()))).await.unwrap();
-    let b = admin.submit(submit_request(spec("beta", 1, 5, None, dir.path()))).await.unwrap();
+    let a = admin.submit(&submit_request(spec("alpha", 1, 5, None, dir.path()))).await.unwrap();
+    let b = admin.submit(&submit_request(spec("beta", 1, 5, None, dir.path()))).await.unwrap();
 
     let e = client(vec![addr.clone()], "", Some(ca_only.clone())).list_jobs().await.unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated, "{e}");
@@ -49,7 +49,7 @@ async fn requests_without_the_right_token_or_certificate_are_refused() {
     assert_eq!(e.code(), Code::PermissionDenied, "{e}");
     assert!(e.to_string().contains(&format!("for job {}, not {}", a.job_id, b.job_id)), "{e}");
     assert_eq!(a_client.list_jobs().await.unwrap().len(), 1);
-    let e = a_client.submit(submit_request(spec("gamma", 1, 5, None, dir.path()))).await.unwrap_err();
+    let e = a_client.submit(&submit_request(spec("gamma", 1, 5, None, dir.path()))).await.unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e}");
 
     // A worker of job a cannot join job b with a's token.
@@ -64,9 +64,9 @@ async fn requests_without_the_right_token_or_certificate_are_refused() {
     assert!(a_client.register(register(&a.job_id, "y")).await.is_ok());
 
     // Plaintext to a TLS listener does not get through.
-    let mut plain = coordinator::client::ClientConfig::new(vec![addr.clone()], ADMIN, None);
+    let mut plain = client::ClientConfig::new(vec![addr.clone()], ADMIN, None);
     plain.retry_for = Duration::from_millis(500);
-    let e = coordinator::client::Client::new(plain).unwrap().list_jobs().await.unwrap_err();
+    let e = client::Client::new(plain).unwrap().list_jobs().await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e}");
     node.stop().await.unwrap();
 }
@@ -85,9 +85,10 @@ async fn a_report_from_an_older_generation_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let (_, files) = tls_dir(dir.path());
     let (node, addr) = embedded(dir.path(), Some(files.clone()), false).await;
-    let admin = client(vec![addr.clone()], ADMIN, Some(ClientTls::ca_only(&files.ca).unwrap()));
-    let job = admin.submit(submit_request(spec("fence", 1, 50, None, dir.path()))).await.unwrap();
-    let worker = client(vec![addr.clone()], &job.job_token, Some(ClientTls::with_identity(&files).unwrap()));
+    let admin = client(vec![addr.clone()], ADMIN, Some(ClientTls::read(&files.ca, None).unwrap()));
+    let job = admin.submit(&submit_request(spec("fence", 1, 50, None, dir.path()))).await.unwrap();
+    let worker =
+        client(vec![addr.clone()], &job.job_token, Some(coordinator::tls::client_tls(&files).unwrap()));
     let worker_id = worker.register(register(&job.job_id, "old")).await.unwrap().worker_id;
     let beat = {
         let worker_id = worker_id.clone();

@@ -5,7 +5,7 @@
 
 use bytes::Bytes;
 use checkpoint::{ArraySpec, DataPosition, SaveOptions, SaveSpec, ShardBuffer, Storage, Topology};
-use coordinator::client::{Client, ClientError};
+use client::{Client, ClientError};
 use mesh::{DType, IciMesh, Sharding};
 use proto::v1::{
     self, Assignment, CheckpointReport, Directive, Heartbeat, StepReport, WorkerEvent, directive, resume,

@@ -4,6 +4,7 @@
 //! ```text
 //! podctl-compile-stats --plugin libtpu.so --module grad_step.mlirbc --partitions 8 --topology v6e:2x4
 //! ```
+#![forbid(unsafe_code)]
 
 fn main() -> std::process::ExitCode {
     planner::exact::child_main(std::env::args().skip(1))

@@ -24,8 +24,8 @@ mod trainer_side;
 
 use crate::metrics::WorkerMetrics;
 use crate::peer::{self, StateServer};
+use client::{Client, ClientConfig, ClientError};
 use collective::{AbortHandle, Endpoint};
-use coordinator::client::{Client, ClientConfig, ClientError};
 use proto::v1::Assignment;
 use session::LAST_WORDS_WAIT;
 pub(crate) use session::rss_bytes;

@@ -10,8 +10,8 @@ use crate::driver::{Control, Sink};
 use crate::metrics::WorkerMetrics;
 use crate::objective::EvalReport;
 use crate::step::StepResult;
-use coordinator::client::Client;
-use proto::v1::{CheckpointReport, LogLine, StepReport};
+use client::{Client, LogLine};
+use proto::v1::{CheckpointReport, StepReport};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 

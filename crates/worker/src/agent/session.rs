@@ -3,8 +3,8 @@
 
 use super::decide::{self, Obey};
 use super::{AgentExit, Control, Leave, Shared, Status};
-use coordinator::client::{Client, Session};
-use proto::v1::{self, Directive, Heartbeat, LogLine, StepReport, WorkerEvent, directive, worker_event};
+use client::{Client, LogLine, Session};
+use proto::v1::{self, Directive, Heartbeat, StepReport, WorkerEvent, directive, worker_event};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc as std_mpsc;

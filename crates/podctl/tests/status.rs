@@ -1,9 +1,8 @@
 //! `podctl status`, `logs` and `stop` through the real binary against an in-process
 //! coordinator on loopback (a job with no workers: it stays pending until stopped).
 
-use coordinator::client::{Client, ClientConfig};
+use client::{Client, ClientConfig, LogLine, Submission};
 use coordinator::{Config, Embedded};
-use proto::v1::{LogLine, SubmitJobRequest};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Output;
@@ -52,11 +51,10 @@ async fn status_logs_and_stop_against_a_local_coordinator() {
     let addr = node.addr().to_string();
     let admin = Client::new(ClientConfig::new(vec![addr.clone()], ADMIN, None)).unwrap();
     let submitted = admin
-        .submit(SubmitJobRequest {
+        .submit(&Submission {
             spec_yaml: spec(dir.path()),
             bundle_uri: "file:///nowhere".into(),
             bundle_id: "00ff".into(),
-            checkpoint_uri: String::new(),
         })
         .await
         .unwrap();

@@ -3,8 +3,7 @@
 //! plugin. The Raft leader is SIGKILLed mid-run: a new one is elected, the job goes on, and the
 //! final state is bitwise that of the same job run locally, so no step was lost or repeated.
 
-use coordinator::client::{Client, ClientConfig};
-use coordinator::tls::ClientTls;
+use client::{Client, ClientConfig};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -117,7 +116,7 @@ fn a_job_survives_the_leaders_sigkill_with_real_workers() {
         .collect();
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let tls_client = ClientTls::with_identity(&files).unwrap();
+    let tls_client = coordinator::tls::client_tls(&files).unwrap();
     let mut config = ClientConfig::new(addrs.clone(), ADMIN, Some(tls_client));
     config.retry_for = Duration::from_secs(30);
     let admin = runtime.block_on(async { Client::new(config) }).unwrap();
@@ -229,7 +228,7 @@ fn a_job_survives_the_leaders_sigkill_with_real_workers() {
     let mut only = ClientConfig::new(
         vec![addrs[leader as usize - 1].clone()],
         ADMIN,
-        Some(ClientTls::with_identity(&files).unwrap()),
+        Some(coordinator::tls::client_tls(&files).unwrap()),
     );
     only.retry_for = Duration::from_secs(30);
     let only = runtime.block_on(async { Client::new(only) }).unwrap();

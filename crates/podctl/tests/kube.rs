@@ -12,8 +12,7 @@
 //! completes. Then the GitOps path: `podctl launch --render` prints a declaration that validates
 //! against the Kubernetes schemas; applied, the controller submits it once; deleted, the job stops.
 
-use coordinator::client::{Client, ClientConfig};
-use coordinator::tls::ClientTls;
+use client::{Client, ClientConfig};
 use kube_mock::MockApi;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -434,7 +433,7 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
     let admin = Client::new(ClientConfig::new(
         vec![addr.clone()],
         ADMIN,
-        Some(ClientTls::with_identity(&tls).unwrap()),
+        Some(coordinator::tls::client_tls(&tls).unwrap()),
     ))
     .unwrap();
     let started = Instant::now();
@@ -541,7 +540,7 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     api.delete("configmaps", NS, "podctl-job-gitops");
-    while admin.get_job(&gitops).await.unwrap().state() != proto::v1::JobState::Stopped {
+    while admin.get_job(&gitops).await.unwrap().state != client::JobState::Stopped {
         assert!(started.elapsed() < Duration::from_secs(90), "deleting the declaration did not stop its job");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

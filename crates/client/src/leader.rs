@@ -1,0 +1,261 @@
+//! Finding the leader: the client's nodes, redirects, retries and deadlines.
+
+use crate::ClientError;
+use crate::tls::{ClientTls, endpoint_via};
+use proto::v1::{jobs_client::JobsClient, workers_client::WorkersClient};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tonic::metadata::MetadataValue;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Status};
+
+/// Largest message accepted from the coordinator.
+const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+/// How to reach the cluster.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Coordinator addresses, `host:port`; any of them, the leader is found.
+    pub addresses: Vec<String>,
+    /// The admin or job token.
+    pub token: String,
+    /// TLS; `None` for a plaintext local coordinator.
+    pub tls: Option<ClientTls>,
+    /// Deadline of one attempt (and of establishing a stream).
+    pub call_timeout: Duration,
+    /// How long to keep retrying (elections, redirects, restarts) before giving up.
+    pub retry_for: Duration,
+    /// Where to connect for an address, when not at the address itself: a local port-forward
+    /// to that coordinator (`podctl --kube-context`). Redirects name the coordinators' own
+    /// addresses, so they follow the same routes; TLS checks the coordinator's own name.
+    pub routes: BTreeMap<String, String>,
+}
+
+impl ClientConfig {
+    /// Defaults: 10 s per attempt, retries for 20 s.
+    pub fn new(addresses: Vec<String>, token: impl Into<String>, tls: Option<ClientTls>) -> Self {
+        Self {
+            addresses,
+            token: token.into(),
+            tls,
+            call_timeout: Duration::from_secs(10),
+            retry_for: Duration::from_secs(20),
+            routes: BTreeMap::new(),
+        }
+    }
+}
+
+struct Inner {
+    config: ClientConfig,
+    /// Known nodes: address and a lazily connecting channel.
+    nodes: Mutex<Vec<(String, Channel)>>,
+    /// Index into `nodes` of the node to try first.
+    leader: Mutex<usize>,
+}
+
+/// A handle to the cluster; cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+    auth: MetadataValue<tonic::metadata::Ascii>,
+}
+
+/// Whether a refusal provably did nothing, so even a non-idempotent call may be repeated: the
+/// coordinator's "not the leader" and "catching up" answers (UNAVAILABLE), and a connection
+/// that was never made.
+pub fn retry_safe(status: &Status) -> bool {
+    let m = status.message();
+    status.code() == Code::Unavailable
+        && (m.starts_with("not the leader")
+            || m.contains("catching up")
+            || m.contains("tcp connect error")
+            || m.contains("Connection refused"))
+}
+
+impl Client {
+    /// A client of the cluster at `config.addresses` (nothing is dialled yet).
+    pub fn new(config: ClientConfig) -> Result<Self, ClientError> {
+        if config.addresses.is_empty() {
+            return Err(ClientError::Config("no coordinator address given".into()));
+        }
+        let auth = format!("Bearer {}", config.token)
+            .parse()
+            .map_err(|_| ClientError::Config("the token must be printable ASCII".into()))?;
+        let mut nodes = Vec::new();
+        for addr in &config.addresses {
+            nodes.push((addr.clone(), Self::dial(&config, addr)?));
+        }
+        Ok(Self { inner: Arc::new(Inner { config, nodes: Mutex::new(nodes), leader: Mutex::new(0) }), auth })
+    }
+
+    fn dial(config: &ClientConfig, addr: &str) -> Result<Channel, ClientError> {
+        let connect = config.routes.get(addr).map_or(addr, String::as_str);
+        endpoint_via(addr, connect, config.tls.as_ref(), config.call_timeout)
+            .map(|e| e.connect_lazy())
+            .map_err(ClientError::Config)
+    }
+
+    /// The same cluster, calling with another token (a job's).
+    pub fn with_token(&self, token: &str) -> Result<Self, ClientError> {
+        let auth = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| ClientError::Config("the token must be printable ASCII".into()))?;
+        Ok(Self { inner: self.inner.clone(), auth })
+    }
+
+    /// The address the client currently believes leads.
+    pub fn leader_address(&self) -> String {
+        let nodes = self.inner.nodes.lock().unwrap_or_else(|e| e.into_inner());
+        let i = *self.inner.leader.lock().unwrap_or_else(|e| e.into_inner());
+        nodes.get(i).map(|(a, _)| a.clone()).unwrap_or_default()
+    }
+
+    fn current(&self) -> (usize, Channel) {
+        let nodes = self.inner.nodes.lock().unwrap_or_else(|e| e.into_inner());
+        let i = *self.inner.leader.lock().unwrap_or_else(|e| e.into_inner()) % nodes.len();
+        (i, nodes[i].1.clone())
+    }
+
+    /// Points at `addr` (adding it if new).
+    fn follow(&self, addr: &str) -> Result<(), ClientError> {
+        let mut nodes = self.inner.nodes.lock().unwrap_or_else(|e| e.into_inner());
+        let i = match nodes.iter().position(|(a, _)| a == addr) {
+            Some(i) => i,
+            None => {
+                nodes.push((addr.to_string(), Self::dial(&self.inner.config, addr)?));
+                nodes.len() - 1
+            }
+        };
+        *self.inner.leader.lock().unwrap_or_else(|e| e.into_inner()) = i;
+        Ok(())
+    }
+
+    fn rotate(&self, from: usize) {
+        let n = self.inner.nodes.lock().unwrap_or_else(|e| e.into_inner()).len();
+        let mut leader = self.inner.leader.lock().unwrap_or_else(|e| e.into_inner());
+        if *leader == from {
+            *leader = (from + 1) % n;
+        }
+    }
+
+    pub(crate) fn request<T>(&self, message: T, timeout: Option<Duration>) -> Request<T> {
+        let mut request = Request::new(message);
+        request.metadata_mut().insert("authorization", self.auth.clone());
+        if let Some(timeout) = timeout {
+            request.set_timeout(timeout);
+        }
+        request
+    }
+
+    /// Calls `f` on the leader's channel until it answers, following redirects and retrying
+    /// what is safe within `retry_for`; each attempt is bounded by `attempt_timeout`.
+    pub(crate) async fn call<T, F, Fut>(
+        &self,
+        call: &'static str,
+        idempotent: bool,
+        attempt_timeout: Duration,
+        mut f: F,
+    ) -> Result<T, ClientError>
+    where
+        F: FnMut(Channel) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let started = tokio::time::Instant::now();
+        let retry_for = self.inner.config.retry_for;
+        let mut backoff = Duration::from_millis(25);
+        loop {
+            let (index, channel) = self.current();
+            // A deadline the server reports (a KV wait that ended) is an answer; only our own
+            // attempt timing out is worth another try.
+            let (status, timed_out) = match tokio::time::timeout(attempt_timeout, f(channel)).await {
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(status)) => (status, false),
+                Err(_) => (Status::deadline_exceeded(format!("no answer within {attempt_timeout:?}")), true),
+            };
+            let redirect = status
+                .metadata()
+                .get(proto::LEADER_METADATA_KEY)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let retryable = match status.code() {
+                Code::Unavailable => idempotent || retry_safe(&status),
+                Code::DeadlineExceeded => idempotent && timed_out,
+                Code::Cancelled | Code::Unknown => idempotent,
+                _ => false,
+            };
+            if !retryable {
+                return Err(ClientError::refused(call, &status));
+            }
+            let last = format!("{} ({:?})", status.message(), status.code());
+            if started.elapsed() >= retry_for {
+                let addresses = self
+                    .inner
+                    .nodes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .map(|(a, _)| a.clone())
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                return Err(ClientError::Unavailable { call, waited: started.elapsed(), addresses, last });
+            }
+            match redirect {
+                Some(addr) if addr != self.leader_address() => self.follow(&addr)?,
+                _ => {
+                    self.rotate(index);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+            }
+        }
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        self.inner.config.call_timeout
+    }
+
+    pub(crate) fn jobs(channel: Channel) -> JobsClient<Channel> {
+        JobsClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    pub(crate) fn workers(channel: Channel) -> WorkersClient<Channel> {
+        WorkersClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_refusals_that_did_nothing_are_safe_to_repeat() {
+        // What a follower and a leader still catching up answer (the coordinator's tests check
+        // that its own refusals are these).
+        assert!(retry_safe(&Status::unavailable("not the leader; the leader is a:1")));
+        assert!(retry_safe(&Status::unavailable("this node was just elected and is catching up; retry")));
+        assert!(!retry_safe(&Status::unavailable("the cluster could not commit: timeout")));
+        assert!(!retry_safe(&Status::failed_precondition("not the leader")));
+    }
+
+    #[test]
+    fn a_client_needs_an_address_and_a_printable_token() {
+        assert!(matches!(Client::new(ClientConfig::new(vec![], "t", None)), Err(ClientError::Config(_))));
+        let bad = ClientConfig::new(vec!["127.0.0.1:1".into()], "line\nbreak", None);
+        assert!(Client::new(bad).is_err());
+    }
+
+    #[tokio::test]
+    async fn nobody_listening_is_unavailable_after_the_retry_bound() {
+        // A port nothing listens on: bind, note it, close.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut config = ClientConfig::new(vec![format!("127.0.0.1:{port}")], "t", None);
+        config.retry_for = Duration::from_millis(300);
+        config.call_timeout = Duration::from_millis(200);
+        let client = Client::new(config).unwrap();
+        let e = client.list_jobs().await.unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "{e}");
+        assert!(e.to_string().contains("Jobs.List"), "{e}");
+    }
+}

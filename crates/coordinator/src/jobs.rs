@@ -1,0 +1,333 @@
+//! What is done to a job from outside the leader loop: submission (through `Jobs.Submit` or a
+//! Kubernetes declaration), stopping it, and committing a checkpoint once every member reported
+//! its part.
+//!
+//! Each runs on the leader and goes through Raft. The refusals are a typed [`JobError`]; the
+//! gRPC edge ([`crate::grpc`]) and the Kubernetes plane ([`crate::kubernetes`]) say them each in
+//! their own terms.
+//!
+//! A job's checkpoint root is decided here, once, at submission, from its spec (`checkpoint.uri`,
+//! else `file://<output>/checkpoints`): every assignment hands it to the workers, and the
+//! committed checkpoints' directories are made from it.
+
+use crate::ctx::{Ctx, NotServing};
+use crate::leader::{broadcast_in_force, unix_now};
+use crate::memory::PendingSave;
+use crate::state::{CheckpointEntry, Command, Job, JobShape, Response, SubmitJob};
+use checkpoint::{CheckpointError, CommitLog, CommitRecord, HostReport, SaveSpec};
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Longest time one checkpoint finalization may take (manifest write, commit, marker, GC).
+const FINALIZE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Why a job operation did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    /// This node cannot serve it now.
+    #[error(transparent)]
+    NotServing(#[from] NotServing),
+    /// The submitted spec is not valid.
+    #[error("{0}")]
+    InvalidSpec(String),
+    /// The cluster holds as many jobs as it may.
+    #[error("{0}")]
+    Full(String),
+    /// Members of one save sent different save specs.
+    #[error("{worker_id} sent a save spec for step {step} that differs from another member's")]
+    SaveSpecDiffers {
+        /// The worker whose spec differs.
+        worker_id: String,
+        /// The save's step.
+        step: u64,
+    },
+    /// The checkpoint was not committed (its root cannot be opened, a write failed, the
+    /// generation that saved it ended).
+    #[error("checkpoint step {step} not committed: {reason}")]
+    NotCommitted {
+        /// The save's step.
+        step: u64,
+        /// Why.
+        reason: String,
+    },
+    /// Finalizing took longer than it may.
+    #[error("finalizing the checkpoint took over {0:?}")]
+    FinalizeTimeout(Duration),
+    /// Something this node should never see (no randomness, an answer of the wrong kind).
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// What the leader derives from a spec.
+fn shape_of(spec: &job::JobSpec) -> Result<JobShape, JobError> {
+    let dp_size = u32::try_from(spec.mesh.dcn)
+        .map_err(|_| JobError::InvalidSpec(format!("mesh.dcn {} is too large", spec.mesh.dcn)))?;
+    Ok(JobShape {
+        name: spec.name.clone(),
+        dp_size,
+        total_steps: spec.steps,
+        checkpoint_every: spec.checkpoint.as_ref().map_or(0, |c| c.every),
+        keep_last: spec.checkpoint.as_ref().map_or(3, |c| c.keep),
+        keep_every: spec.checkpoint.as_ref().map_or(0, |c| c.keep_every),
+        output_dir: spec.output_dir().display().to_string(),
+    })
+}
+
+fn new_token() -> Result<String, JobError> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| JobError::Internal(format!("no randomness for a job token: {e}")))?;
+    Ok(hex::encode(bytes))
+}
+
+/// A submitted job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submitted {
+    /// Its id.
+    pub job_id: String,
+    /// Its token (only its hash is replicated).
+    pub token: String,
+}
+
+/// Submits a job on the leader: checks the spec, derives its shape and its checkpoint root,
+/// proposes it. `source` is the Kubernetes declaration it comes from (empty through the API);
+/// the state machine keeps one job per declaration.
+pub async fn submit(
+    ctx: &Ctx,
+    spec_yaml: String,
+    bundle_uri: String,
+    bundle_id: String,
+    source: String,
+) -> Result<Submitted, JobError> {
+    let spec = job::JobSpec::from_yaml(&spec_yaml, std::path::Path::new("<submitted spec>"))
+        .map_err(|e| JobError::InvalidSpec(e.to_string()))?;
+    let token = new_token()?;
+    let submit = SubmitJob {
+        shape: shape_of(&spec)?,
+        checkpoint_uri: spec.checkpoint_uri().unwrap_or_default(),
+        spec_yaml,
+        bundle_uri,
+        bundle_id,
+        token_sha256: hex::encode(Sha256::digest(token.as_bytes())),
+        unix: unix_now(),
+        source,
+    };
+    match ctx.propose(Command::SubmitJob(Box::new(submit))).await? {
+        Response::JobSubmitted { job_id } => Ok(Submitted { job_id, token }),
+        Response::Refused { reason } => Err(JobError::Full(reason)),
+        other => Err(JobError::Internal(format!("unexpected answer to a submission: {other:?}"))),
+    }
+}
+
+/// Stops a job on the leader unless it already ended; its state after.
+pub async fn stop(ctx: &Ctx, job: &Job) -> Result<Option<crate::state::JobState>, JobError> {
+    if !job.state.is_terminal() {
+        ctx.propose(Command::StopJob { job_id: job.id.clone(), unix: unix_now() }).await?;
+        broadcast_in_force(ctx, &job.id);
+    }
+    Ok(ctx.shared.read(|s| s.jobs.get(&job.id).map(|j| j.state)))
+}
+
+/// A member's report of its part of a save, checked against the request it came in.
+pub struct SaveReport {
+    /// The reporting member.
+    pub worker_id: String,
+    /// What it wrote.
+    pub report: HostReport,
+    /// The save as every member planned it.
+    pub spec: SaveSpec,
+}
+
+/// Records a member's part of a save; once every member's part is in, commits the checkpoint
+/// (manifest, Raft entry, marker, retention). Returns the checkpoint's directory once it is
+/// committed, `None` while parts are missing.
+pub async fn report_checkpoint(
+    ctx: &Arc<Ctx>,
+    job: Job,
+    part: SaveReport,
+) -> Result<Option<String>, JobError> {
+    let SaveReport { worker_id, report, spec } = part;
+    let (step, save_id) = (spec.step, spec.save_id.clone());
+    if let Some(done) = job.checkpoints.iter().find(|c| c.record.step == step && c.record.save_id == save_id)
+    {
+        return Ok(Some(done.uri.clone()));
+    }
+    let key = (step, save_id);
+    let ready = ctx.leader.with(|m| {
+        let saves = m.saves.entry(job.id.clone()).or_default();
+        let save = saves.entry(key.clone()).or_insert_with(|| PendingSave {
+            generation: job.generation,
+            spec: spec.clone(),
+            reports: Default::default(),
+        });
+        if save.spec != spec {
+            return Err(JobError::SaveSpecDiffers { worker_id: worker_id.clone(), step });
+        }
+        save.reports.insert(worker_id.clone(), report);
+        let complete = job.members.iter().all(|m| save.reports.contains_key(&m.worker_id));
+        Ok(complete.then(|| save.clone()))
+    })?;
+    let Some(save) = ready else { return Ok(None) };
+    // In its own task: a worker that goes away (stopped by the completion this very commit
+    // causes) must not cancel the commit or the retention after it.
+    let ctx = ctx.clone();
+    let task = tokio::spawn(async move {
+        let dir = tokio::time::timeout(FINALIZE_TIMEOUT, finalize(&ctx, &job, save))
+            .await
+            .map_err(|_| JobError::FinalizeTimeout(FINALIZE_TIMEOUT))??;
+        ctx.leader.with(|m| {
+            if let Some(saves) = m.saves.get_mut(&job.id) {
+                saves.remove(&key);
+            }
+        });
+        // The final checkpoint completes the job: tell the workers.
+        broadcast_in_force(&ctx, &job.id);
+        Ok(Some(dir))
+    });
+    task.await.map_err(|e| JobError::Internal(format!("checkpoint finalization stopped: {e}")))?
+}
+
+/// Writes the manifest, commits through Raft, writes the marker, then applies retention.
+/// Returns the checkpoint's directory.
+async fn finalize(ctx: &Arc<Ctx>, job: &Job, save: PendingSave) -> Result<String, JobError> {
+    let step = save.spec.step;
+    let not_committed = |reason: String| JobError::NotCommitted { step, reason };
+    let storage = checkpoint::Storage::open(&job.checkpoint_uri, &ctx.config.store_options)
+        .map_err(|e| not_committed(e.to_string()))?;
+    let reports: Vec<HostReport> = save.reports.into_values().collect();
+    let bytes = reports.iter().map(|r| r.object.size).sum();
+    let log = RaftCommitLog {
+        ctx: ctx.clone(),
+        job_id: job.id.clone(),
+        generation: save.generation,
+        root: storage.url().to_string(),
+        bytes,
+    };
+    let commit = checkpoint::finalize(&storage, &save.spec, &reports, &log)
+        .await
+        .map_err(|e| not_committed(e.to_string()))?;
+    let active: Vec<String> = ctx.leader.with(|m| {
+        m.saves.get(&job.id).map(|s| s.keys().map(|(_, id)| id.clone()).collect()).unwrap_or_default()
+    });
+    let retention = checkpoint::Retention {
+        keep_last: job.shape.keep_last as usize,
+        keep_every: job.shape.keep_every,
+        ..Default::default()
+    };
+    if let Err(e) = checkpoint::gc(&storage, &log, &retention, &active).await {
+        tracing::warn!(job_id = job.id, "checkpoint retention failed (the commit stands): {e}");
+    }
+    Ok(checkpoint_dir(&log.root, &commit))
+}
+
+/// A committed checkpoint's directory under the job's root.
+fn checkpoint_dir(root: &str, commit: &CommitRecord) -> String {
+    format!("{}/{}", root.trim_end_matches('/'), commit.dir())
+}
+
+/// The checkpoint crate's commit log over Raft: a commit is durable once the
+/// `CommitCheckpoint` entry is applied, and it is refused when the generation that saved it
+/// has ended.
+pub struct RaftCommitLog {
+    /// The node.
+    pub ctx: Arc<Ctx>,
+    /// The job.
+    pub job_id: String,
+    /// The generation that saved.
+    pub generation: u64,
+    /// The checkpoint root URL.
+    pub root: String,
+    /// Bytes of the save's objects.
+    pub bytes: u64,
+}
+
+fn commit_log_error(operation: &'static str, reason: String) -> CheckpointError {
+    CheckpointError::CommitLog { operation, source: reason.into() }
+}
+
+impl CommitLog for RaftCommitLog {
+    async fn record(&self, commit: &CommitRecord) -> checkpoint::Result<()> {
+        let entry = CheckpointEntry {
+            record: commit.clone(),
+            uri: checkpoint_dir(&self.root, commit),
+            committed_unix: unix_now(),
+            bytes: self.bytes,
+        };
+        let command =
+            Command::CommitCheckpoint { job_id: self.job_id.clone(), generation: self.generation, entry };
+        match self.ctx.propose(command).await {
+            Ok(Response::Refused { reason }) => Err(commit_log_error("record", reason)),
+            Ok(_) => Ok(()),
+            Err(e) => Err(commit_log_error("record", e.to_string())),
+        }
+    }
+
+    async fn list(&self) -> checkpoint::Result<Vec<CommitRecord>> {
+        Ok(self.ctx.shared.read(|s| {
+            s.jobs
+                .get(&self.job_id)
+                .map(|j| j.checkpoints.iter().map(|c| c.record.clone()).collect())
+                .unwrap_or_default()
+        }))
+    }
+
+    async fn remove(&self, commit: &CommitRecord) -> checkpoint::Result<()> {
+        let command = Command::ForgetCheckpoint {
+            job_id: self.job_id.clone(),
+            step: commit.step,
+            save_id: commit.save_id.clone(),
+        };
+        match self.ctx.propose(command).await {
+            Ok(Response::Refused { reason }) => Err(commit_log_error("remove", reason)),
+            Ok(_) => Ok(()),
+            Err(e) => Err(commit_log_error("remove", e.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(extra: &str) -> job::JobSpec {
+        let yaml = format!(
+            "name: t\nmodel: tiny\nmesh: {{ dcn: 2, ici: {{ fsdp: 1, tp: 1 }} }}\nbatch: {{ global: 4, micro: 1 }}\n\
+             seq_len: 16\nsteps: 10\ndata: {{ kind: arithmetic }}\noutput: /runs/t\n{extra}"
+        );
+        job::JobSpec::from_yaml(&yaml, std::path::Path::new("t.yaml")).unwrap()
+    }
+
+    #[test]
+    fn the_shape_carries_the_retention_and_the_output() {
+        let shape = shape_of(&spec("checkpoint: { every: 5, keep: 2 }\n")).unwrap();
+        assert_eq!(
+            (shape.dp_size, shape.total_steps, shape.checkpoint_every, shape.keep_last),
+            (2, 10, 5, 2)
+        );
+        assert_eq!(shape.output_dir, "/runs/t");
+        let none = shape_of(&spec("")).unwrap();
+        assert_eq!((none.checkpoint_every, none.keep_last), (0, 3));
+    }
+
+    #[test]
+    fn a_checkpoint_directory_is_its_root_and_its_own_name() {
+        let commit = CommitRecord {
+            step: 40,
+            save_id: "s".into(),
+            bundle: "b".into(),
+            manifest_size: 1,
+            manifest_crc32c: 2,
+        };
+        let dir = checkpoint_dir("file:///runs/t/checkpoints/", &commit);
+        assert_eq!(dir, "file:///runs/t/checkpoints/000000000040-s");
+        assert_eq!(checkpoint_dir("file:///runs/t/checkpoints", &commit), dir);
+    }
+
+    #[test]
+    fn job_tokens_are_long_and_fresh() {
+        let (a, b) = (new_token().unwrap(), new_token().unwrap());
+        assert_eq!(a.len(), 64);
+        assert_ne!(a, b);
+    }
+}
