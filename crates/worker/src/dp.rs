@@ -8,6 +8,7 @@
 //! reduces early tensors while later ones are still being copied.
 
 use crate::WorkerError;
+use crate::phases::Phases;
 use crate::trainer::{AppliedStep, Trainer};
 use collective::{Buffer, Group};
 use data::Loader;
@@ -21,7 +22,7 @@ pub enum Reduce<'a> {
 }
 
 /// What a step did, on this worker.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StepOutcome {
     /// The optimizer step's result; `loss_sum` and `token_count` cover this worker's ranks.
     pub applied: AppliedStep,
@@ -29,6 +30,9 @@ pub struct StepOutcome {
     pub tokens: u64,
     /// Rows cut at the sequence length.
     pub truncated_rows: u64,
+    /// Where this worker's time went: `batches` (the loader), `gradients` (uploads and grad
+    /// steps), `reduce` (the all-reduce between slices, gradients down and up) and `apply`.
+    pub phases: Phases,
 }
 
 /// Runs 0-based global step `step` for `ranks` (ascending) with `accum` micro-batches per rank,
@@ -51,19 +55,21 @@ pub fn run_step(
         )));
     }
     let (mut tokens, mut truncated_rows) = (0u64, 0u64);
-    let mut micro_batches = |trainer: &mut Trainer, rank: usize| -> Result<(), WorkerError> {
-        for micro in rank as u64 * accum..(rank as u64 + 1) * accum {
-            let batch = loader.micro_batch(step, micro)?;
-            tokens += (batch.rows * batch.seq_len) as u64;
-            truncated_rows += batch.truncated_rows as u64;
-            trainer.grad_step(&batch)?;
-        }
-        Ok(())
-    };
+    let mut phases = Phases::new();
+    let mut micro_batches =
+        |trainer: &mut Trainer, rank: usize, phases: &mut Phases| -> Result<(), WorkerError> {
+            for micro in rank as u64 * accum..(rank as u64 + 1) * accum {
+                let batch = phases.time("batches", || loader.micro_batch(step, micro))?;
+                tokens += (batch.rows * batch.seq_len) as u64;
+                truncated_rows += batch.truncated_rows as u64;
+                phases.time("gradients", || trainer.grad_step(&batch))?;
+            }
+            Ok(())
+        };
     match reduce {
         Reduce::Alone => {
             for &rank in ranks {
-                micro_batches(trainer, rank)?;
+                micro_batches(trainer, rank, &mut phases)?;
             }
         }
         Reduce::Ring(group) => {
@@ -71,21 +77,30 @@ pub fn run_step(
             let mut round = group.round(n)?;
             for (i, &rank) in ranks.iter().enumerate() {
                 if i > 0 {
-                    trainer.zero_grads()?;
+                    phases.time("reduce", || trainer.zero_grads())?;
                 }
-                micro_batches(trainer, rank)?;
-                for bucket in 0..n {
-                    let dtype = trainer.grad_specs()[bucket].dtype;
-                    let bytes = trainer.download_grad(bucket)?;
-                    let buffer = Buffer::from_vec(dtype, bytes)?;
-                    round.submit(bucket, rank, buffer)?;
-                }
+                micro_batches(trainer, rank, &mut phases)?;
+                phases.time("reduce", || -> Result<(), WorkerError> {
+                    for bucket in 0..n {
+                        let dtype = trainer.grad_specs()[bucket].dtype;
+                        let bytes = trainer.download_grad(bucket)?;
+                        let buffer = Buffer::from_vec(dtype, bytes)?;
+                        round.submit(bucket, rank, buffer)?;
+                    }
+                    Ok(())
+                })?;
             }
-            let sums: Vec<Vec<u8>> =
-                round.finish()?.into_iter().map(|mut per_rank| per_rank.swap_remove(0).into_vec()).collect();
-            trainer.upload_grads(&sums)?;
+            phases.time("reduce", || -> Result<(), WorkerError> {
+                let sums: Vec<Vec<u8>> = round
+                    .finish()?
+                    .into_iter()
+                    .map(|mut per_rank| per_rank.swap_remove(0).into_vec())
+                    .collect();
+                trainer.upload_grads(&sums)
+            })?;
         }
     }
-    let applied = trainer.apply(step + 1, learning_rate as f32, 1.0 / global_tokens as f32)?;
-    Ok(StepOutcome { applied, tokens, truncated_rows })
+    let applied =
+        phases.time("apply", || trainer.apply(step + 1, learning_rate as f32, 1.0 / global_tokens as f32))?;
+    Ok(StepOutcome { applied, tokens, truncated_rows, phases })
 }

@@ -28,6 +28,7 @@
 use crate::WorkerError;
 use crate::ckpt::{self, LocalCheckpoints, Resume};
 use crate::dp::Reduce;
+use crate::phases::Phases;
 use crate::run::{Observer, StepMetrics, init_seed};
 use crate::slice::{Arg, DeviceArray};
 use crate::trainer::{AppliedStep, GrpoPrograms, Trainer, not_initialized};
@@ -432,6 +433,8 @@ pub struct GrpoStep {
     pub tokens: u64,
     /// The step's metrics over the global batch.
     pub metrics: GrpoMetrics,
+    /// Where this worker's time went (see [`run_step`] for the phases).
+    pub phases: Phases,
 }
 
 impl Trainer {
@@ -451,91 +454,108 @@ impl Trainer {
         self.slice().upload(spec, host)
     }
 
-    /// Samples one micro-batch's completions with the policy.
+    /// Samples one micro-batch's completions with the policy. Phases: `transfers` (prompts up,
+    /// completions down) and `rollout` (the program: prefill and decode).
     fn rollout(
         &self,
         prompts: &PromptBatch,
         temperature: f32,
         task: &GrpoTask,
+        phases: &mut Phases,
     ) -> Result<Completions, WorkerError> {
         let program = &self.grpo_programs()?.rollout;
         let inputs = &program.spec().inputs;
         let n = self.manifest().params.len();
-        let uploaded = [
-            self.upload_input(&inputs[n], bytemuck::cast_slice(&prompts.tokens))?,
-            self.upload_input(&inputs[n + 1], bytemuck::cast_slice(&prompts.lengths))?,
-            self.upload_input(&inputs[n + 2], bytemuck::cast_slice(&prompts.seeds))?,
-            self.slice().scalar(&inputs[n + 3], temperature.to_le_bytes())?,
-            self.slice().scalar(&inputs[n + 4], task.spec.top_p.to_le_bytes())?,
-            self.slice().scalar(&inputs[n + 5], task.eos.to_le_bytes())?,
-            self.slice().scalar(&inputs[n + 6], task.pad.to_le_bytes())?,
-        ];
+        let uploaded = phases.time("transfers", || -> Result<_, WorkerError> {
+            Ok([
+                self.upload_input(&inputs[n], bytemuck::cast_slice(&prompts.tokens))?,
+                self.upload_input(&inputs[n + 1], bytemuck::cast_slice(&prompts.lengths))?,
+                self.upload_input(&inputs[n + 2], bytemuck::cast_slice(&prompts.seeds))?,
+                self.slice().scalar(&inputs[n + 3], temperature.to_le_bytes())?,
+                self.slice().scalar(&inputs[n + 4], task.spec.top_p.to_le_bytes())?,
+                self.slice().scalar(&inputs[n + 5], task.eos.to_le_bytes())?,
+                self.slice().scalar(&inputs[n + 6], task.pad.to_le_bytes())?,
+            ])
+        })?;
         let mut args: Vec<Arg<'_>> = self.policy()?.iter().map(Arg::Borrow).collect();
         args.extend(uploaded.iter().map(Arg::Borrow));
-        let out = program.run(args)?;
+        let out = phases.time("rollout", || program.run(args))?;
         let outputs = &program.spec().outputs;
         let download = |i: usize| self.slice().download(&outputs[i], &out[i]);
-        Ok(Completions {
-            tokens: bytemuck::pod_collect_to_vec(&download(0)?),
-            lengths: bytemuck::pod_collect_to_vec(&download(1)?),
-            logprobs: bytemuck::pod_collect_to_vec(&download(2)?),
+        phases.time("transfers", || {
+            Ok(Completions {
+                tokens: bytemuck::pod_collect_to_vec(&download(0)?),
+                lengths: bytemuck::pod_collect_to_vec(&download(1)?),
+                logprobs: bytemuck::pod_collect_to_vec(&download(2)?),
+            })
         })
     }
 
-    /// Per-target log-probs of full rows under `params` (the policy's when `None`).
+    /// Per-target log-probs of full rows under `params` (the policy's when `None`). Phases:
+    /// `transfers` and `phase` (the `logprobs` program).
     fn score(
         &self,
         params: Option<&[DeviceArray]>,
         batch: &TrainBatch,
         temperature: f32,
+        phase: &'static str,
+        phases: &mut Phases,
     ) -> Result<Vec<f32>, WorkerError> {
         let program = &self.grpo_programs()?.logprobs;
         let inputs = &program.spec().inputs;
         let n = self.manifest().params.len();
-        let uploaded = [
-            self.upload_input(&inputs[n], bytemuck::cast_slice(&batch.tokens))?,
-            self.upload_input(&inputs[n + 1], bytemuck::cast_slice(&batch.targets))?,
-            self.upload_input(&inputs[n + 2], bytemuck::cast_slice(&batch.prompt_lengths))?,
-            self.slice().scalar(&inputs[n + 3], temperature.to_le_bytes())?,
-        ];
+        let uploaded = phases.time("transfers", || -> Result<_, WorkerError> {
+            Ok([
+                self.upload_input(&inputs[n], bytemuck::cast_slice(&batch.tokens))?,
+                self.upload_input(&inputs[n + 1], bytemuck::cast_slice(&batch.targets))?,
+                self.upload_input(&inputs[n + 2], bytemuck::cast_slice(&batch.prompt_lengths))?,
+                self.slice().scalar(&inputs[n + 3], temperature.to_le_bytes())?,
+            ])
+        })?;
         let params = match params {
             Some(params) => params,
             None => self.policy()?,
         };
         let mut args: Vec<Arg<'_>> = params.iter().map(Arg::Borrow).collect();
         args.extend(uploaded.iter().map(Arg::Borrow));
-        let out = program.run(args)?;
-        Ok(bytemuck::pod_collect_to_vec(&self.slice().download(&program.spec().outputs[0], &out[0])?))
+        let out = phases.time(phase, || program.run(args))?;
+        phases.time("transfers", || {
+            Ok(bytemuck::pod_collect_to_vec(&self.slice().download(&program.spec().outputs[0], &out[0])?))
+        })
     }
 
-    /// Adds one micro-batch's GRPO gradient to the accumulator.
+    /// Adds one micro-batch's GRPO gradient to the accumulator. Phases: `transfers` (the
+    /// batch up) and `gradients` (the program).
     fn grpo_grad_step(
         &mut self,
         batch: &TrainBatch,
         reference: &[f32],
         spec: &GrpoSpec,
+        phases: &mut Phases,
     ) -> Result<(), WorkerError> {
         let inputs = &self.grad_step.spec().inputs;
         let n = self.manifest().params.len();
-        let uploaded = [
-            self.upload_input(&inputs[2 * n], bytemuck::cast_slice(&batch.tokens))?,
-            self.upload_input(&inputs[2 * n + 1], bytemuck::cast_slice(&batch.targets))?,
-            self.upload_input(&inputs[2 * n + 2], bytemuck::cast_slice(&batch.prompt_lengths))?,
-            self.upload_input(&inputs[2 * n + 3], bytemuck::cast_slice(&batch.loss_mask))?,
-            self.upload_input(&inputs[2 * n + 4], bytemuck::cast_slice(&batch.advantages))?,
-            self.upload_input(&inputs[2 * n + 5], bytemuck::cast_slice(&batch.old_logprobs))?,
-            self.upload_input(&inputs[2 * n + 6], bytemuck::cast_slice(reference))?,
-            self.slice().scalar(&inputs[2 * n + 7], spec.temperature.to_le_bytes())?,
-            self.slice().scalar(&inputs[2 * n + 8], spec.clip_low.to_le_bytes())?,
-            self.slice().scalar(&inputs[2 * n + 9], spec.clip_high.to_le_bytes())?,
-            self.slice().scalar(&inputs[2 * n + 10], spec.kl_beta.to_le_bytes())?,
-        ];
+        let uploaded = phases.time("transfers", || -> Result<_, WorkerError> {
+            Ok([
+                self.upload_input(&inputs[2 * n], bytemuck::cast_slice(&batch.tokens))?,
+                self.upload_input(&inputs[2 * n + 1], bytemuck::cast_slice(&batch.targets))?,
+                self.upload_input(&inputs[2 * n + 2], bytemuck::cast_slice(&batch.prompt_lengths))?,
+                self.upload_input(&inputs[2 * n + 3], bytemuck::cast_slice(&batch.loss_mask))?,
+                self.upload_input(&inputs[2 * n + 4], bytemuck::cast_slice(&batch.advantages))?,
+                self.upload_input(&inputs[2 * n + 5], bytemuck::cast_slice(&batch.old_logprobs))?,
+                self.upload_input(&inputs[2 * n + 6], bytemuck::cast_slice(reference))?,
+                self.slice().scalar(&inputs[2 * n + 7], spec.temperature.to_le_bytes())?,
+                self.slice().scalar(&inputs[2 * n + 8], spec.clip_low.to_le_bytes())?,
+                self.slice().scalar(&inputs[2 * n + 9], spec.clip_high.to_le_bytes())?,
+                self.slice().scalar(&inputs[2 * n + 10], spec.kl_beta.to_le_bytes())?,
+            ])
+        })?;
         self.grpo_programs()?;
         let state = self.state.as_mut().ok_or_else(not_initialized)?;
         let mut args: Vec<Arg<'_>> = state.params.iter().map(Arg::Borrow).collect();
         args.extend(std::mem::take(&mut state.grads).into_iter().map(Arg::Donate));
         args.extend(uploaded.iter().map(Arg::Borrow));
-        let mut out = self.grad_step.run(args)?;
+        let mut out = phases.time("gradients", || self.grad_step.run(args))?;
         let metrics = out.split_off(n);
         state.grads = out;
         state.pending.push(metrics);
@@ -563,6 +583,7 @@ fn advantages(rewards: &[f32], generations: usize, scale: bool) -> (Vec<f32>, us
 
 /// Samples, scores and accumulates the gradient of logical rank `rank`'s share of `step` (`accum`
 /// micro-batches); returns the rank's host-side tally (the device sums are added by the caller).
+/// Its time goes into `phases` (see [`run_step`]).
 fn rank_step(
     trainer: &mut Trainer,
     task: &GrpoTask,
@@ -570,6 +591,7 @@ fn rank_step(
     step: u64,
     rank: usize,
     accum: u64,
+    phases: &mut Phases,
 ) -> Result<Tally, WorkerError> {
     let g = task.spec.generations;
     let rows = accum * task.micro as u64;
@@ -579,14 +601,17 @@ fn rank_step(
         )));
     }
     let first_prompt = rank as u64 * rows / g;
-    let examples = task.examples(step, first_prompt, rows / g)?;
     let mut tally = Tally::default();
-    let mut encoded = Vec::with_capacity(examples.len());
-    for example in &examples {
-        let (tokens, cut) = task.encode_prompt(&example.prompt)?;
-        tally.truncated_prompts += if cut { 1.0 } else { 0.0 };
-        encoded.push(tokens);
-    }
+    let (examples, encoded) = phases.time("prompts", || -> Result<_, WorkerError> {
+        let examples = task.examples(step, first_prompt, rows / g)?;
+        let mut encoded = Vec::with_capacity(examples.len());
+        for example in &examples {
+            let (tokens, cut) = task.encode_prompt(&example.prompt)?;
+            tally.truncated_prompts += if cut { 1.0 } else { 0.0 };
+            encoded.push(tokens);
+        }
+        Ok((examples, encoded))
+    })?;
     // Row r of the rank: prompt r / g, generation r % g.
     let row_input = |r: u64| {
         let prompt = (r / g) as usize;
@@ -595,42 +620,49 @@ fn rank_step(
     let micro = task.micro as u64;
     let mut sampled = Vec::with_capacity(accum as usize);
     for m in 0..accum {
-        let inputs: Vec<_> = (m * micro..(m + 1) * micro).map(row_input).collect();
-        let prompts = task.prompt_batch(&inputs);
-        let completions = trainer.rollout(&prompts, task.spec.temperature, task)?;
+        let prompts = phases.time("prompts", || {
+            let inputs: Vec<_> = (m * micro..(m + 1) * micro).map(row_input).collect();
+            task.prompt_batch(&inputs)
+        });
+        let completions = trainer.rollout(&prompts, task.spec.temperature, task, phases)?;
         sampled.push((prompts, completions));
     }
     let n = task.max_new;
-    let mut rewards = Vec::with_capacity(rows as usize);
-    for (m, (_, completions)) in sampled.iter().enumerate() {
-        for row in 0..task.micro {
-            let r = m as u64 * micro + row as u64;
-            let length = completions.lengths[row].clamp(0, n as i32);
-            let tokens = &completions.tokens[row * n..row * n + length as usize];
-            let text = task.decode(tokens.strip_suffix(&[task.eos]).unwrap_or(tokens));
-            let reward = Reward::score(&text, &examples[(r / g) as usize].answer, &task.spec.reward);
-            tally.count_row(&reward, length, n);
-            rewards.push(reward.total);
+    let (advantages, spread) = phases.time("rewards", || {
+        let mut rewards = Vec::with_capacity(rows as usize);
+        for (m, (_, completions)) in sampled.iter().enumerate() {
+            for row in 0..task.micro {
+                let r = m as u64 * micro + row as u64;
+                let length = completions.lengths[row].clamp(0, n as i32);
+                let tokens = &completions.tokens[row * n..row * n + length as usize];
+                let text = task.decode(tokens.strip_suffix(&[task.eos]).unwrap_or(tokens));
+                let reward = Reward::score(&text, &examples[(r / g) as usize].answer, &task.spec.reward);
+                tally.count_row(&reward, length, n);
+                rewards.push(reward.total);
+            }
         }
-    }
-    let (advantages, spread) = advantages(&rewards, g as usize, task.spec.scale_rewards);
+        advantages(&rewards, g as usize, task.spec.scale_rewards)
+    });
     tally.groups += (rows / g) as f32;
     tally.groups_with_spread += spread as f32;
     for (m, (prompts, completions)) in sampled.iter().enumerate() {
-        let chunk = advantages[m * task.micro..(m + 1) * task.micro].to_vec();
-        let mut batch = task.train_batch(prompts, completions, chunk);
+        let mut batch = phases.time("train_batches", || {
+            let chunk = advantages[m * task.micro..(m + 1) * task.micro].to_vec();
+            task.train_batch(prompts, completions, chunk)
+        });
         if task.bfloat16_compute {
-            batch.old_logprobs = trainer.score(None, &batch, task.spec.temperature)?;
+            batch.old_logprobs =
+                trainer.score(None, &batch, task.spec.temperature, "old_logprobs", phases)?;
         }
         let reference_logprobs = match reference {
             Some(params) if task.spec.kl_beta > 0.0 => {
-                trainer.score(Some(params), &batch, task.spec.temperature)?
+                trainer.score(Some(params), &batch, task.spec.temperature, "ref_logprobs", phases)?
             }
             // KL weighted by 0: the reference's log-probs are never read into the loss, and
             // equal to the policy's they make the (reported) KL exactly 0.
             _ => batch.old_logprobs.clone(),
         };
-        trainer.grpo_grad_step(&batch, &reference_logprobs, &task.spec)?;
+        trainer.grpo_grad_step(&batch, &reference_logprobs, &task.spec, phases)?;
     }
     Ok(tally)
 }
@@ -638,6 +670,14 @@ fn rank_step(
 /// Runs 0-based GRPO step `step` for `ranks` (ascending) with `accum` micro-batches per rank,
 /// then applies the summed gradient at `learning_rate`. `reference` is the frozen reference's
 /// parameters (needed when `kl_beta > 0`).
+///
+/// The step's phases ([`GrpoStep::phases`]): `prompts` (data, tokenizing, layout), `rollout`
+/// (the sampling program: prefill and decode), `rewards` (completions decoded and scored, group
+/// advantages), `train_batches` (full rows laid out for the grad step), `old_logprobs` (a
+/// bfloat16 bundle's rescoring) and `ref_logprobs` (`kl_beta > 0`), `gradients` (the grad step
+/// programs), `transfers` (host-device copies of those programs' inputs and outputs), `reduce`
+/// (the step's device sums read back, and between slices the gradients' all-reduce) and
+/// `apply` (AdamW).
 #[allow(clippy::too_many_arguments)]
 pub fn run_step(
     trainer: &mut Trainer,
@@ -652,6 +692,7 @@ pub fn run_step(
     if task.spec.kl_beta > 0.0 && reference.is_none() {
         return Err(WorkerError::Mismatch("grpo.kl_beta > 0 needs the reference's parameters".into()));
     }
+    let mut phases = Phases::new();
     let n = trainer.grad_specs().len();
     let mut round = match reduce {
         Reduce::Alone => None,
@@ -661,44 +702,53 @@ pub fn run_step(
     let mut tokens = 0u64;
     for (i, &rank) in ranks.iter().enumerate() {
         if i > 0 && round.is_some() {
-            trainer.zero_grads()?;
+            phases.time("reduce", || trainer.zero_grads())?;
         }
         let done = trainer.state.as_ref().ok_or_else(not_initialized)?.pending.len();
-        let mut tally = rank_step(trainer, task, reference, step, rank, accum)?;
+        let mut tally = rank_step(trainer, task, reference, step, rank, accum, &mut phases)?;
         tokens += accum * (task.micro * task.seq_len()) as u64;
-        for outputs in &trainer.pending_outputs()?[done..] {
-            // loss_sum, token_count, kl_sum, clipped_count, ratio_sum, ratio_min, ratio_max
-            tally.loss_sum += outputs[0];
-            tally.token_count += outputs[1];
-            tally.kl_sum += outputs[2];
-            tally.clipped += outputs[3];
-            tally.ratio_sum += outputs[4];
-        }
-        match &mut round {
-            None => total = total.add(tally),
-            Some(round) => {
-                for bucket in 0..n {
-                    let dtype = trainer.grad_specs()[bucket].dtype;
-                    round.submit(bucket, rank, Buffer::from_vec(dtype, trainer.download_grad(bucket)?)?)?;
-                }
-                round.submit(n, rank, Buffer::from_f32(&tally.to_vec()))?;
+        phases.time("reduce", || -> Result<(), WorkerError> {
+            for outputs in &trainer.pending_outputs()?[done..] {
+                // loss_sum, token_count, kl_sum, clipped_count, ratio_sum, ratio_min, ratio_max
+                tally.loss_sum += outputs[0];
+                tally.token_count += outputs[1];
+                tally.kl_sum += outputs[2];
+                tally.clipped += outputs[3];
+                tally.ratio_sum += outputs[4];
             }
-        }
+            match &mut round {
+                None => total = total.add(tally),
+                Some(round) => {
+                    for bucket in 0..n {
+                        let dtype = trainer.grad_specs()[bucket].dtype;
+                        round.submit(
+                            bucket,
+                            rank,
+                            Buffer::from_vec(dtype, trainer.download_grad(bucket)?)?,
+                        )?;
+                    }
+                    round.submit(n, rank, Buffer::from_f32(&tally.to_vec()))?;
+                }
+            }
+            Ok(())
+        })?;
     }
     if let Some(round) = round {
-        let mut sums = round.finish()?;
-        let tally = sums.pop().expect("n + 1 buckets").swap_remove(0).to_f32()?;
-        if tally.len() != Tally::LEN {
-            return Err(WorkerError::Mismatch(format!(
-                "a step's tally has {} values, not {}",
-                tally.len(),
-                Tally::LEN
-            )));
-        }
-        total = Tally::from_slice(&tally);
-        let grads: Vec<Vec<u8>> =
-            sums.into_iter().map(|mut per_rank| per_rank.swap_remove(0).into_vec()).collect();
-        trainer.upload_grads(&grads)?;
+        phases.time("reduce", || -> Result<(), WorkerError> {
+            let mut sums = round.finish()?;
+            let tally = sums.pop().expect("n + 1 buckets").swap_remove(0).to_f32()?;
+            if tally.len() != Tally::LEN {
+                return Err(WorkerError::Mismatch(format!(
+                    "a step's tally has {} values, not {}",
+                    tally.len(),
+                    Tally::LEN
+                )));
+            }
+            total = Tally::from_slice(&tally);
+            let grads: Vec<Vec<u8>> =
+                sums.into_iter().map(|mut per_rank| per_rank.swap_remove(0).into_vec()).collect();
+            trainer.upload_grads(&grads)
+        })?;
     }
     if total.token_count <= 0.0 {
         return Err(WorkerError::Mismatch(format!(
@@ -706,8 +756,9 @@ pub fn run_step(
             step + 1
         )));
     }
-    let applied = trainer.apply(step + 1, learning_rate as f32, 1.0 / total.token_count)?;
-    Ok(GrpoStep { applied, tokens, metrics: GrpoMetrics::from_tally(total) })
+    let applied =
+        phases.time("apply", || trainer.apply(step + 1, learning_rate as f32, 1.0 / total.token_count))?;
+    Ok(GrpoStep { applied, tokens, metrics: GrpoMetrics::from_tally(total), phases })
 }
 
 /// Greedy decoding on the held-out problems.
@@ -746,7 +797,7 @@ pub fn evaluate(trainer: &Trainer, task: &GrpoTask) -> Result<Option<EvalReport>
         let rows: Vec<(&[i32], u32)> = (first..first + task.micro)
             .map(|i| (encoded.get(i).unwrap_or(&encoded[0]).as_slice(), 0))
             .collect();
-        let completions = trainer.rollout(&task.prompt_batch(&rows), 0.0, task)?;
+        let completions = trainer.rollout(&task.prompt_batch(&rows), 0.0, task, &mut Phases::new())?;
         for (row, example) in examples.iter().enumerate().skip(first).take(task.micro) {
             let row = row - first;
             let length = completions.lengths[row].clamp(0, n as i32) as usize;
@@ -849,8 +900,13 @@ impl JobSteps {
                     .map(|o| (o.applied, o.tokens, BTreeMap::new()))
             }
             JobSteps::Grpo { task, reference } => {
-                run_step(trainer, task, reference.as_deref(), step, ranks, accum, learning_rate, reduce)
-                    .map(|o| (o.applied, o.tokens, o.metrics.to_map()))
+                run_step(trainer, task, reference.as_deref(), step, ranks, accum, learning_rate, reduce).map(
+                    |o| {
+                        let mut extra = o.metrics.to_map();
+                        extra.extend(o.phases.to_map());
+                        (o.applied, o.tokens, extra)
+                    },
+                )
             }
         }
     }
@@ -977,6 +1033,7 @@ pub fn train(
         final_reward = outcome.metrics.reward;
         tokens += outcome.tokens;
         let mut extra = outcome.metrics.to_map();
+        extra.extend(outcome.phases.to_map());
         let last = step + 1 == job.steps;
         if last || (every > 0 && (step + 1) % every == 0) {
             let eval_started = Instant::now();

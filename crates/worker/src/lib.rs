@@ -10,6 +10,7 @@
 //!   micro-batches, then apply.
 //! - [`run`]: the loop over steps for a job on one slice, reporting each step to an observer.
 //! - [`dp`]: one global step over the data-parallel ranks this worker hosts.
+//! - [`phases`]: where a step's time went, by named phase, returned with every step.
 //! - [`grpo`]: GRPO's step (rollouts, rewards, group advantages, the clipped objective) over the
 //!   same ranks and reduction, held-out evaluation, and its single-slice loop.
 //! - [`agent`]: the worker process under a coordinator: session, assignments, step reports,
@@ -31,11 +32,13 @@ pub mod dp;
 pub mod grpo;
 pub mod metrics;
 pub mod peer;
+pub mod phases;
 pub mod run;
 pub mod slice;
 pub mod trainer;
 
 pub use dp::{Reduce, StepOutcome, run_step};
+pub use phases::Phases;
 pub use run::{Observer, RunSummary, StepMetrics, train};
 pub use slice::{Arg, DeviceArray, Program, Slice};
 pub use trainer::Trainer;
