@@ -140,6 +140,9 @@ fn main() {
     }
     println!("best:    podctl worker {rust_best:8.2} ms/step");
     for (best, client) in jax_best.iter().zip(&args.clients) {
-        println!("         JAX jit loop on {client:14} {best:8.2} ms/step   podctl / JAX {:.3}", rust_best / best);
+        println!(
+            "         JAX jit loop on {client:14} {best:8.2} ms/step   podctl / JAX {:.3}",
+            rust_best / best
+        );
     }
 }
