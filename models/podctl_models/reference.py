@@ -1,7 +1,7 @@
 """JAX's side of the Rust tests and benches: runs a bundle's own `.jaxexport` programs.
 
     python -m podctl_models.reference run --bundle DIR --program NAME --inputs IN --outputs OUT
-    python -m podctl_models.reference bench --bundle DIR --steps N --accum A
+    python -m podctl_models.reference bench --bundle DIR --steps N --accum A [--client C]
 
 `run` reads `IN/<i>.bin` (raw little-endian global arrays, in the program's input order) and
 writes `OUT/<i>.bin` the same way; it runs any program of any bundle kind (SFT's four, GRPO's
@@ -9,6 +9,10 @@ writes `OUT/<i>.bin` the same way; it runs any program of any bundle kind (SFT's
 Both commands run on as many CPU devices as the bundle's mesh has
 (`--xla_force_host_platform_device_count`), with the manifest's shardings, device `d` at the
 row-major position `d` of the mesh. Exit status 2 means bad arguments or inputs.
+
+`bench --client` picks the XLA CPU client JAX runs on (see `CLIENTS`): jaxlib's own (its
+compiler defaults hand dots to YNNPACK), jaxlib's with YNNPACK's fusions off (the compiler
+settings of the `xla_cpu_pjrt` plugin build podctl loads), or that plugin itself.
 """
 
 from __future__ import annotations
@@ -75,6 +79,36 @@ def load_bundle(path: Path) -> Bundle:
             f"bundle = {path}: platform {manifest.get('platform')!r} cannot run here; the "
             f"reference runs bundles exported with --platform cpu")
     return Bundle(path, manifest)
+
+
+# `bench --client` choices: what JAX compiles and runs the programs with.
+CLIENTS = {
+    "jaxlib": "jaxlib's CPU client, its default compiler settings",
+    "jaxlib-no-ynn": "jaxlib's CPU client, XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=",
+    "plugin": "the xla_cpu_pjrt plugin podctl loads (PODCTL_PJRT_PLUGIN or .venv's), through "
+              "jax's plugin registry",
+}
+NO_YNN_FLAG = "--xla_cpu_experimental_ynn_fusion_type="
+
+
+def select_client(client: str, count: int) -> None:
+    """Points JAX at `client` (one of `CLIENTS`) with `count` devices; before JAX starts."""
+    if client not in CLIENTS:
+        raise ReferenceError(f"client = {client!r}: choose one of {', '.join(CLIENTS)}")
+    if client == "jaxlib-no-ynn":
+        os.environ["XLA_FLAGS"] = " ".join(os.environ.get("XLA_FLAGS", "").split() + [NO_YNN_FLAG])
+    if client != "plugin":
+        return
+    default = Path(__file__).resolve().parents[2] / \
+        ".venv/lib/python3.11/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so"
+    library = Path(os.environ.get("PODCTL_PJRT_PLUGIN", default))
+    if not library.exists():
+        raise ReferenceError(f"client = plugin: {library} does not exist; set PODCTL_PJRT_PLUGIN")
+    os.environ["JAX_PLATFORMS"] = "xla_cpu_pjrt"  # read when jax is first imported, below
+    from jax._src import xla_bridge
+
+    xla_bridge.register_plugin("xla_cpu_pjrt", library_path=str(library),
+                               options={"cpu_device_count": count})
 
 
 def init_devices(count: int) -> None:
@@ -180,10 +214,11 @@ def fixed_batch(bundle: Bundle) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tokens, targets, np.ones(shape, np.float32)
 
 
-def bench(bundle_dir: Path, steps: int, accum: int, warmup: int = 2) -> dict:
-    """JAX's own loop over the bundle's programs: init, zero_grads once, then per step `accum`
-    grad_steps and one apply_step (which hands back zeroed gradients), buffers donated and kept on
-    device, each step awaited. Returns the mean wall time of the steps after `warmup`."""
+def bench(bundle_dir: Path, steps: int, accum: int, warmup: int = 2, client: str = "jaxlib") -> dict:
+    """JAX's own loop over the bundle's programs on `client` (see `CLIENTS`): init, zero_grads
+    once, then per step `accum` grad_steps and one apply_step (which hands back zeroed
+    gradients), buffers donated and kept on device, each step awaited. Returns the mean wall
+    time of the steps after `warmup`."""
     if steps <= 0 or accum <= 0:
         raise ReferenceError(f"steps = {steps}, accum = {accum}: both must be >= 1")
     bundle = load_bundle(bundle_dir)
@@ -192,7 +227,15 @@ def bench(bundle_dir: Path, steps: int, accum: int, warmup: int = 2) -> dict:
         raise ReferenceError(
             f"bundle = {bundle_dir}: train.kind is {kind!r}; bench times the sft loop "
             f"(grad_step + apply_step), export the bundle with --kind sft")
-    init_devices(bundle.num_devices)
+    select_client(client, bundle.num_devices)
+    if client == "plugin":
+        import jax
+
+        if len(jax.devices()) < bundle.num_devices:
+            raise ReferenceError(f"the plugin has {len(jax.devices())} devices, the bundle needs "
+                                 f"{bundle.num_devices}")
+    else:
+        init_devices(bundle.num_devices)
     runner = Runner(bundle)
     params_n = len(bundle.manifest["params"])
     seed_spec = bundle.program("init")["inputs"][0]
@@ -219,7 +262,8 @@ def bench(bundle_dir: Path, steps: int, accum: int, warmup: int = 2) -> dict:
         out[-1].block_until_ready()
         timings.append(time.perf_counter() - start)
     measured = timings[warmup:]
-    return {"step_ms": 1000.0 * sum(measured) / len(measured), "steps": len(measured)}
+    return {"step_ms": 1000.0 * sum(measured) / len(measured), "steps": len(measured),
+            "client": client}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,12 +279,14 @@ def main(argv: list[str] | None = None) -> int:
     bench_cmd.add_argument("--bundle", required=True, type=Path)
     bench_cmd.add_argument("--steps", type=int, default=10)
     bench_cmd.add_argument("--accum", type=int, default=1)
+    bench_cmd.add_argument("--client", default="jaxlib", choices=list(CLIENTS),
+                           help="; ".join(f"{k}: {v}" for k, v in CLIENTS.items()))
     args = parser.parse_args(argv)
     try:
         if args.command == "run":
             run(args.bundle, args.program, args.inputs, args.outputs)
         else:
-            print(json.dumps(bench(args.bundle, args.steps, args.accum)))
+            print(json.dumps(bench(args.bundle, args.steps, args.accum, client=args.client)))
     except ReferenceError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from podctl_models.config import OptimizerConfig, TrainConfig, preset
 from podctl_models.programs import build_programs
@@ -73,12 +74,16 @@ def test_run_refuses_an_input_of_the_wrong_size(bundle_single, tmp_path):
     assert done.returncode == 2 and "program = 'train'" in done.stderr
 
 
-def test_bench_prints_steady_state_step_time(bundle_single):
-    done = reference("bench", "--bundle", bundle_single, "--steps", "2", "--accum", "2")
+@pytest.mark.parametrize("client", ["jaxlib", "plugin"])
+def test_bench_prints_steady_state_step_time(bundle_single, client):
+    # "plugin": plain jax.jit on the xla_cpu_pjrt plugin podctl loads (the step_time bench's
+    # like-with-like runtime comparison).
+    done = reference("bench", "--bundle", bundle_single, "--steps", "2", "--accum", "2",
+                     "--client", client)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert set(result) == {"step_ms", "steps"}
-    assert result["steps"] == 2 and result["step_ms"] > 0
+    assert set(result) == {"step_ms", "steps", "client"}
+    assert result["steps"] == 2 and result["step_ms"] > 0 and result["client"] == client
 
 
 def test_run_executes_grpo_programs_on_a_2x2_mesh(grpo_bundle_2x2, grpo_programs, tmp_path):

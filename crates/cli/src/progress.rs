@@ -24,6 +24,9 @@ struct StepLine<'a> {
     truncated_rows: u64,
     #[serde(flatten)]
     extra: &'a BTreeMap<String, f64>,
+    /// `phase_<name>_seconds`: where the step's time went.
+    #[serde(flatten)]
+    phases: BTreeMap<String, f64>,
 }
 
 /// Shows progress and records each step.
@@ -103,6 +106,7 @@ impl Sink for Progress {
             tokens_per_second,
             truncated_rows: m.truncated_rows,
             extra: &m.metrics,
+            phases: m.phases.to_map(),
         };
         let written = self.record.step(&line);
         self.keep_first_error(written);

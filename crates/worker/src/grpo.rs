@@ -28,6 +28,7 @@
 use crate::WorkerError;
 use crate::grpo_stats::{GrpoMetrics, Tally, advantages};
 use crate::objective::{EvalReport, Objective, RankShare, RankStep};
+use crate::phases::Phases;
 use crate::slice::{Arg, DeviceArray};
 use crate::trainer::{GrpoPrograms, Trainer, not_initialized};
 use data::{BatchSpec, DataConfig, Example, Loader, Reward, Split, Tokenizer};
@@ -253,91 +254,108 @@ impl Trainer {
         self.slice().upload(spec, host)
     }
 
-    /// Samples one micro-batch's completions with the policy.
+    /// Samples one micro-batch's completions with the policy. Phases: `transfers` (prompts up,
+    /// completions down) and `rollout` (the program: prefill and decode).
     fn rollout(
         &self,
         prompts: &PromptBatch,
         temperature: f32,
         task: &GrpoTask,
+        phases: &mut Phases,
     ) -> Result<Completions, WorkerError> {
         let program = &self.grpo_programs()?.rollout;
         let inputs = &program.spec().inputs;
         let n = self.manifest().params.len();
-        let uploaded = [
-            self.upload_input(&inputs[n], bytemuck::cast_slice(&prompts.tokens))?,
-            self.upload_input(&inputs[n + 1], bytemuck::cast_slice(&prompts.lengths))?,
-            self.upload_input(&inputs[n + 2], bytemuck::cast_slice(&prompts.seeds))?,
-            self.slice().scalar(&inputs[n + 3], temperature.to_le_bytes())?,
-            self.slice().scalar(&inputs[n + 4], task.spec.top_p.to_le_bytes())?,
-            self.slice().scalar(&inputs[n + 5], task.eos.to_le_bytes())?,
-            self.slice().scalar(&inputs[n + 6], task.pad.to_le_bytes())?,
-        ];
+        let uploaded = phases.time("transfers", || -> Result<_, WorkerError> {
+            Ok([
+                self.upload_input(&inputs[n], bytemuck::cast_slice(&prompts.tokens))?,
+                self.upload_input(&inputs[n + 1], bytemuck::cast_slice(&prompts.lengths))?,
+                self.upload_input(&inputs[n + 2], bytemuck::cast_slice(&prompts.seeds))?,
+                self.slice().scalar(&inputs[n + 3], temperature.to_le_bytes())?,
+                self.slice().scalar(&inputs[n + 4], task.spec.top_p.to_le_bytes())?,
+                self.slice().scalar(&inputs[n + 5], task.eos.to_le_bytes())?,
+                self.slice().scalar(&inputs[n + 6], task.pad.to_le_bytes())?,
+            ])
+        })?;
         let mut args: Vec<Arg<'_>> = self.policy()?.iter().map(Arg::Borrow).collect();
         args.extend(uploaded.iter().map(Arg::Borrow));
-        let out = program.run(args)?;
+        let out = phases.time("rollout", || program.run(args))?;
         let outputs = &program.spec().outputs;
         let download = |i: usize| self.slice().download(&outputs[i], &out[i]);
-        Ok(Completions {
-            tokens: bytemuck::pod_collect_to_vec(&download(0)?),
-            lengths: bytemuck::pod_collect_to_vec(&download(1)?),
-            logprobs: bytemuck::pod_collect_to_vec(&download(2)?),
+        phases.time("transfers", || {
+            Ok(Completions {
+                tokens: bytemuck::pod_collect_to_vec(&download(0)?),
+                lengths: bytemuck::pod_collect_to_vec(&download(1)?),
+                logprobs: bytemuck::pod_collect_to_vec(&download(2)?),
+            })
         })
     }
 
-    /// Per-target log-probs of full rows under `params` (the policy's when `None`).
+    /// Per-target log-probs of full rows under `params` (the policy's when `None`). Phases:
+    /// `transfers` and `phase` (the `logprobs` program).
     fn score(
         &self,
         params: Option<&[DeviceArray]>,
         batch: &TrainBatch,
         temperature: f32,
+        phase: &'static str,
+        phases: &mut Phases,
     ) -> Result<Vec<f32>, WorkerError> {
         let program = &self.grpo_programs()?.logprobs;
         let inputs = &program.spec().inputs;
         let n = self.manifest().params.len();
-        let uploaded = [
-            self.upload_input(&inputs[n], bytemuck::cast_slice(&batch.tokens))?,
-            self.upload_input(&inputs[n + 1], bytemuck::cast_slice(&batch.targets))?,
-            self.upload_input(&inputs[n + 2], bytemuck::cast_slice(&batch.prompt_lengths))?,
-            self.slice().scalar(&inputs[n + 3], temperature.to_le_bytes())?,
-        ];
+        let uploaded = phases.time("transfers", || -> Result<_, WorkerError> {
+            Ok([
+                self.upload_input(&inputs[n], bytemuck::cast_slice(&batch.tokens))?,
+                self.upload_input(&inputs[n + 1], bytemuck::cast_slice(&batch.targets))?,
+                self.upload_input(&inputs[n + 2], bytemuck::cast_slice(&batch.prompt_lengths))?,
+                self.slice().scalar(&inputs[n + 3], temperature.to_le_bytes())?,
+            ])
+        })?;
         let params = match params {
             Some(params) => params,
             None => self.policy()?,
         };
         let mut args: Vec<Arg<'_>> = params.iter().map(Arg::Borrow).collect();
         args.extend(uploaded.iter().map(Arg::Borrow));
-        let out = program.run(args)?;
-        Ok(bytemuck::pod_collect_to_vec(&self.slice().download(&program.spec().outputs[0], &out[0])?))
+        let out = phases.time(phase, || program.run(args))?;
+        phases.time("transfers", || {
+            Ok(bytemuck::pod_collect_to_vec(&self.slice().download(&program.spec().outputs[0], &out[0])?))
+        })
     }
 
-    /// Adds one micro-batch's GRPO gradient to the accumulator.
+    /// Adds one micro-batch's GRPO gradient to the accumulator. Phases: `transfers` (the
+    /// batch up) and `gradients` (the program).
     fn grpo_grad_step(
         &mut self,
         batch: &TrainBatch,
         reference: &[f32],
         spec: &GrpoSpec,
+        phases: &mut Phases,
     ) -> Result<(), WorkerError> {
         let inputs = &self.grad_step.spec().inputs;
         let n = self.manifest().params.len();
-        let uploaded = [
-            self.upload_input(&inputs[2 * n], bytemuck::cast_slice(&batch.tokens))?,
-            self.upload_input(&inputs[2 * n + 1], bytemuck::cast_slice(&batch.targets))?,
-            self.upload_input(&inputs[2 * n + 2], bytemuck::cast_slice(&batch.prompt_lengths))?,
-            self.upload_input(&inputs[2 * n + 3], bytemuck::cast_slice(&batch.loss_mask))?,
-            self.upload_input(&inputs[2 * n + 4], bytemuck::cast_slice(&batch.advantages))?,
-            self.upload_input(&inputs[2 * n + 5], bytemuck::cast_slice(&batch.old_logprobs))?,
-            self.upload_input(&inputs[2 * n + 6], bytemuck::cast_slice(reference))?,
-            self.slice().scalar(&inputs[2 * n + 7], spec.temperature.to_le_bytes())?,
-            self.slice().scalar(&inputs[2 * n + 8], spec.clip_low.to_le_bytes())?,
-            self.slice().scalar(&inputs[2 * n + 9], spec.clip_high.to_le_bytes())?,
-            self.slice().scalar(&inputs[2 * n + 10], spec.kl_beta.to_le_bytes())?,
-        ];
+        let uploaded = phases.time("transfers", || -> Result<_, WorkerError> {
+            Ok([
+                self.upload_input(&inputs[2 * n], bytemuck::cast_slice(&batch.tokens))?,
+                self.upload_input(&inputs[2 * n + 1], bytemuck::cast_slice(&batch.targets))?,
+                self.upload_input(&inputs[2 * n + 2], bytemuck::cast_slice(&batch.prompt_lengths))?,
+                self.upload_input(&inputs[2 * n + 3], bytemuck::cast_slice(&batch.loss_mask))?,
+                self.upload_input(&inputs[2 * n + 4], bytemuck::cast_slice(&batch.advantages))?,
+                self.upload_input(&inputs[2 * n + 5], bytemuck::cast_slice(&batch.old_logprobs))?,
+                self.upload_input(&inputs[2 * n + 6], bytemuck::cast_slice(reference))?,
+                self.slice().scalar(&inputs[2 * n + 7], spec.temperature.to_le_bytes())?,
+                self.slice().scalar(&inputs[2 * n + 8], spec.clip_low.to_le_bytes())?,
+                self.slice().scalar(&inputs[2 * n + 9], spec.clip_high.to_le_bytes())?,
+                self.slice().scalar(&inputs[2 * n + 10], spec.kl_beta.to_le_bytes())?,
+            ])
+        })?;
         self.grpo_programs()?;
         let state = self.state.as_mut().ok_or_else(not_initialized)?;
         let mut args: Vec<Arg<'_>> = state.params.iter().map(Arg::Borrow).collect();
         args.extend(std::mem::take(&mut state.grads).into_iter().map(Arg::Donate));
         args.extend(uploaded.iter().map(Arg::Borrow));
-        let mut out = self.grad_step.run(args)?;
+        let mut out = phases.time("gradients", || self.grad_step.run(args))?;
         let metrics = out.split_off(n);
         state.grads = out;
         state.pending.push(metrics);
@@ -347,6 +365,7 @@ impl Trainer {
 
 /// Samples, scores and accumulates the gradient of logical rank `rank`'s share of `step` (`accum`
 /// micro-batches); returns the rank's host-side tally (the device sums are added by the caller).
+/// Its time goes into `phases` (see [`Grpo`]).
 fn rank_step(
     trainer: &mut Trainer,
     task: &GrpoTask,
@@ -354,6 +373,7 @@ fn rank_step(
     step: u64,
     rank: usize,
     accum: u64,
+    phases: &mut Phases,
 ) -> Result<Tally, WorkerError> {
     let g = task.spec.generations;
     let rows = accum * task.micro as u64;
@@ -363,14 +383,17 @@ fn rank_step(
         )));
     }
     let first_prompt = rank as u64 * rows / g;
-    let examples = task.examples(step, first_prompt, rows / g)?;
     let mut tally = Tally::default();
-    let mut encoded = Vec::with_capacity(examples.len());
-    for example in &examples {
-        let (tokens, cut) = task.encode_prompt(&example.prompt)?;
-        tally.truncated_prompts += if cut { 1.0 } else { 0.0 };
-        encoded.push(tokens);
-    }
+    let (examples, encoded) = phases.time("prompts", || -> Result<_, WorkerError> {
+        let examples = task.examples(step, first_prompt, rows / g)?;
+        let mut encoded = Vec::with_capacity(examples.len());
+        for example in &examples {
+            let (tokens, cut) = task.encode_prompt(&example.prompt)?;
+            tally.truncated_prompts += if cut { 1.0 } else { 0.0 };
+            encoded.push(tokens);
+        }
+        Ok((examples, encoded))
+    })?;
     // Row r of the rank: prompt r / g, generation r % g.
     let row_input = |r: u64| {
         let prompt = (r / g) as usize;
@@ -379,42 +402,49 @@ fn rank_step(
     let micro = task.micro as u64;
     let mut sampled = Vec::with_capacity(accum as usize);
     for m in 0..accum {
-        let inputs: Vec<_> = (m * micro..(m + 1) * micro).map(row_input).collect();
-        let prompts = task.prompt_batch(&inputs);
-        let completions = trainer.rollout(&prompts, task.spec.temperature, task)?;
+        let prompts = phases.time("prompts", || {
+            let inputs: Vec<_> = (m * micro..(m + 1) * micro).map(row_input).collect();
+            task.prompt_batch(&inputs)
+        });
+        let completions = trainer.rollout(&prompts, task.spec.temperature, task, phases)?;
         sampled.push((prompts, completions));
     }
     let n = task.max_new;
-    let mut rewards = Vec::with_capacity(rows as usize);
-    for (m, (_, completions)) in sampled.iter().enumerate() {
-        for row in 0..task.micro {
-            let r = m as u64 * micro + row as u64;
-            let length = completions.lengths[row].clamp(0, n as i32);
-            let tokens = &completions.tokens[row * n..row * n + length as usize];
-            let text = task.decode(tokens.strip_suffix(&[task.eos]).unwrap_or(tokens));
-            let reward = Reward::score(&text, &examples[(r / g) as usize].answer, &task.spec.reward);
-            tally.count_row(&reward, length, n);
-            rewards.push(reward.total);
+    let (advantages, spread) = phases.time("rewards", || {
+        let mut rewards = Vec::with_capacity(rows as usize);
+        for (m, (_, completions)) in sampled.iter().enumerate() {
+            for row in 0..task.micro {
+                let r = m as u64 * micro + row as u64;
+                let length = completions.lengths[row].clamp(0, n as i32);
+                let tokens = &completions.tokens[row * n..row * n + length as usize];
+                let text = task.decode(tokens.strip_suffix(&[task.eos]).unwrap_or(tokens));
+                let reward = Reward::score(&text, &examples[(r / g) as usize].answer, &task.spec.reward);
+                tally.count_row(&reward, length, n);
+                rewards.push(reward.total);
+            }
         }
-    }
-    let (advantages, spread) = advantages(&rewards, g as usize, task.spec.scale_rewards);
+        advantages(&rewards, g as usize, task.spec.scale_rewards)
+    });
     tally.groups += (rows / g) as f32;
     tally.groups_with_spread += spread as f32;
     for (m, (prompts, completions)) in sampled.iter().enumerate() {
-        let chunk = advantages[m * task.micro..(m + 1) * task.micro].to_vec();
-        let mut batch = task.train_batch(prompts, completions, chunk);
+        let mut batch = phases.time("train_batches", || {
+            let chunk = advantages[m * task.micro..(m + 1) * task.micro].to_vec();
+            task.train_batch(prompts, completions, chunk)
+        });
         if task.bfloat16_compute {
-            batch.old_logprobs = trainer.score(None, &batch, task.spec.temperature)?;
+            batch.old_logprobs =
+                trainer.score(None, &batch, task.spec.temperature, "old_logprobs", phases)?;
         }
         let reference_logprobs = match reference {
             Some(params) if task.spec.kl_beta > 0.0 => {
-                trainer.score(Some(params), &batch, task.spec.temperature)?
+                trainer.score(Some(params), &batch, task.spec.temperature, "ref_logprobs", phases)?
             }
             // KL weighted by 0: the reference's log-probs are never read into the loss, and
             // equal to the policy's they make the (reported) KL exactly 0.
             _ => batch.old_logprobs.clone(),
         };
-        trainer.grpo_grad_step(&batch, &reference_logprobs, &task.spec)?;
+        trainer.grpo_grad_step(&batch, &reference_logprobs, &task.spec, phases)?;
     }
     Ok(tally)
 }
@@ -435,7 +465,7 @@ pub fn evaluate(trainer: &Trainer, task: &GrpoTask) -> Result<Option<EvalReport>
         let rows: Vec<(&[i32], u32)> = (first..first + task.micro)
             .map(|i| (encoded.get(i).unwrap_or(&encoded[0]).as_slice(), 0))
             .collect();
-        let completions = trainer.rollout(&task.prompt_batch(&rows), 0.0, task)?;
+        let completions = trainer.rollout(&task.prompt_batch(&rows), 0.0, task, &mut Phases::new())?;
         for (row, example) in examples.iter().enumerate().skip(first).take(task.micro) {
             let row = row - first;
             let length = completions.lengths[row].clamp(0, n as i32) as usize;
@@ -496,8 +526,10 @@ impl Objective for Grpo {
     fn rank_gradient(&self, trainer: &mut Trainer, at: RankStep) -> Result<RankShare, WorkerError> {
         let done = trainer.state.as_ref().ok_or_else(not_initialized)?.pending.len();
         let RankStep { step, rank, accum } = at;
-        let mut tally = rank_step(trainer, &self.task, self.reference.as_deref(), step, rank, accum)?;
-        for outputs in &trainer.pending_outputs()?[done..] {
+        let mut phases = Phases::new();
+        let mut tally =
+            rank_step(trainer, &self.task, self.reference.as_deref(), step, rank, accum, &mut phases)?;
+        for outputs in &phases.time("reduce", || trainer.pending_outputs())?[done..] {
             // loss_sum, token_count, kl_sum, clipped_count, ratio_sum, ratio_min, ratio_max
             tally.loss_sum += outputs[0];
             tally.token_count += outputs[1];
@@ -509,6 +541,7 @@ impl Objective for Grpo {
             sums: tally.to_vec(),
             tokens: accum * (self.task.micro * self.task.seq_len()) as u64,
             truncated_rows: tally.truncated_prompts as u64,
+            phases,
         })
     }
 

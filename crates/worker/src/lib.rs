@@ -14,6 +14,7 @@
 //!   tallies).
 //! - [`step`]: one global step of any objective over the data-parallel ranks this worker
 //!   hosts: every rank's gradient, the reduction between workers, apply.
+//! - [`phases`]: where a step's time went, by named phase, returned with every step.
 //! - [`driver`]: the one training loop (steps, evaluation, reports, saves), whoever runs it.
 //! - [`start`]: where a fresh run's state comes from, and an objective's frozen reference.
 //! - [`ckpt`]: checkpoints of the train state: a host's share saved in the background, restore
@@ -39,6 +40,7 @@ pub mod grpo_stats;
 pub mod metrics;
 pub mod objective;
 pub mod peer;
+pub mod phases;
 pub mod sft;
 pub mod single;
 pub mod slice;
@@ -48,6 +50,7 @@ pub mod trainer;
 
 pub use driver::{Control, Ended, Plan, Sink, Trained};
 pub use objective::{EvalReport, Objective};
+pub use phases::Phases;
 pub use slice::{Arg, DeviceArray, Program, Slice};
 pub use step::{Reduce, StepResult, run_step};
 pub use trainer::Trainer;

@@ -9,6 +9,7 @@
 
 use crate::WorkerError;
 use crate::grpo::Grpo;
+use crate::phases::Phases;
 use crate::sft::Sft;
 use crate::trainer::Trainer;
 use job::JobSpec;
@@ -67,6 +68,9 @@ pub struct RankShare {
     pub tokens: u64,
     /// Rows cut to fit (SFT: examples longer than the row; GRPO: prompts longer than the buffer).
     pub truncated_rows: u64,
+    /// Where the rank's time went (the objective's own phases: `batches` and `gradients` for
+    /// SFT; `prompts`, `rollout`, `rewards`, ..., `gradients` for GRPO).
+    pub phases: Phases,
 }
 
 /// Greedy decoding on held-out problems.

@@ -31,10 +31,10 @@ impl Objective for Sft {
         let mut share = RankShare::default();
         let first = at.rank as u64 * at.accum;
         for micro in first..first + at.accum {
-            let batch = self.loader.micro_batch(at.step, micro)?;
+            let batch = share.phases.time("batches", || self.loader.micro_batch(at.step, micro))?;
             share.tokens += (batch.rows * batch.seq_len) as u64;
             share.truncated_rows += batch.truncated_rows as u64;
-            trainer.grad_step(&batch)?;
+            share.phases.time("gradients", || trainer.grad_step(&batch))?;
         }
         Ok(share)
     }

@@ -11,6 +11,7 @@
 
 use crate::WorkerError;
 use crate::objective::{Objective, RankStep};
+use crate::phases::Phases;
 use crate::trainer::Trainer;
 use collective::{Buffer, Group};
 use std::collections::BTreeMap;
@@ -45,6 +46,9 @@ pub struct StepResult {
     pub seconds: f64,
     /// The objective's metrics over the global batch, and evaluations, by name.
     pub metrics: BTreeMap<String, f64>,
+    /// Where this worker's time went: the objective's phases, `reduce` (the gradients and sums
+    /// between workers) and `apply`.
+    pub phases: Phases,
 }
 
 impl StepResult {
@@ -75,11 +79,13 @@ pub fn run_step(
     };
     let mut sums = vec![0f32; sums_len];
     let (mut tokens, mut truncated_rows) = (0u64, 0u64);
+    let mut phases = Phases::new();
     for (i, &rank) in ranks.iter().enumerate() {
         if i > 0 && round.is_some() {
-            trainer.zero_grads()?;
+            phases.time("reduce", || trainer.zero_grads())?;
         }
         let share = objective.rank_gradient(trainer, RankStep { step, rank, accum })?;
+        phases.merge(&share.phases);
         if share.sums.len() != sums_len {
             return Err(WorkerError::Mismatch(format!(
                 "rank {rank} reported {} metric sums, not {sums_len}",
@@ -90,7 +96,7 @@ pub fn run_step(
         truncated_rows += share.truncated_rows;
         match &mut round {
             None => sums.iter_mut().zip(&share.sums).for_each(|(total, x)| *total += x),
-            Some(round) => {
+            Some(round) => phases.time("reduce", || -> Result<(), WorkerError> {
                 for bucket in 0..n {
                     let dtype = trainer.grad_specs()[bucket].dtype;
                     round.submit(bucket, rank, Buffer::from_vec(dtype, trainer.download_grad(bucket)?)?)?;
@@ -98,10 +104,12 @@ pub fn run_step(
                 if sums_len > 0 {
                     round.submit(n, rank, Buffer::from_f32(&share.sums))?;
                 }
-            }
+                Ok(())
+            })?,
         }
     }
     if let Some(round) = round {
+        let reduce_started = Instant::now();
         let mut reduced = round.finish()?;
         if sums_len > 0 {
             sums = reduced.pop().expect("n + 1 buckets").swap_remove(0).to_f32()?;
@@ -115,9 +123,10 @@ pub fn run_step(
         let grads: Vec<Vec<u8>> =
             reduced.into_iter().map(|mut per_rank| per_rank.swap_remove(0).into_vec()).collect();
         trainer.upload_grads(&grads)?;
+        phases.add("reduce", reduce_started.elapsed());
     }
     let grad_scale = objective.grad_scale(step, &sums)?;
-    let applied = trainer.apply(step + 1, learning_rate as f32, grad_scale)?;
+    let applied = phases.time("apply", || trainer.apply(step + 1, learning_rate as f32, grad_scale))?;
     Ok(StepResult {
         step: step + 1,
         loss_sum: applied.loss_sum,
@@ -128,5 +137,6 @@ pub fn run_step(
         truncated_rows,
         seconds: started.elapsed().as_secs_f64(),
         metrics: objective.metrics(&sums),
+        phases,
     })
 }

@@ -45,6 +45,7 @@ impl Sink for AgentSink<'_> {
         side.publish("training");
         let mut reported = step.metrics.clone();
         reported.insert("learning_rate".to_string(), step.learning_rate);
+        reported.extend(step.phases.to_map());
         let report = StepReport {
             job_id: side.config.job_id.clone(),
             worker_id: side.worker_id.clone(),
