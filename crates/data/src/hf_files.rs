@@ -2,7 +2,8 @@
 //!
 //! - `tokenizer.json`: the tokenizer itself (loaded by the `tokenizers` crate);
 //! - `tokenizer_config.json`: the special tokens' texts (`bos_token`, `eos_token`, `pad_token`,
-//!   `unk_token`), whether a BOS is added (`add_bos_token`), and the `chat_template`;
+//!   `unk_token`) and the `chat_template` (not `add_bos_token`, which transformers ignores when
+//!   there is a `tokenizer.json`: its post-processor decides);
 //! - `chat_template.jinja`: the chat template, when saved apart (it takes precedence, as in
 //!   transformers);
 //! - `generation_config.json`: the ids generation stops at (`eos_token_id`, one or a list) and
@@ -40,9 +41,6 @@ pub struct TokenizerConfigFile {
     pub pad_token: Option<String>,
     /// `unk_token`'s text.
     pub unk_token: Option<String>,
-    /// `add_bos_token`, when the file sets it (then it, not the tokenizer's post-processor,
-    /// decides whether a BOS is added, as transformers does).
-    pub add_bos_token: Option<bool>,
     /// `chat_template` (a string, or the `default` entry of a list of named templates).
     pub chat_template: Option<String>,
 }
@@ -172,13 +170,6 @@ pub fn parse_tokenizer_config(bytes: &[u8]) -> std::result::Result<TokenizerConf
             )),
         }
     };
-    let add_bos_token = match object.get("add_bos_token") {
-        None | Some(Value::Null) => None,
-        Some(Value::Bool(add)) => Some(*add),
-        Some(other) => {
-            return Err(format!("field `add_bos_token` must be true or false, found {}", crate::jsonl::kind_of(other)));
-        }
-    };
     let chat_template = match object.get("chat_template") {
         None | Some(Value::Null) => None,
         Some(Value::String(template)) => Some(template.clone()),
@@ -213,7 +204,6 @@ pub fn parse_tokenizer_config(bytes: &[u8]) -> std::result::Result<TokenizerConf
         eos_token: token("eos_token")?,
         pad_token: token("pad_token")?,
         unk_token: token("unk_token")?,
-        add_bos_token,
         chat_template,
     })
 }
@@ -256,7 +246,6 @@ mod tests {
                 eos_token: Some("<|im_end|>".into()),
                 pad_token: Some("<pad>".into()),
                 unk_token: None,
-                add_bos_token: Some(false),
                 chat_template: Some("{{ messages }}".into()),
             }
         );
@@ -279,7 +268,6 @@ mod tests {
         for (text, field) in [
             (r#"{"eos_token": 5}"#, "`eos_token`"),
             (r#"{"pad_token": {"text": "<pad>"}}"#, "`pad_token`"),
-            (r#"{"add_bos_token": "yes"}"#, "`add_bos_token`"),
             (r#"{"chat_template": 3}"#, "`chat_template`"),
             (r#"{"chat_template": [1]}"#, "`chat_template`"),
         ] {

@@ -124,9 +124,9 @@ pub struct SpecialTokens {
 ///   `<|endoftext|>`);
 /// - PAD: `pad` given, `pad_token`, `generation_config.json`'s `pad_token_id`, else EOS (as
 ///   transformers' `generate` pads; padded positions are masked anyway);
-/// - BOS: `bos` given; else, when `tokenizer_config.json` sets `add_bos_token`, its `bos_token`
-///   if true and none if false; else the token the tokenizer's post-processor puts before a
-///   text, if any. This is the rule transformers follows.
+/// - BOS: `bos` given, else the token `tokenizer.json`'s post-processor puts before a text, if
+///   any (Qwen's puts none). transformers (5.x) follows the same rule: with a `tokenizer.json`,
+///   it ignores `tokenizer_config.json`'s `add_bos_token`.
 pub struct HfTokenizer {
     path: PathBuf,
     files: TokenizerFiles,
@@ -219,11 +219,9 @@ impl HfTokenizer {
             (None, None, Some(id)) => check_id("pad_token_id", id)?,
             (None, None, None) => eos,
         };
-        let bos = match (&special.bos, config.add_bos_token, &config.bos_token) {
-            (Some(token), _, _) => Some(lookup("bos", token, json)?),
-            (None, Some(true), Some(token)) => Some(lookup("bos", token, &config_path)?),
-            (None, Some(_), _) => None,
-            (None, None, _) => post_processor_prefix(&inner, json)?,
+        let bos = match &special.bos {
+            Some(token) => Some(lookup("bos", token, json)?),
+            None => post_processor_prefix(&inner, json)?,
         };
 
         let mut special_texts = Vec::new();
