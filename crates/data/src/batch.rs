@@ -347,12 +347,12 @@ fn lay_out_example(prompter: &Prompter, example: &Example, window: &mut [i32], m
 /// The tokenizer `config` names, with its chat template's date from `chat`, and prompts
 /// formatted as `chat` says.
 pub fn build_prompter(config: &TokenizerConfig, chat: Option<&ChatConfig>) -> Result<Prompter> {
-    let tokenizer: Box<dyn Tokenizer> = match config {
-        TokenizerConfig::Char {} => Box::new(CharTokenizer),
+    let tokenizer: std::sync::Arc<dyn Tokenizer> = match config {
+        TokenizerConfig::Char {} => std::sync::Arc::new(CharTokenizer),
         TokenizerConfig::Hf(hf) => {
             let special = SpecialTokens { pad: hf.pad.clone(), bos: hf.bos.clone(), eos: hf.eos.clone() };
             let date = chat.map(ChatConfig::date).transpose()?.flatten();
-            Box::new(HfTokenizer::load(&hf.path, &special, date)?)
+            std::sync::Arc::new(HfTokenizer::load(&hf.path, &special, date)?)
         }
     };
     match chat {
@@ -385,7 +385,7 @@ mod tests {
 
     fn arithmetic_loader(spec: BatchSpec, seed: u64) -> Loader {
         let source = Arithmetic::new(&ArithmeticConfig::default(), seed).expect("valid");
-        Loader::from_examples(Box::new(source), Prompter::plain(Box::new(CharTokenizer)), spec, seed).expect("loader")
+        Loader::from_examples(Box::new(source), Prompter::plain(std::sync::Arc::new(CharTokenizer)), spec, seed).expect("loader")
     }
 
     #[test]
@@ -405,7 +405,7 @@ mod tests {
         let spec = BatchSpec::new(1, 1, 12).expect("valid");
         let loader = Loader::from_examples(
             Box::new(Fixed(vec![example("ab", "cde")])),
-            Prompter::plain(Box::new(CharTokenizer)),
+            Prompter::plain(std::sync::Arc::new(CharTokenizer)),
             spec,
             0,
         )
@@ -426,7 +426,7 @@ mod tests {
         let source = Fixed(vec![example("a", "bc")]);
         let spec = BatchSpec::new(1, 1, 4).expect("valid");
         let loader =
-            Loader::from_examples(Box::new(source), Prompter::plain(Box::new(CharTokenizer)), spec, 0).expect("loader");
+            Loader::from_examples(Box::new(source), Prompter::plain(std::sync::Arc::new(CharTokenizer)), spec, 0).expect("loader");
         let batch = loader.micro_batch(0, 0).expect("batch");
         assert_eq!(batch.targets, [97, 98, 99, 2]);
         assert_eq!(batch.loss_mask, [0., 1., 1., 1.]);
@@ -438,7 +438,7 @@ mod tests {
         let source = Fixed(vec![example("abcdef", "ghij"), example("a", "b"), example("abcdefghij", "klm")]);
         let spec = BatchSpec::new(3, 3, 8).expect("valid");
         let loader =
-            Loader::from_examples(Box::new(source), Prompter::plain(Box::new(CharTokenizer)), spec, 4).expect("loader");
+            Loader::from_examples(Box::new(source), Prompter::plain(std::sync::Arc::new(CharTokenizer)), spec, 4).expect("loader");
         let batch = loader.micro_batch(0, 0).expect("batch");
         assert_eq!(batch.truncated_rows, 2);
         for row in 0..3 {
@@ -500,7 +500,7 @@ mod tests {
     fn finite_sources_visit_every_example_once_per_epoch() {
         let examples: Vec<Example> = (0..10).map(|i| example(&format!("{i}"), "x")).collect();
         let spec = BatchSpec::new(4, 2, 8).expect("valid");
-        let loader = Loader::from_examples(Box::new(Fixed(examples)), Prompter::plain(Box::new(CharTokenizer)), spec, 3)
+        let loader = Loader::from_examples(Box::new(Fixed(examples)), Prompter::plain(std::sync::Arc::new(CharTokenizer)), spec, 3)
             .expect("loader");
         // Positions 0..40 are four epochs of ten.
         let order: Vec<u64> = (0..10)
@@ -539,7 +539,7 @@ mod tests {
         let source = Fixed(vec![example("na\u{ef}ve", "x")]);
         let loader = Loader::from_examples(
             Box::new(source),
-            Prompter::plain(Box::new(CharTokenizer)),
+            Prompter::plain(std::sync::Arc::new(CharTokenizer)),
             BatchSpec::new(1, 1, 8).expect("valid"),
             0,
         )

@@ -11,10 +11,15 @@ use crate::chat::{Message, RenderOptions};
 use crate::config::ChatConfig;
 use crate::tokenizer::Tokenizer;
 use crate::{DataError, Result};
+use std::sync::Arc;
 
 /// Turns prompts and answers into ids and completions into text. See the module docs.
+///
+/// The tokenizer is shared: the training loader, the held-out evaluation and a chat and a plain
+/// view of the same tokenizer hold one copy (Qwen3's takes seconds to load).
+#[derive(Clone)]
 pub struct Prompter {
-    tokenizer: Box<dyn Tokenizer>,
+    tokenizer: Arc<dyn Tokenizer>,
     chat: Option<ChatConfig>,
 }
 
@@ -26,12 +31,12 @@ impl std::fmt::Debug for Prompter {
 
 impl Prompter {
     /// Prompts as plain text (with the tokenizer's BOS, if it adds one).
-    pub fn plain(tokenizer: Box<dyn Tokenizer>) -> Self {
+    pub fn plain(tokenizer: Arc<dyn Tokenizer>) -> Self {
         Self { tokenizer, chat: None }
     }
 
     /// Prompts rendered by the tokenizer's chat template, which it must have.
-    pub fn chat(tokenizer: Box<dyn Tokenizer>, chat: ChatConfig) -> Result<Self> {
+    pub fn chat(tokenizer: Arc<dyn Tokenizer>, chat: ChatConfig) -> Result<Self> {
         if tokenizer.chat_template().is_none() {
             return Err(DataError::InvalidConfig {
                 field: "data.chat",
@@ -46,6 +51,11 @@ impl Prompter {
     /// The tokenizer.
     pub fn tokenizer(&self) -> &dyn Tokenizer {
         self.tokenizer.as_ref()
+    }
+
+    /// The shared tokenizer, for another prompter over it.
+    pub fn shared_tokenizer(&self) -> Arc<dyn Tokenizer> {
+        Arc::clone(&self.tokenizer)
     }
 
     /// Whether prompts are chat-templated.
@@ -114,10 +124,11 @@ impl Prompter {
 mod tests {
     use super::*;
     use crate::tokenizer::CharTokenizer;
+    use std::sync::Arc;
 
     #[test]
     fn plain_prompts_start_with_the_tokenizers_bos() {
-        let prompter = Prompter::plain(Box::new(CharTokenizer));
+        let prompter = Prompter::plain(Arc::new(CharTokenizer));
         assert_eq!(prompter.prompt_ids("ab").expect("ids"), [CharTokenizer::BOS, 97, 98]);
         assert_eq!(prompter.answer_ids("c").expect("ids"), [99, CharTokenizer::EOS]);
         assert_eq!(prompter.prompt_text("ab").expect("text"), "ab");
@@ -125,7 +136,7 @@ mod tests {
 
     #[test]
     fn completions_end_at_the_first_stop_id() {
-        let prompter = Prompter::plain(Box::new(CharTokenizer));
+        let prompter = Prompter::plain(Arc::new(CharTokenizer));
         assert_eq!(prompter.completion_text(&[72, 105, CharTokenizer::EOS, 72]), "Hi");
         assert_eq!(prompter.completion_text(&[72, 105]), "Hi");
         // An id with no text becomes U+FFFD rather than an error.
@@ -134,7 +145,7 @@ mod tests {
 
     #[test]
     fn chat_needs_a_template() {
-        let error = Prompter::chat(Box::new(CharTokenizer), ChatConfig::default()).expect_err("no template");
+        let error = Prompter::chat(Arc::new(CharTokenizer), ChatConfig::default()).expect_err("no template");
         assert!(error.to_string().starts_with("data.chat:"), "{error}");
     }
 }

@@ -265,7 +265,7 @@ fn custom_example_sources_plug_in() {
         }
     }
     let loader =
-        Loader::from_examples(Box::new(Squares), Prompter::plain(Box::new(CharTokenizer)), spec(5, 5, 16), 2).expect("loader");
+        Loader::from_examples(Box::new(Squares), Prompter::plain(std::sync::Arc::new(CharTokenizer)), spec(5, 5, 16), 2).expect("loader");
     let mut answers: Vec<String> =
         loader.prompts(0, 0).expect("prompts").into_iter().map(|e| e.answer).collect();
     answers.sort();

@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("workspace root")
@@ -66,36 +67,36 @@ struct Reference {
     rendered_ids: Vec<Vec<u32>>,
 }
 
-/// One conversation to render: its messages (as JSON, as transformers takes them) and options.
+/// One conversation to render: its messages as JSON text (as transformers takes them; text, so
+/// that their keys keep their order on both sides) and options.
 struct Conversation {
-    messages: Vec<Value>,
+    messages: Vec<&'static str>,
     add_generation_prompt: bool,
     kwargs: Vec<(String, Value)>,
 }
 
 impl Conversation {
-    fn to_json(&self) -> Value {
-        json!({
-            "messages": self.messages,
+    /// The request's JSON for this conversation, messages spliced in as written.
+    fn to_json(&self) -> String {
+        let options = json!({
             "add_generation_prompt": self.add_generation_prompt,
             "kwargs": self.kwargs.iter().cloned().collect::<serde_json::Map<_, _>>(),
-        })
+        });
+        let options = options.to_string();
+        format!("{{\"messages\": [{}], {}", self.messages.join(", "), &options[1..])
     }
 
-    fn render(&self, tokenizer: &HfTokenizer) -> String {
-        let messages: Vec<Message> =
-            self.messages.iter().map(|m| Message::from_json(&m.to_string()).expect("message")).collect();
+    fn render(&self, tokenizer: &dyn Tokenizer) -> String {
+        let messages: Vec<Message> = self.messages.iter().map(|m| Message::from_json(m).expect("message")).collect();
         let options = RenderOptions { add_generation_prompt: self.add_generation_prompt, kwargs: self.kwargs.clone() };
         tokenizer.chat_template().expect("template").render(&messages, &options).expect("renders")
     }
 }
 
 fn reference(dir: &Path, texts: &[String], conversations: &[Conversation]) -> Reference {
-    let request = json!({
-        "model_dir": dir,
-        "texts": texts,
-        "conversations": conversations.iter().map(Conversation::to_json).collect::<Vec<_>>(),
-    });
+    let head = json!({"model_dir": dir, "texts": texts}).to_string();
+    let conversations: Vec<String> = conversations.iter().map(Conversation::to_json).collect();
+    let request = format!("{}, \"conversations\": [{}]}}", &head[..head.len() - 1], conversations.join(", "));
     let mut child = Command::new(python())
         .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/transformers_reference.py"))
         .env("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -105,7 +106,7 @@ fn reference(dir: &Path, texts: &[String], conversations: &[Conversation]) -> Re
         .stderr(Stdio::piped())
         .spawn()
         .expect("python runs");
-    child.stdin.take().expect("stdin").write_all(request.to_string().as_bytes()).expect("request");
+    child.stdin.take().expect("stdin").write_all(request.as_bytes()).expect("request");
     let out = child.wait_with_output().expect("reference");
     assert!(out.status.success(), "transformers_reference.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).expect("reference output")
@@ -176,33 +177,38 @@ const SYSTEM: &str = "You are a careful math tutor. Reason step by step, then gi
 /// its reasoning in `<think>` tags, a finished exchange with `reasoning_content` (an SFT
 /// target, no generation prompt), and a tool call (arguments through `tojson`) with its result.
 fn conversations() -> Vec<Conversation> {
-    let user = |content: &str| json!({"role": "user", "content": content});
-    let bases: Vec<(Vec<Value>, bool)> = vec![
-        (vec![user(QUESTION)], true),
-        (vec![json!({"role": "system", "content": SYSTEM}), user(QUESTION)], true),
+    let bases: Vec<(Vec<&'static str>, bool)> = vec![
+        (vec![r##"{"role": "user", "content": "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. How much did she earn?"}"##], true),
         (
             vec![
-                json!({"role": "system", "content": SYSTEM}),
-                user("What is 15% of $1,250?"),
-                json!({"role": "assistant", "content": "<think>\n0.15 * 1250 = 187.5\n</think>\n\n15% of $1,250 is $187.50.\n#### 187.5"}),
-                user("And 20% of that?  \n\t(café ☕)"),
+                r##"{"role": "system", "content": "You are a careful math tutor. Reason step by step, then give the final answer after ####."}"##,
+                r##"{"role": "user", "content": "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. How much did she earn?"}"##,
             ],
             true,
         ),
         (
             vec![
-                user("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether?"),
-                json!({"role": "assistant", "reasoning_content": "48 / 2 = 24; 48 + 24 = 72", "content": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n#### 72"}),
+                r##"{"role": "system", "content": "You are a careful math tutor. Reason step by step, then give the final answer after ####."}"##,
+                r##"{"role": "user", "content": "What is 15% of $1,250?"}"##,
+                r##"{"role": "assistant", "content": "<think>\n0.15 * 1250 = 187.5\n</think>\n\n15% of $1,250 is $187.50.\n#### 187.5"}"##,
+                r##"{"role": "user", "content": "And 20% of that?  \n\t(café ☕)"}"##,
+            ],
+            true,
+        ),
+        (
+            vec![
+                r##"{"role": "user", "content": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether?"}"##,
+                r##"{"role": "assistant", "reasoning_content": "48 / 2 = 24; 48 + 24 = 72", "content": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n#### 72"}"##,
             ],
             false,
         ),
         (
             vec![
-                user("What's the weather in Paris, in °C?"),
-                json!({"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius", "days": [1, 2.5], "verbose": false, "note": null, "label": "é\"<>"}}}]}),
-                json!({"role": "tool", "content": "{\"temperature\": 21.5}"}),
-                json!({"role": "assistant", "content": "It is 21.5 °C in Paris."}),
-                user("Thanks!"),
+                r##"{"role": "user", "content": "What's the weather in Paris, in °C?"}"##,
+                r##"{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius", "days": [1, 2.5, -0.0001], "verbose": false, "note": null, "label": "é\"<>\u2028"}}}]}"##,
+                r##"{"role": "tool", "content": "{\"temperature\": 21.5}"}"##,
+                r##"{"role": "assistant", "content": "It is 21.5 °C in Paris."}"##,
+                r##"{"role": "user", "content": "Thanks!"}"##,
             ],
             true,
         ),
@@ -236,7 +242,9 @@ fn qwen3_tokenizer_and_chat_template_equal_transformers() {
     let texts = strings();
     let conversations = conversations();
     let reference = reference(dir.path(), &texts, &conversations);
-    let tokenizer = HfTokenizer::load(dir.path(), &SpecialTokens::default(), None).expect("loads");
+    let shared: Arc<dyn Tokenizer> =
+        Arc::new(HfTokenizer::load(dir.path(), &SpecialTokens::default(), None).expect("loads"));
+    let tokenizer = shared.as_ref();
     println!("transformers {}: {} strings, {} renderings", reference.transformers, texts.len(), conversations.len());
 
     // Special ids: no BOS, EOS <|im_end|>, PAD <|endoftext|>, stops at both.
@@ -254,13 +262,13 @@ fn qwen3_tokenizer_and_chat_template_equal_transformers() {
     let diff = differences(&texts, &decoded, &reference.decoded);
     assert!(diff.is_empty(), "decoding differs:\n{}", diff.join("\n"));
     // A plain prompt is what transformers' encode adds special tokens to: for Qwen, nothing.
-    let plain = Prompter::plain(Box::new(HfTokenizer::load(dir.path(), &SpecialTokens::default(), None).expect("loads")));
+    let plain = Prompter::plain(Arc::clone(&shared));
     let prompts: Vec<Vec<u32>> = texts.iter().map(|t| plain.prompt_ids(t).expect("encodes")).collect();
     let diff = differences(&texts, &prompts, &reference.ids_with_special_tokens);
     assert!(diff.is_empty(), "plain prompts differ:\n{}", diff.join("\n"));
 
     let labels: Vec<String> = conversations.iter().enumerate().map(|(i, c)| format!("conversation {i} ({:?})", c.kwargs)).collect();
-    let rendered: Vec<String> = conversations.iter().map(|c| c.render(&tokenizer)).collect();
+    let rendered: Vec<String> = conversations.iter().map(|c| c.render(tokenizer)).collect();
     let diff = differences(&labels, &rendered, &reference.rendered);
     assert!(diff.is_empty(), "chat templates render differently:\n{}", diff.join("\n"));
     let rendered_ids: Vec<Vec<u32>> = rendered.iter().map(|text| tokenizer.encode(text).expect("encodes")).collect();
@@ -278,8 +286,7 @@ fn qwen3_tokenizer_and_chat_template_equal_transformers() {
         (ChatConfig { system: Some(SYSTEM.into()), ..ChatConfig::default() }, 2),
         (ChatConfig { system: Some(SYSTEM.into()), enable_thinking: true, ..ChatConfig::default() }, 3),
     ] {
-        let tokenizer = HfTokenizer::load(dir.path(), &SpecialTokens::default(), None).expect("loads");
-        let prompter = Prompter::chat(Box::new(tokenizer), chat).expect("has a template");
+        let prompter = Prompter::chat(Arc::clone(&shared), chat).expect("has a template");
         assert_eq!(prompter.prompt_text(QUESTION).expect("renders"), reference.rendered[index]);
         assert_eq!(prompter.prompt_ids(QUESTION).expect("encodes"), reference.rendered_ids[index]);
     }
@@ -299,19 +306,18 @@ fn a_post_processor_bos_and_a_template_bos_equal_transformers() {
     let texts: Vec<String> = ["Ann has 47 marbles and buys 85 more.", "47 + 85 = 132\n#### 132", "", "Café au lait"]
         .map(String::from)
         .into();
-    let conversation = |messages: Vec<Value>, add_generation_prompt| Conversation { messages, add_generation_prompt, kwargs: vec![] };
+    let conversation = |messages: Vec<&'static str>, add_generation_prompt| Conversation { messages, add_generation_prompt, kwargs: vec![] };
     let conversations = vec![
-        conversation(vec![json!({"role": "user", "content": "Ann has 47 marbles."})], true),
-        conversation(
-            vec![json!({"role": "user", "content": "1 + 1?"}), json!({"role": "assistant", "content": "#### 2"})],
-            false,
-        ),
+        conversation(vec![r##"{"role": "user", "content": "Ann has 47 marbles."}"##], true),
+        conversation(vec![r##"{"role": "user", "content": "1 + 1?"}"##, r##"{"role": "assistant", "content": "1 + 1 = 2\n#### 2"}"##], false),
     ];
     let reference = reference(dir.path(), &texts, &conversations);
-    let tokenizer = HfTokenizer::load(dir.path(), &SpecialTokens::default(), None).expect("loads");
+    let shared: Arc<dyn Tokenizer> =
+        Arc::new(HfTokenizer::load(dir.path(), &SpecialTokens::default(), None).expect("loads"));
+    let tokenizer = shared.as_ref();
     assert_eq!(tokenizer.bos_id(), reference.bos_token_id);
     assert_eq!((tokenizer.eos_id(), tokenizer.pad_id()), (reference.eos_token_id, reference.pad_token_id));
-    let plain = Prompter::plain(Box::new(HfTokenizer::load(dir.path(), &SpecialTokens::default(), None).expect("loads")));
+    let plain = Prompter::plain(Arc::clone(&shared));
     for (i, text) in texts.iter().enumerate() {
         assert_eq!(tokenizer.encode(text).expect("encodes"), reference.ids[i], "{text:?}");
         // transformers' encode adds `<s>` before and `</s>` after; a prompt takes the BOS only.
@@ -322,12 +328,12 @@ fn a_post_processor_bos_and_a_template_bos_equal_transformers() {
         assert_eq!(with_special[prompt.len()..], [tokenizer.eos_id()], "{text:?}");
     }
     for (i, conversation) in conversations.iter().enumerate() {
-        let rendered = conversation.render(&tokenizer);
+        let rendered = conversation.render(tokenizer);
         assert_eq!(rendered, reference.rendered[i]);
         assert_eq!(tokenizer.encode(&rendered).expect("encodes"), reference.rendered_ids[i]);
     }
     // A chat prompt carries the template's BOS, and only that one.
-    let chat = Prompter::chat(Box::new(tokenizer), ChatConfig::default()).expect("has a template");
+    let chat = Prompter::chat(Arc::clone(&shared), ChatConfig::default()).expect("has a template");
     let ids = chat.prompt_ids("Ann has 47 marbles.").expect("encodes");
     assert_eq!(ids, reference.rendered_ids[0]);
     assert_eq!(ids.iter().filter(|&&id| Some(id) == chat.tokenizer().bos_id()).count(), 1);
