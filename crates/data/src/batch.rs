@@ -322,7 +322,12 @@ impl Loader {
 /// Lays `prompt answer EOS` into `window` (`seq_len + 1` tokens, PAD-filled past the end) and
 /// marks in `mask` (`seq_len` targets) the targets that are answer tokens or the EOS. Returns
 /// whether the example had to be truncated.
-fn lay_out_example(prompter: &Prompter, example: &Example, window: &mut [i32], mask: &mut [f32]) -> Result<bool> {
+fn lay_out_example(
+    prompter: &Prompter,
+    example: &Example,
+    window: &mut [i32],
+    mask: &mut [f32],
+) -> Result<bool> {
     let tokenizer = prompter.tokenizer();
     let vocab_size = tokenizer.vocab_size();
     let prompt = prompter.prompt_ids(&example.prompt)?;
@@ -385,7 +390,13 @@ mod tests {
 
     fn arithmetic_loader(spec: BatchSpec, seed: u64) -> Loader {
         let source = Arithmetic::new(&ArithmeticConfig::default(), seed).expect("valid");
-        Loader::from_examples(Box::new(source), Prompter::plain(std::sync::Arc::new(CharTokenizer)), spec, seed).expect("loader")
+        Loader::from_examples(
+            Box::new(source),
+            Prompter::plain(std::sync::Arc::new(CharTokenizer)),
+            spec,
+            seed,
+        )
+        .expect("loader")
     }
 
     #[test]
@@ -425,8 +436,13 @@ mod tests {
         // BOS a b c EOS is 5 tokens: seq_len 4 holds it, EOS as the last target.
         let source = Fixed(vec![example("a", "bc")]);
         let spec = BatchSpec::new(1, 1, 4).expect("valid");
-        let loader =
-            Loader::from_examples(Box::new(source), Prompter::plain(std::sync::Arc::new(CharTokenizer)), spec, 0).expect("loader");
+        let loader = Loader::from_examples(
+            Box::new(source),
+            Prompter::plain(std::sync::Arc::new(CharTokenizer)),
+            spec,
+            0,
+        )
+        .expect("loader");
         let batch = loader.micro_batch(0, 0).expect("batch");
         assert_eq!(batch.targets, [97, 98, 99, 2]);
         assert_eq!(batch.loss_mask, [0., 1., 1., 1.]);
@@ -437,8 +453,13 @@ mod tests {
     fn truncation_keeps_the_beginning_and_is_counted() {
         let source = Fixed(vec![example("abcdef", "ghij"), example("a", "b"), example("abcdefghij", "klm")]);
         let spec = BatchSpec::new(3, 3, 8).expect("valid");
-        let loader =
-            Loader::from_examples(Box::new(source), Prompter::plain(std::sync::Arc::new(CharTokenizer)), spec, 4).expect("loader");
+        let loader = Loader::from_examples(
+            Box::new(source),
+            Prompter::plain(std::sync::Arc::new(CharTokenizer)),
+            spec,
+            4,
+        )
+        .expect("loader");
         let batch = loader.micro_batch(0, 0).expect("batch");
         assert_eq!(batch.truncated_rows, 2);
         for row in 0..3 {
@@ -500,8 +521,13 @@ mod tests {
     fn finite_sources_visit_every_example_once_per_epoch() {
         let examples: Vec<Example> = (0..10).map(|i| example(&format!("{i}"), "x")).collect();
         let spec = BatchSpec::new(4, 2, 8).expect("valid");
-        let loader = Loader::from_examples(Box::new(Fixed(examples)), Prompter::plain(std::sync::Arc::new(CharTokenizer)), spec, 3)
-            .expect("loader");
+        let loader = Loader::from_examples(
+            Box::new(Fixed(examples)),
+            Prompter::plain(std::sync::Arc::new(CharTokenizer)),
+            spec,
+            3,
+        )
+        .expect("loader");
         // Positions 0..40 are four epochs of ten.
         let order: Vec<u64> = (0..10)
             .flat_map(|step| (0..2).flat_map(move |micro| (0..2).map(move |row| (step, micro, row))))

@@ -174,7 +174,10 @@ impl ChatTemplate {
     }
 
     fn error(&self, error: &Error) -> DataError {
-        DataError::ChatTemplate { path: self.path.clone(), message: format!("cannot render: {}", describe(error)) }
+        DataError::ChatTemplate {
+            path: self.path.clone(),
+            message: format!("cannot render: {}", describe(error)),
+        }
     }
 }
 
@@ -247,15 +250,22 @@ fn strftime(date: Option<chrono::NaiveDate>, format: &str, path: &Path) -> std::
     }
     let midnight = date.and_time(chrono::NaiveTime::MIN);
     let mut text = String::new();
-    write!(text, "{}", midnight.format_with_items(items.into_iter()))
-        .map_err(|_| Error::new(ErrorKind::InvalidOperation, format!("strftime_now: bad format {format:?}")))?;
+    write!(text, "{}", midnight.format_with_items(items.into_iter())).map_err(|_| {
+        Error::new(ErrorKind::InvalidOperation, format!("strftime_now: bad format {format:?}"))
+    })?;
     Ok(Value::from(text))
 }
 
 /// transformers' `tojson`: Python's `json.dumps(x, ensure_ascii=False, indent=None,
 /// separators=None, sort_keys=False)`, options by keyword or in that order.
 fn tojson(value: Value, args: Rest<Value>, kwargs: Kwargs) -> std::result::Result<Value, Error> {
-    let mut options = JsonOptions { ensure_ascii: false, indent: None, item: ", ".into(), key: ": ".into(), sort_keys: false };
+    let mut options = JsonOptions {
+        ensure_ascii: false,
+        indent: None,
+        item: ", ".into(),
+        key: ": ".into(),
+        sort_keys: false,
+    };
     let names = ["ensure_ascii", "indent", "separators", "sort_keys"];
     if args.len() > names.len() {
         return Err(Error::new(ErrorKind::TooManyArguments, "tojson takes at most 4 options"));
@@ -278,7 +288,10 @@ fn tojson(value: Value, args: Rest<Value>, kwargs: Kwargs) -> std::result::Resul
                     ValueKind::String => Some(value.as_str().unwrap_or_default().to_owned()),
                     ValueKind::Number => Some(" ".repeat(i64::try_from(value.clone())?.max(0) as usize)),
                     other => {
-                        return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: indent must be a number or a string, not {other}")));
+                        return Err(Error::new(
+                            ErrorKind::InvalidOperation,
+                            format!("tojson: indent must be a number or a string, not {other}"),
+                        ));
                     }
                 }
             }
@@ -289,7 +302,12 @@ fn tojson(value: Value, args: Rest<Value>, kwargs: Kwargs) -> std::result::Resul
                     [item, key] if item.as_str().is_some() && key.as_str().is_some() => {
                         separators = Some((item.to_string(), key.to_string()));
                     }
-                    _ => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be two strings")),
+                    _ => {
+                        return Err(Error::new(
+                            ErrorKind::InvalidOperation,
+                            "tojson: separators must be two strings",
+                        ));
+                    }
                 }
             }
         }
@@ -313,7 +331,12 @@ struct JsonOptions {
 /// Nesting deeper than this is refused (Python's limit is about 1000 frames).
 const MAX_JSON_DEPTH: usize = 512;
 
-fn write_json(out: &mut String, value: &Value, options: &JsonOptions, depth: usize) -> std::result::Result<(), Error> {
+fn write_json(
+    out: &mut String,
+    value: &Value,
+    options: &JsonOptions,
+    depth: usize,
+) -> std::result::Result<(), Error> {
     if depth > MAX_JSON_DEPTH {
         return Err(Error::new(ErrorKind::InvalidOperation, "tojson: the value is nested too deeply"));
     }
@@ -396,7 +419,10 @@ fn json_key(key: &Value) -> std::result::Result<String, Error> {
         ValueKind::Number if key.is_integer() => key.to_string(),
         ValueKind::Number => python_float(f64::try_from(key.clone())?),
         other => {
-            return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: keys must be strings, not {other}")));
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson: keys must be strings, not {other}"),
+            ));
         }
     })
 }
@@ -468,7 +494,8 @@ fn python_float(x: f64) -> String {
             format!("{}.{}", &digits[..point as usize], &digits[point as usize..])
         }
     } else {
-        let mantissa = if digits.len() == 1 { digits.clone() } else { format!("{}.{}", &digits[..1], &digits[1..]) };
+        let mantissa =
+            if digits.len() == 1 { digits.clone() } else { format!("{}.{}", &digits[..1], &digits[1..]) };
         format!("{mantissa}e{}{:02}", if exponent < 0 { '-' } else { '+' }, exponent.unsigned_abs())
     };
     format!("{sign}{body}")
@@ -494,11 +521,15 @@ fn python_repr(value: &Value, depth: usize) -> String {
         ValueKind::None => "None".into(),
         ValueKind::Bool => (if value.is_true() { "True" } else { "False" }).into(),
         ValueKind::Number if value.is_integer() => value.to_string(),
-        ValueKind::Number => f64::try_from(value.clone()).map(python_float).unwrap_or_else(|_| value.to_string()),
+        ValueKind::Number => {
+            f64::try_from(value.clone()).map(python_float).unwrap_or_else(|_| value.to_string())
+        }
         ValueKind::String => python_string_repr(value.as_str().unwrap_or_default()),
         ValueKind::Seq => {
-            let items: Vec<String> =
-                value.try_iter().map(|items| items.map(|item| python_repr(&item, depth + 1)).collect()).unwrap_or_default();
+            let items: Vec<String> = value
+                .try_iter()
+                .map(|items| items.map(|item| python_repr(&item, depth + 1)).collect())
+                .unwrap_or_default();
             if value.is_tuple() {
                 match items.len() {
                     1 => format!("({},)", items[0]),
@@ -560,7 +591,8 @@ mod tests {
 
     fn template(source: &str) -> ChatTemplate {
         let special = vec![("eos_token".to_string(), "<|im_end|>".to_string())];
-        ChatTemplate::new(source, Path::new("/models/m/tokenizer_config.json"), special, None).expect("compiles")
+        ChatTemplate::new(source, Path::new("/models/m/tokenizer_config.json"), special, None)
+            .expect("compiles")
     }
 
     fn render(source: &str, messages: &[Message], options: &RenderOptions) -> String {
@@ -582,7 +614,8 @@ mod tests {
             "  user: hi<|im_end|>\n  assistant: hello<|im_end|>\nassistant!"
         );
         // A keyword argument overrides a special token of the same name.
-        let options = RenderOptions { kwargs: vec![("eos_token".into(), "<e>".into())], ..Default::default() };
+        let options =
+            RenderOptions { kwargs: vec![("eos_token".into(), "<e>".into())], ..Default::default() };
         assert_eq!(render("{{ eos_token }}", &[], &options), "<e>");
     }
 
@@ -590,7 +623,11 @@ mod tests {
     fn python_methods_loop_controls_and_namespaces() {
         let source = "{%- set ns = namespace(n=0) %}{%- for m in messages[::-1] %}{% if loop.index0 == 2 %}{% break %}{% endif %}\
                       {%- set ns.n = ns.n + 1 %}[{{ m.content.split('</think>')[-1].lstrip('\\n').upper() }}]{% endfor %}{{ ns.n }}";
-        let messages = [Message::new("user", "a"), Message::new("user", "<think>x</think>\nb"), Message::new("user", "c")];
+        let messages = [
+            Message::new("user", "a"),
+            Message::new("user", "<think>x</think>\nb"),
+            Message::new("user", "c"),
+        ];
         assert_eq!(render(source, &messages, &RenderOptions::default()), "[C][B]2");
     }
 
@@ -605,17 +642,29 @@ mod tests {
 
     #[test]
     fn tojson_is_pythons_json_dumps() {
-        let message = Message::from_json(r#"{"role": "tool", "content": "x", "args": {"b": [1, 2.5, "é<>"], "a": null}}"#)
-            .expect("message");
+        let message = Message::from_json(
+            r#"{"role": "tool", "content": "x", "args": {"b": [1, 2.5, "é<>"], "a": null}}"#,
+        )
+        .expect("message");
         let render_json = |options: &str| {
-            render(&format!("{{{{ messages[0].args | tojson{options} }}}}"), std::slice::from_ref(&message), &RenderOptions::default())
+            render(
+                &format!("{{{{ messages[0].args | tojson{options} }}}}"),
+                std::slice::from_ref(&message),
+                &RenderOptions::default(),
+            )
         };
         assert_eq!(render_json(""), r#"{"b": [1, 2.5, "é<>"], "a": null}"#);
         assert_eq!(render_json("(ensure_ascii=true)"), r#"{"b": [1, 2.5, "\u00e9<>"], "a": null}"#);
         assert_eq!(render_json("(sort_keys=true)"), r#"{"a": null, "b": [1, 2.5, "é<>"]}"#);
-        assert_eq!(render_json("(indent=2)"), "{\n  \"b\": [\n    1,\n    2.5,\n    \"é<>\"\n  ],\n  \"a\": null\n}");
+        assert_eq!(
+            render_json("(indent=2)"),
+            "{\n  \"b\": [\n    1,\n    2.5,\n    \"é<>\"\n  ],\n  \"a\": null\n}"
+        );
         assert_eq!(render_json("(separators=(',', ':'))"), r#"{"b":[1,2.5,"é<>"],"a":null}"#);
-        assert_eq!(render("{{ '\"\\\\\\n\\u0001' | tojson }}", &[], &RenderOptions::default()), r#""\"\\\n\u0001""#);
+        assert_eq!(
+            render("{{ '\"\\\\\\n\\u0001' | tojson }}", &[], &RenderOptions::default()),
+            r#""\"\\\n\u0001""#
+        );
     }
 
     #[test]
@@ -637,8 +686,10 @@ mod tests {
 
     #[test]
     fn messages_drop_nulls_and_alias_reasoning() {
-        let message = Message::from_json(r#"{"role": "assistant", "content": "4", "reasoning": "2+2", "tool_calls": null}"#)
-            .expect("message");
+        let message = Message::from_json(
+            r#"{"role": "assistant", "content": "4", "reasoning": "2+2", "tool_calls": null}"#,
+        )
+        .expect("message");
         let source = "{{ messages[0].thinking }}|{{ messages[0].reasoning_content }}|{{ messages[0].tool_calls is defined }}";
         assert_eq!(render(source, &[message], &RenderOptions::default()), "2+2|2+2|False");
         assert!(Message::from_json(r#"{"content": "x"}"#).expect_err("no role").contains("role"));
@@ -662,9 +713,19 @@ mod tests {
         let message = error.to_string();
         assert!(message.contains(path) && message.contains("does not compile"), "{message}");
 
-        let raising = template("{% if messages[0].role != 'user' %}{{ raise_exception('Conversations must start with a user turn') }}{% endif %}");
-        let message = raising.render(&[Message::new("assistant", "x")], &RenderOptions::default()).expect_err("raises").to_string();
-        assert!(message.contains(path) && message.contains("must start with a user turn") && message.contains("line 1"), "{message}");
+        let raising = template(
+            "{% if messages[0].role != 'user' %}{{ raise_exception('Conversations must start with a user turn') }}{% endif %}",
+        );
+        let message = raising
+            .render(&[Message::new("assistant", "x")], &RenderOptions::default())
+            .expect_err("raises")
+            .to_string();
+        assert!(
+            message.contains(path)
+                && message.contains("must start with a user turn")
+                && message.contains("line 1"),
+            "{message}"
+        );
 
         let message = template("{{ messages[0].content.nope() }}")
             .render(&[Message::new("user", "x")], &RenderOptions::default())
@@ -672,7 +733,8 @@ mod tests {
             .to_string();
         assert!(message.contains(path), "{message}");
 
-        let endless = template("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}");
+        let endless =
+            template("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}");
         let message = endless.render(&[], &RenderOptions::default()).expect_err("fuel").to_string();
         assert!(message.contains("fuel"), "{message}");
     }
@@ -680,9 +742,13 @@ mod tests {
     #[test]
     fn strftime_now_formats_the_configured_date_only() {
         let date = chrono::NaiveDate::from_ymd_opt(2024, 7, 26);
-        let fixed = ChatTemplate::new("{{ strftime_now('%d %b %Y') }}", Path::new("t.jinja"), vec![], date).expect("compiles");
+        let fixed = ChatTemplate::new("{{ strftime_now('%d %b %Y') }}", Path::new("t.jinja"), vec![], date)
+            .expect("compiles");
         assert_eq!(fixed.render(&[], &RenderOptions::default()).expect("renders"), "26 Jul 2024");
-        let message = template("{{ strftime_now('%d %b %Y') }}").render(&[], &RenderOptions::default()).expect_err("no date").to_string();
+        let message = template("{{ strftime_now('%d %b %Y') }}")
+            .render(&[], &RenderOptions::default())
+            .expect_err("no date")
+            .to_string();
         assert!(message.contains("data.chat.date"), "{message}");
     }
 }

@@ -16,9 +16,9 @@
 //! [`DataConfig::validate`] checks ranges with messages that name the field and the fix.
 
 use crate::arithmetic::{Op, Split};
+use crate::jsonl::JsonlFormat;
 use crate::token_file::TokenDtype;
 use crate::{DataError, Result};
-use crate::jsonl::JsonlFormat;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -150,7 +150,10 @@ impl ChatConfig {
     /// Checks the fields; the error names the field and the fix.
     pub fn validate(&self) -> Result<()> {
         if self.system.as_deref().is_some_and(str::is_empty) {
-            return Err(invalid("data.chat.system", "is empty; write the system prompt or drop the field".into()));
+            return Err(invalid(
+                "data.chat.system",
+                "is empty; write the system prompt or drop the field".into(),
+            ));
         }
         self.date()?;
         for name in self.kwargs.keys() {
@@ -159,11 +162,7 @@ impl ChatConfig {
                     "data.chat.kwargs",
                     format!(
                         "sets `{name}`, which podctl passes itself; {}",
-                        if name == "enable_thinking" {
-                            "use data.chat.enable_thinking"
-                        } else {
-                            "drop it"
-                        }
+                        if name == "enable_thinking" { "use data.chat.enable_thinking" } else { "drop it" }
                     ),
                 ));
             }
@@ -177,7 +176,10 @@ impl ChatConfig {
             .as_deref()
             .map(|date| {
                 chrono::NaiveDate::parse_from_str(date, "%Y-%m-%d").map_err(|error| {
-                    invalid("data.chat.date", format!("{date:?} is not a date ({error}); write YYYY-MM-DD, e.g. 2026-01-31"))
+                    invalid(
+                        "data.chat.date",
+                        format!("{date:?} is not a date ({error}); write YYYY-MM-DD, e.g. 2026-01-31"),
+                    )
                 })
             })
             .transpose()
@@ -192,7 +194,8 @@ impl ChatConfig {
 }
 
 /// Names the template's context gets from podctl, not from `data.chat.kwargs`.
-const RESERVED_TEMPLATE_NAMES: [&str; 5] = ["messages", "tools", "documents", "add_generation_prompt", "enable_thinking"];
+const RESERVED_TEMPLATE_NAMES: [&str; 5] =
+    ["messages", "tools", "documents", "add_generation_prompt", "enable_thinking"];
 
 /// A pre-tokenized file of little-endian token ids.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -388,7 +391,12 @@ mod tests {
             "{ kind: jsonl, path: a.jsonl, tokenizer: { kind: hf, path: t.json, pad: '<pad>', bos: '<s>', eos: '</s>' } }",
         )
         .expect("parses");
-        let DataConfig::Jsonl(JsonlConfig { path, tokenizer: TokenizerConfig::Hf(hf), test: None, chat: None }) = &jsonl
+        let DataConfig::Jsonl(JsonlConfig {
+            path,
+            tokenizer: TokenizerConfig::Hf(hf),
+            test: None,
+            chat: None,
+        }) = &jsonl
         else {
             panic!("{jsonl:?}")
         };
@@ -422,9 +430,14 @@ mod tests {
         );
         let json = serde_json::to_string(&config).expect("serializes");
         assert_eq!(serde_json::from_str::<DataConfig>(&json).expect("parses"), config);
-        assert!(!parse("{ kind: gsm8k, path: t.jsonl, tokenizer: { kind: char } }").expect("parses").has_held_out());
-        let error = parse("{ kind: gsm8k, path: t.jsonl, tokenizer: { kind: char }, chat: { thinking: true } }")
-            .expect_err("unknown chat field");
+        assert!(
+            !parse("{ kind: gsm8k, path: t.jsonl, tokenizer: { kind: char } }")
+                .expect("parses")
+                .has_held_out()
+        );
+        let error =
+            parse("{ kind: gsm8k, path: t.jsonl, tokenizer: { kind: char }, chat: { thinking: true } }")
+                .expect_err("unknown chat field");
         assert!(error.contains("thinking"), "{error}");
     }
 
@@ -465,7 +478,12 @@ mod tests {
             assert!(message.contains(fix), "{message}");
         }
         let hf = HfTokenizerConfig { path: "t.json".into(), pad: Some(String::new()), bos: None, eos: None };
-        let jsonl = JsonlConfig { path: "a.jsonl".into(), test: None, tokenizer: TokenizerConfig::Hf(hf), chat: None };
+        let jsonl = JsonlConfig {
+            path: "a.jsonl".into(),
+            test: None,
+            tokenizer: TokenizerConfig::Hf(hf),
+            chat: None,
+        };
         let message = DataConfig::Jsonl(jsonl.clone()).validate().expect_err("empty pad").to_string();
         assert!(message.starts_with("data.tokenizer.pad:"), "{message}");
         let hf = HfTokenizerConfig { path: "Qwen3".into(), pad: None, bos: None, eos: None };
@@ -473,12 +491,18 @@ mod tests {
         let cases = [
             (JsonlConfig { test: Some("".into()), ..gsm8k.clone() }, "data.test:", "path"),
             (
-                JsonlConfig { chat: Some(ChatConfig { system: Some("".into()), ..Default::default() }), ..gsm8k.clone() },
+                JsonlConfig {
+                    chat: Some(ChatConfig { system: Some("".into()), ..Default::default() }),
+                    ..gsm8k.clone()
+                },
                 "data.chat.system:",
                 "system prompt",
             ),
             (
-                JsonlConfig { chat: Some(ChatConfig { date: Some("26 Jul 2024".into()), ..Default::default() }), ..gsm8k.clone() },
+                JsonlConfig {
+                    chat: Some(ChatConfig { date: Some("26 Jul 2024".into()), ..Default::default() }),
+                    ..gsm8k.clone()
+                },
                 "data.chat.date:",
                 "YYYY-MM-DD",
             ),
@@ -494,7 +518,11 @@ mod tests {
                 "data.chat.enable_thinking",
             ),
             (
-                JsonlConfig { tokenizer: TokenizerConfig::Char {}, chat: Some(ChatConfig::default()), ..gsm8k.clone() },
+                JsonlConfig {
+                    tokenizer: TokenizerConfig::Char {},
+                    chat: Some(ChatConfig::default()),
+                    ..gsm8k.clone()
+                },
                 "data.chat:",
                 "char tokenizer has no chat template",
             ),

@@ -57,7 +57,8 @@ mod tests {
     fn arithmetic_held_out_problems_are_the_held_out_split_in_index_order() {
         let config = DataConfig::Arithmetic(ArithmeticConfig::default());
         let examples = held_out_examples(&config, 20, 3).expect("held out");
-        let split = Arithmetic::new(&ArithmeticConfig { split: Split::HeldOut, ..Default::default() }, 3).expect("valid");
+        let split = Arithmetic::new(&ArithmeticConfig { split: Split::HeldOut, ..Default::default() }, 3)
+            .expect("valid");
         assert_eq!(examples.len(), 20);
         for (index, example) in examples.iter().enumerate() {
             assert_eq!(example, &split.example(index as u64).expect("example"));
@@ -69,7 +70,8 @@ mod tests {
     fn a_test_file_gives_its_first_problems_and_at_most_all() {
         let mut file = tempfile::NamedTempFile::new().expect("temp file");
         for i in 0..5 {
-            writeln!(file, r#"{{"question": "q{i}", "answer": "{i} + 1 = {}\n#### {}"}}"#, i + 1, i + 1).expect("write");
+            writeln!(file, r#"{{"question": "q{i}", "answer": "{i} + 1 = {}\n#### {}"}}"#, i + 1, i + 1)
+                .expect("write");
         }
         let config = DataConfig::Gsm8k(JsonlConfig {
             path: "train.jsonl".into(),

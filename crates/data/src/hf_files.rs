@@ -80,14 +80,18 @@ impl TokenizerFiles {
         };
         if !tokenizer_json.is_file() {
             let what = if path.is_dir() {
-                format!("the directory has no {TOKENIZER_JSON}; point data.tokenizer.path at a model directory that has one")
+                format!(
+                    "the directory has no {TOKENIZER_JSON}; point data.tokenizer.path at a model directory that has one"
+                )
             } else {
                 "no such file; point data.tokenizer.path at a model directory or a tokenizer.json".into()
             };
             return Err(DataError::Tokenizer { path: tokenizer_json, message: what });
         }
         let config = read_optional(&dir.join(TOKENIZER_CONFIG))?
-            .map(|(path, bytes)| parse_tokenizer_config(&bytes).map(|c| (path.clone(), c)).map_err(|m| at(&path, m)))
+            .map(|(path, bytes)| {
+                parse_tokenizer_config(&bytes).map(|c| (path.clone(), c)).map_err(|m| at(&path, m))
+            })
             .transpose()?;
         let generation = read_optional(&dir.join(GENERATION_CONFIG))?
             .map(|(path, bytes)| {
@@ -136,7 +140,9 @@ fn read_optional(path: &Path) -> Result<Option<(PathBuf, Vec<u8>)>> {
     if len > MAX_CONFIG_BYTES {
         return Err(at(
             path,
-            format!("is {len} bytes, more than the {MAX_CONFIG_BYTES} a tokenizer or generation config can be"),
+            format!(
+                "is {len} bytes, more than the {MAX_CONFIG_BYTES} a tokenizer or generation config can be"
+            ),
         ));
     }
     let mut bytes = Vec::with_capacity(len as usize);
@@ -218,7 +224,9 @@ pub fn parse_generation_config(bytes: &[u8]) -> std::result::Result<GenerationCo
     };
     let eos_token_ids = match object.get("eos_token_id") {
         None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(ids)) => ids.iter().map(|value| id("eos_token_id", value)).collect::<Result<_, _>>()?,
+        Some(Value::Array(ids)) => {
+            ids.iter().map(|value| id("eos_token_id", value)).collect::<Result<_, _>>()?
+        }
         Some(value) => vec![id("eos_token_id", value)?],
     };
     let pad_token_id = match object.get("pad_token_id") {
@@ -284,11 +292,16 @@ mod tests {
             br#"{"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643, "top_p": 0.95}"#,
         )
         .expect("parses");
-        assert_eq!(config, GenerationConfigFile { eos_token_ids: vec![151645, 151643], pad_token_id: Some(151643) });
+        assert_eq!(
+            config,
+            GenerationConfigFile { eos_token_ids: vec![151645, 151643], pad_token_id: Some(151643) }
+        );
         let config = parse_generation_config(br#"{"eos_token_id": 2}"#).expect("parses");
         assert_eq!(config.eos_token_ids, [2]);
         assert_eq!(parse_generation_config(b"{}").expect("parses"), GenerationConfigFile::default());
-        for text in [r#"{"eos_token_id": -1}"#, r#"{"eos_token_id": [1, "2"]}"#, r#"{"pad_token_id": 4294967296}"#] {
+        for text in
+            [r#"{"eos_token_id": -1}"#, r#"{"eos_token_id": [1, "2"]}"#, r#"{"pad_token_id": 4294967296}"#]
+        {
             let error = parse_generation_config(text.as_bytes()).expect_err(text);
             assert!(error.contains("_token_id` must hold token ids"), "{text}: {error}");
         }
@@ -309,7 +322,10 @@ mod tests {
         std::fs::write(dir.path().join(GENERATION_CONFIG), r#"{"eos_token_id": "x"}"#).expect("write");
         let error = TokenizerFiles::find(dir.path()).expect_err("bad generation config");
         let message = error.to_string();
-        assert!(message.contains("generation_config.json") && message.contains("`eos_token_id`"), "{message}");
+        assert!(
+            message.contains("generation_config.json") && message.contains("`eos_token_id`"),
+            "{message}"
+        );
     }
 
     #[test]

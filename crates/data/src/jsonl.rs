@@ -119,32 +119,30 @@ impl ExampleSource for JsonlSource {
             (self.line_starts[index as usize] as usize, self.line_starts[index as usize + 1] as usize);
         let line = self.map[start..end].strip_suffix(b"\n").unwrap_or(&self.map[start..end]);
         let line = line.strip_suffix(b"\r").unwrap_or(line);
+        self.format.parse_line(line).map_err(|message| self.line_error(index, message))
+    }
+}
+
+impl JsonlFormat {
+    /// The example on one line (without its line break); the error names the field at fault.
+    pub fn parse_line(self, line: &[u8]) -> std::result::Result<Example, String> {
         if line.iter().all(u8::is_ascii_whitespace) {
-            return Err(
-                self.line_error(index, "blank line; remove it (every line must be one example)".into())
-            );
+            return Err("blank line; remove it (every line must be one example)".into());
         }
-        let value: Value = serde_json::from_slice(line).map_err(|error| {
-            self.line_error(index, format!("not valid JSON ({error}); write one object per line"))
-        })?;
+        let value: Value = serde_json::from_slice(line)
+            .map_err(|error| format!("not valid JSON ({error}); write one object per line"))?;
         let Value::Object(mut object) = value else {
-            return Err(self.line_error(index, format!("expected an object, found {}", kind_of(&value))));
+            return Err(format!("expected an object, found {}", kind_of(&value)));
         };
-        let prompt_field = self.format.prompt_field();
+        let prompt_field = self.prompt_field();
         let mut field = |name: &str| match object.remove(name) {
             Some(Value::String(text)) => Ok(text),
-            Some(other) => {
-                Err(self
-                    .line_error(index, format!("field `{name}` must be a string, found {}", kind_of(&other))))
-            }
-            None => Err(self.line_error(
-                index,
-                format!("missing field `{name}`; every line needs `{prompt_field}` and `answer`"),
-            )),
+            Some(other) => Err(format!("field `{name}` must be a string, found {}", kind_of(&other))),
+            None => Err(format!("missing field `{name}`; every line needs `{prompt_field}` and `answer`")),
         };
         let example = Example { prompt: field(prompt_field)?, answer: field("answer")? };
-        if self.format == JsonlFormat::Gsm8k {
-            check_final_answer(&example.answer).map_err(|message| self.line_error(index, message))?;
+        if self == JsonlFormat::Gsm8k {
+            check_final_answer(&example.answer)?;
         }
         Ok(example)
     }
@@ -246,23 +244,33 @@ mod tests {
         let file = file_with(&format!("{good}\n"));
         let source = JsonlSource::open(file.path(), JsonlFormat::Gsm8k).expect("valid");
         let example = source.example(0).expect("example");
-        assert!(example.prompt.starts_with("Natalia sold") && example.answer.ends_with("#### 72"), "{example:?}");
+        assert!(
+            example.prompt.starts_with("Natalia sold") && example.answer.ends_with("#### 72"),
+            "{example:?}"
+        );
 
         let gsm8k_error = |contents: String| {
             let file = file_with(&contents);
-            let message = JsonlSource::open(file.path(), JsonlFormat::Gsm8k).expect_err("invalid").to_string();
+            let message =
+                JsonlSource::open(file.path(), JsonlFormat::Gsm8k).expect_err("invalid").to_string();
             assert!(message.starts_with(&format!("{}:", file.path().display())), "names the file: {message}");
             message
         };
         let message = gsm8k_error(format!("{good}\n{{\"prompt\": \"q\", \"answer\": \"#### 1\"}}\n"));
-        assert!(message.contains(":2: missing field `question`; every line needs `question` and `answer`"), "{message}");
+        assert!(
+            message.contains(":2: missing field `question`; every line needs `question` and `answer`"),
+            "{message}"
+        );
         let message = gsm8k_error(format!("{good}\n{good}\n{{\"question\": \"q\"}}\n"));
         assert!(message.contains(":3: missing field `answer`"), "{message}");
-        let message = gsm8k_error(format!("{{\"question\": \"q\", \"answer\": \"so the answer is 72\"}}\n"));
+        let message = gsm8k_error("{\"question\": \"q\", \"answer\": \"so the answer is 72\"}\n".to_string());
         assert!(message.contains(":1: field `answer` has no `#### <number>` final answer"), "{message}");
         assert!(message.contains("72"), "shows the end of the answer: {message}");
         let message = gsm8k_error(format!("{good}\n{{\"question\": \"q\", \"answer\": \"#### seventy\"}}"));
-        assert!(message.contains(":2: field `answer`'s final answer \"seventy\" is not a number"), "{message}");
+        assert!(
+            message.contains(":2: field `answer`'s final answer \"seventy\" is not a number"),
+            "{message}"
+        );
         // The plain format does not ask for a marker.
         let file = file_with("{\"prompt\": \"q\", \"answer\": \"seventy\"}");
         JsonlSource::open(file.path(), JsonlFormat::PromptAnswer).expect("no marker needed");
@@ -273,7 +281,8 @@ mod tests {
         let file = file_with("");
         let error = JsonlSource::open(file.path(), JsonlFormat::PromptAnswer).expect_err("empty");
         assert!(matches!(error, DataError::EmptyFile { .. }), "{error:?}");
-        let error = JsonlSource::open(Path::new("/nonexistent/train.jsonl"), JsonlFormat::PromptAnswer).expect_err("missing");
+        let error = JsonlSource::open(Path::new("/nonexistent/train.jsonl"), JsonlFormat::PromptAnswer)
+            .expect_err("missing");
         assert!(error.to_string().contains("/nonexistent/train.jsonl"), "{error}");
     }
 }

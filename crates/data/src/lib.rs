@@ -54,7 +54,8 @@ pub use arithmetic::{Arithmetic, Op, Problem, Split};
 pub use batch::{Batch, BatchSpec, Loader, build_prompter};
 pub use chat::{ChatTemplate, Message, RenderOptions};
 pub use config::{
-    ArithmeticConfig, ChatConfig, DataConfig, HfTokenizerConfig, JsonlConfig, TokenFileConfig, TokenizerConfig,
+    ArithmeticConfig, ChatConfig, DataConfig, HfTokenizerConfig, JsonlConfig, TokenFileConfig,
+    TokenizerConfig,
 };
 pub use error::DataError;
 pub use held_out::held_out_examples;

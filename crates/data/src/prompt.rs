@@ -66,7 +66,11 @@ impl Prompter {
     /// The conversation a prompt becomes: the system turn, if any, and the user's.
     pub fn messages(&self, prompt: &str) -> Vec<Message> {
         let system = self.chat.as_ref().and_then(|chat| chat.system.as_deref());
-        system.map(|system| Message::new("system", system)).into_iter().chain([Message::new("user", prompt)]).collect()
+        system
+            .map(|system| Message::new("system", system))
+            .into_iter()
+            .chain([Message::new("user", prompt)])
+            .collect()
     }
 
     /// The text the model is conditioned on: the rendered chat prompt, or the prompt itself.

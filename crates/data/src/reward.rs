@@ -220,7 +220,8 @@ impl Reward {
         let well_formed = final_answer.as_deref().is_some_and(is_well_formed_number);
         let expected = reference_answer(reference);
         let exact_match = final_answer.as_deref().is_some_and(|found| answers_match(found, &expected));
-        let digits_right = match (final_answer.as_deref().and_then(leading_number), leading_number(&expected)) {
+        let digits_right = match (final_answer.as_deref().and_then(leading_number), leading_number(&expected))
+        {
             _ if exact_match => 1.0,
             (Some(found), Some(expected)) => digit_credit(&found, &expected),
             _ => 0.0,

@@ -163,10 +163,13 @@ impl HfTokenizer {
         let json = &files.tokenizer_json;
         let inner = tokenizers::Tokenizer::from_file(json).map_err(|error| DataError::Tokenizer {
             path: json.clone(),
-            message: format!("cannot load: {error}; it must be a tokenizer.json written by the tokenizers library"),
+            message: format!(
+                "cannot load: {error}; it must be a tokenizer.json written by the tokenizers library"
+            ),
         })?;
         let config = files.config.as_ref().map(|(_, config)| config.clone()).unwrap_or_default();
-        let generation = files.generation.as_ref().map(|(_, generation)| generation.clone()).unwrap_or_default();
+        let generation =
+            files.generation.as_ref().map(|(_, generation)| generation.clone()).unwrap_or_default();
         // Where each special token's text came from, for the error that names it.
         let config_path = files.config.as_ref().map_or_else(|| json.clone(), |(path, _)| path.clone());
         let lookup = |role: &'static str, token: &str, from: &Path| {
@@ -179,9 +182,13 @@ impl HfTokenizer {
         // Ids can be sparse (added tokens placed past the model's vocabulary), so the size is the
         // largest id + 1, not the number of entries.
         let largest_id = inner.get_vocab(true).into_values().max().unwrap_or(0);
-        let vocab_size = largest_id.checked_add(1).filter(|&size| size <= i32::MAX as u32).ok_or_else(|| {
-            DataError::Tokenizer { path: json.clone(), message: format!("token id {largest_id} does not fit int32") }
-        })?;
+        let vocab_size =
+            largest_id.checked_add(1).filter(|&size| size <= i32::MAX as u32).ok_or_else(|| {
+                DataError::Tokenizer {
+                    path: json.clone(),
+                    message: format!("token id {largest_id} does not fit int32"),
+                }
+            })?;
         let generation_path = files.generation.as_ref().map(|(path, _)| path.clone());
         let check_id = |field: &'static str, id: u32| {
             if id < vocab_size {
@@ -189,7 +196,9 @@ impl HfTokenizer {
             } else {
                 Err(DataError::Tokenizer {
                     path: generation_path.clone().unwrap_or_else(|| json.clone()),
-                    message: format!("`{field}` {id} is not an id of the tokenizer (its vocabulary is {vocab_size})"),
+                    message: format!(
+                        "`{field}` {id} is not an id of the tokenizer (its vocabulary is {vocab_size})"
+                    ),
                 })
             }
         };
@@ -239,7 +248,18 @@ impl HfTokenizer {
             Some((path, source)) => Some(ChatTemplate::new(source, path, special_texts.clone(), date)?),
             None => None,
         };
-        Ok(Self { path: json.clone(), files, inner, vocab_size, pad, bos, eos, stop, special_texts, chat_template })
+        Ok(Self {
+            path: json.clone(),
+            files,
+            inner,
+            vocab_size,
+            pad,
+            bos,
+            eos,
+            stop,
+            special_texts,
+            chat_template,
+        })
     }
 
     /// The files this tokenizer was read from (what a model export copies).
@@ -267,7 +287,12 @@ fn post_processor_prefix(inner: &tokenizers::Tokenizer, path: &Path) -> Result<O
     let probe = "a";
     let plain = inner.encode(probe, false).map_err(error)?;
     let with_special = inner.encode(probe, true).map_err(error)?;
-    let added: Vec<u32> = with_special.get_ids().iter().copied().take_while(|&id| Some(&id) != plain.get_ids().first()).collect();
+    let added: Vec<u32> = with_special
+        .get_ids()
+        .iter()
+        .copied()
+        .take_while(|&id| Some(&id) != plain.get_ids().first())
+        .collect();
     match added.as_slice() {
         [] => Ok(None),
         [bos] => Ok(Some(*bos)),
@@ -365,8 +390,9 @@ mod tests {
 
     #[test]
     fn hf_missing_file_names_the_path() {
-        let error = HfTokenizer::load(Path::new("/nonexistent/tokenizer.json"), &SpecialTokens::default(), None)
-            .expect_err("missing");
+        let error =
+            HfTokenizer::load(Path::new("/nonexistent/tokenizer.json"), &SpecialTokens::default(), None)
+                .expect_err("missing");
         assert!(error.to_string().contains("/nonexistent/tokenizer.json"), "{error}");
     }
 }

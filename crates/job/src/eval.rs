@@ -59,7 +59,11 @@ impl EvalSpec {
             };
             return invalid(
                 "eval.problems",
-                format!("{}, but data of kind {} has no held-out problems; {fix}", self.problems, data.kind()),
+                format!(
+                    "{}, but data of kind {} has no held-out problems; {fix}",
+                    self.problems,
+                    data.kind()
+                ),
             );
         }
         let shapes = [("eval.prompt_len", self.prompt_len), ("eval.max_new_tokens", self.max_new_tokens)];
@@ -80,7 +84,11 @@ impl EvalSpec {
                         format!(
                             "is missing; an SFT job decodes its held-out problems greedily into buffers of \
                              eval.prompt_len + eval.max_new_tokens tokens: set both (e.g. {}), or eval.problems: 0",
-                            if field == "eval.prompt_len" { "prompt_len: 256" } else { "max_new_tokens: 512" }
+                            if field == "eval.prompt_len" {
+                                "prompt_len: 256"
+                            } else {
+                                "max_new_tokens: 512"
+                            }
                         ),
                     );
                 }

@@ -365,25 +365,36 @@ fn memory_levers_parse_with_defaults_and_named_errors() {
 
 #[test]
 fn eval_is_for_any_job_whose_data_has_held_out_problems() {
-    let grpo = TINY.replace("seq_len: 128\n", "grpo: { prompt_len: 32, max_new_tokens: 96, generations: 8 }\n");
+    let grpo =
+        TINY.replace("seq_len: 128\n", "grpo: { prompt_len: 32, max_new_tokens: 96, generations: 8 }\n");
     let gsm8k = |extra: &str| {
-        format!("data: {{ kind: gsm8k, path: train.jsonl{extra}, tokenizer: {{ kind: hf, path: Qwen3-1.7B }}, chat: {{}} }}")
+        format!(
+            "data: {{ kind: gsm8k, path: train.jsonl{extra}, tokenizer: {{ kind: hf, path: Qwen3-1.7B }}, chat: {{}} }}"
+        )
     };
     // GRPO on a file without a test file: no evaluation unless asked for; asked for, an error.
     let spec = parse(&with_line(&grpo, &gsm8k(""))).unwrap();
     assert_eq!((spec.eval.as_ref(), spec.evaluation()), (None, None));
     let e = parse(&format!("{}\neval: {{ problems: 64 }}", with_line(&grpo, &gsm8k("")))).unwrap_err();
-    assert!(e.contains("`eval.problems`: 64, but data of kind gsm8k has no held-out problems; set data.test"), "{e}");
+    assert!(
+        e.contains("`eval.problems`: 64, but data of kind gsm8k has no held-out problems; set data.test"),
+        "{e}"
+    );
     // With a test file, GRPO evaluates by default and takes its decode shapes from grpo:.
     let spec = parse(&with_line(&grpo, &gsm8k(", test: test.jsonl"))).unwrap();
     assert_eq!(spec.evaluation().map(|e| e.problems), Some(256));
-    let e = parse(&format!("{}\neval: {{ every: 5, max_new_tokens: 64 }}", with_line(&grpo, &gsm8k(", test: test.jsonl"))))
-        .unwrap_err();
+    let e = parse(&format!(
+        "{}\neval: {{ every: 5, max_new_tokens: 64 }}",
+        with_line(&grpo, &gsm8k(", test: test.jsonl"))
+    ))
+    .unwrap_err();
     assert!(e.contains("`eval.max_new_tokens`: a GRPO job evaluates with its rollout program"), "{e}");
     // An SFT job evaluates only when asked, and needs its decode buffers.
     let sft = with(&gsm8k(", test: test.jsonl"));
     assert_eq!(parse(&sft).unwrap().eval, None);
-    let spec = parse(&format!("{sft}\neval: {{ problems: 100, every: 50, prompt_len: 256, max_new_tokens: 512 }}")).unwrap();
+    let spec =
+        parse(&format!("{sft}\neval: {{ problems: 100, every: 50, prompt_len: 256, max_new_tokens: 512 }}"))
+            .unwrap();
     assert_eq!(
         spec.evaluation(),
         Some(&EvalSpec { problems: 100, every: 50, prompt_len: Some(256), max_new_tokens: Some(512) })
@@ -410,5 +421,8 @@ fn eval_is_for_any_job_whose_data_has_held_out_problems() {
 /// `spec` with its `data:` line replaced by `line`.
 fn with_line(spec: &str, line: &str) -> String {
     let key = line.split(':').next().unwrap();
-    spec.lines().map(|l| if l.starts_with(&format!("{key}:")) { line } else { l }).collect::<Vec<_>>().join("\n")
+    spec.lines()
+        .map(|l| if l.starts_with(&format!("{key}:")) { line } else { l })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
