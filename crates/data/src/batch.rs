@@ -200,6 +200,28 @@ impl Loader {
         }
     }
 
+    /// Checks that every id the data can hold fits a model whose embedding has
+    /// `model_vocab_size` rows (an id past it would be clamped by the lookup and train garbage,
+    /// silently): the tokenizer's vocabulary, or a token file's largest id.
+    pub fn check_model_vocab(&self, model_vocab_size: u64, model: &str) -> Result<()> {
+        let (ids, what) = match &self.source {
+            Source::Examples { prompter, .. } => {
+                (u64::from(prompter.tokenizer().vocab_size()), "the tokenizer's vocabulary")
+            }
+            Source::Windows(file) => (file.largest_token() + 1, "the token file's ids"),
+        };
+        if ids > model_vocab_size {
+            return Err(DataError::InvalidConfig {
+                field: "data.tokenizer",
+                message: format!(
+                    "{what} needs {ids} embedding rows, but model {model} has {model_vocab_size}; use the \
+                     model's own tokenizer, or a model whose vocabulary holds every id"
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// The batch shape.
     pub fn spec(&self) -> BatchSpec {
         self.spec
@@ -397,6 +419,17 @@ mod tests {
             seed,
         )
         .expect("loader")
+    }
+
+    #[test]
+    fn a_model_vocabulary_smaller_than_the_tokenizers_is_refused() {
+        let loader = arithmetic_loader(BatchSpec::new(2, 2, 64).expect("valid"), 0);
+        loader.check_model_vocab(128, "tiny").expect("the char tokenizer fits tiny");
+        let message = loader.check_model_vocab(100, "small").expect_err("128 ids").to_string();
+        assert!(
+            message.starts_with("data.tokenizer:") && message.contains("128") && message.contains("small"),
+            "{message}"
+        );
     }
 
     #[test]

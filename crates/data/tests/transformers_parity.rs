@@ -11,7 +11,8 @@
 //! special ids, stop ids and vocabulary size must agree.
 
 use podctl_data::{
-    ChatConfig, HfTokenizer, Message, Prompter, RenderOptions, SpecialTokens, Tokenizer, hash_words,
+    BatchSpec, ChatConfig, DataConfig, HfTokenizer, Loader, Message, Prompter, RenderOptions, Reward,
+    RewardWeights, SpecialTokens, Tokenizer, hash_words, held_out_examples,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -449,4 +450,70 @@ fn a_post_processor_bos_and_a_template_bos_equal_transformers() {
         message.contains("tokenizer_config.json") && message.contains("Only user and assistant roles"),
         "{message}"
     );
+}
+
+#[test]
+fn gsm8k_sft_rows_with_qwen3_train_on_the_answer_and_its_end_of_turn() {
+    let dir = qwen3_dir();
+    let fixture = root().join("tests/fixtures/gsm8k");
+    let config: DataConfig = serde_json::from_value(json!({
+        "kind": "gsm8k",
+        "path": fixture.join("train.jsonl"),
+        "test": fixture.join("test.jsonl"),
+        "tokenizer": {"kind": "hf", "path": dir.path()},
+        "chat": {},
+    }))
+    .expect("a data config");
+    config.validate().expect("valid");
+    let (rows, seq_len) = (8, 256);
+    let loader =
+        Loader::from_config(&config, BatchSpec::new(rows, rows, seq_len).expect("valid"), 3).expect("loader");
+    loader.check_model_vocab(151_936, "qwen3-1.7b").expect("Qwen3's tokenizer fits Qwen3");
+    let batch = loader.micro_batch(0, 0).expect("batch");
+    let examples = loader.prompts(0, 0).expect("examples");
+    let prompter = loader.prompter().expect("examples");
+    let tokenizer = prompter.tokenizer();
+    assert_eq!(batch.truncated_rows, 0);
+    for (row, example) in examples.iter().enumerate() {
+        let prompt = prompter.prompt_ids(&example.prompt).expect("prompt");
+        let answer = prompter.answer_ids(&example.answer).expect("answer");
+        assert_eq!(answer.last(), Some(&151_645), "answers end with <|im_end|>");
+        assert!(
+            prompter
+                .prompt_text(&example.prompt)
+                .expect("text")
+                .ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        );
+        let span = row * seq_len..(row + 1) * seq_len;
+        let sequence: Vec<i32> = prompt.iter().chain(&answer).map(|&id| id as i32).collect();
+        assert_eq!(batch.tokens[span.clone()][..sequence.len()], sequence[..]);
+        assert!(
+            batch.tokens[span.clone()][sequence.len()..].iter().all(|&id| id == 151_643),
+            "PAD is <|endoftext|>"
+        );
+        // The loss is on the answer's tokens and its <|im_end|>, nothing else.
+        let masked: Vec<u32> = batch.targets[span.clone()]
+            .iter()
+            .zip(&batch.loss_mask[span])
+            .filter(|&(_, &weight)| weight == 1.0)
+            .map(|(&id, _)| id as u32)
+            .collect();
+        assert_eq!(masked, answer);
+        assert_eq!(tokenizer.decode(&masked).expect("decodes"), example.answer);
+    }
+
+    // The held-out file, all of it, and every reference scores as its own exact match.
+    let held_out = held_out_examples(&config, 1_000, 0).expect("held out");
+    assert_eq!(held_out.len(), 36);
+    for example in &held_out {
+        let reward = Reward::score(&example.answer, &example.answer, &RewardWeights::default());
+        assert!(reward.exact_match && reward.well_formed && reward.stops_cleanly, "{example:?}");
+    }
+    // A completion ends at either stop id.
+    for stop in [151_645, 151_643] {
+        let mut completion = tokenizer.encode("2 + 2 = 4\n#### 4").expect("encodes");
+        completion.push(stop);
+        completion.extend(tokenizer.encode("and more").expect("encodes"));
+        assert_eq!(prompter.completion_text(&completion), "2 + 2 = 4\n#### 4");
+    }
 }
