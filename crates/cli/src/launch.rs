@@ -127,6 +127,7 @@ pub fn run(
 
     let spec = BatchSpec::new(job.batch.global as usize, job.batch.micro as usize, job.seq_len as usize)?;
     let loader = Loader::from_config(&job.data, spec, job.seed)?;
+    loader.check_model_vocab(bundle.manifest().model.vocab_size, &job.model)?;
     let run_dir = job.output_dir();
     let record = RunRecord::create(&run_dir)?;
     let mut progress = Progress::new(record, job.steps);

@@ -200,22 +200,18 @@ impl Loader {
         }
     }
 
-    /// Checks that every id the data can hold fits a model whose embedding has
-    /// `model_vocab_size` rows (an id past it would be clamped by the lookup and train garbage,
-    /// silently): the tokenizer's vocabulary, or a token file's largest id.
+    /// Checks that every id the tokenizer can produce fits a model whose embedding has
+    /// `model_vocab_size` rows: an id past it would be clamped by the lookup and train garbage,
+    /// silently. (Token files are not scanned for it: a corpus can be terabytes.)
     pub fn check_model_vocab(&self, model_vocab_size: u64, model: &str) -> Result<()> {
-        let (ids, what) = match &self.source {
-            Source::Examples { prompter, .. } => {
-                (u64::from(prompter.tokenizer().vocab_size()), "the tokenizer's vocabulary")
-            }
-            Source::Windows(file) => (file.largest_token() + 1, "the token file's ids"),
-        };
+        let Source::Examples { prompter, .. } = &self.source else { return Ok(()) };
+        let ids = u64::from(prompter.tokenizer().vocab_size());
         if ids > model_vocab_size {
             return Err(DataError::InvalidConfig {
                 field: "data.tokenizer",
                 message: format!(
-                    "{what} needs {ids} embedding rows, but model {model} has {model_vocab_size}; use the \
-                     model's own tokenizer, or a model whose vocabulary holds every id"
+                    "the tokenizer's ids need {ids} embedding rows, but model {model} has {model_vocab_size}; \
+                     use the model's own tokenizer, or a model whose vocabulary holds every id"
                 ),
             });
         }

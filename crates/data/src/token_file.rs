@@ -91,19 +91,6 @@ impl TokenFile {
         self.num_tokens().saturating_sub(1) / seq_len.max(1) as u64
     }
 
-    /// The largest token id in the file (one pass over it).
-    pub fn largest_token(&self) -> u64 {
-        let width = self.dtype.size() as usize;
-        self.map
-            .chunks_exact(width)
-            .map(|chunk| match self.dtype {
-                TokenDtype::U16 => u64::from(u16::from_le_bytes([chunk[0], chunk[1]])),
-                TokenDtype::U32 => u64::from(u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]])),
-            })
-            .max()
-            .unwrap_or(0)
-    }
-
     /// Checks that the file holds at least one window of `seq_len + 1` tokens.
     pub fn check_fits(&self, seq_len: usize) -> Result<()> {
         if self.num_windows(seq_len) == 0 {
@@ -173,13 +160,6 @@ mod tests {
         assert_eq!(tokens.window(3, 2).expect("w2"), [106, 107, 108, 109]);
         let error = tokens.window(3, 3).expect_err("past the end");
         assert!(matches!(error, DataError::WindowOutOfRange { index: 3, windows: 3, .. }), "{error:?}");
-    }
-
-    #[test]
-    fn largest_token_reads_the_whole_file() {
-        let file = u16_file([5, 60_000, 7]);
-        let tokens = TokenFile::open(file.path(), TokenDtype::U16).expect("valid");
-        assert_eq!(tokens.largest_token(), 60_000);
     }
 
     #[test]

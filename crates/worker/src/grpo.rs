@@ -92,7 +92,7 @@ impl GrpoTask {
         let seq_len = job.seq_len as usize;
         let prompts =
             Loader::from_config(&job.data, BatchSpec::new(prompts_per_step as usize, 1, seq_len)?, job.seed)?;
-        prompts.check_model_vocab(manifest.model.vocab_size, &manifest.model.preset)?;
+        prompts.check_model_vocab(manifest.model.vocab_size, &job.model)?;
         let held_out = match job.evaluation() {
             Some(eval) => data::held_out_examples(&job.data, eval.problems, job.seed)?,
             None => Vec::new(),
@@ -825,7 +825,9 @@ impl JobSteps {
                     job.batch.micro as usize,
                     job.seq_len as usize,
                 )?;
-                Ok(JobSteps::Sft(Loader::from_config(&job.data, batch, job.seed)?))
+                let loader = Loader::from_config(&job.data, batch, job.seed)?;
+                loader.check_model_vocab(trainer.manifest().model.vocab_size, &job.model)?;
+                Ok(JobSteps::Sft(loader))
             }
             Some(_) => Ok(JobSteps::Grpo {
                 task: Box::new(GrpoTask::new(job, trainer.manifest())?),
