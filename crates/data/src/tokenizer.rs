@@ -1,5 +1,5 @@
 //! Text to token ids and back: a character tokenizer for the synthetic task and tiny models,
-//! and Hugging Face `tokenizer.json` files for real ones.
+//! and Hugging Face model directories (`tokenizer.json` and the configs beside it) for real ones.
 
 use crate::chat::ChatTemplate;
 use crate::hf_files::TokenizerFiles;
