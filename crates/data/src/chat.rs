@@ -207,7 +207,8 @@ fn generation_blocks_as_plain(source: &str) -> String {
     while let Some(start) = rest.find("{%") {
         out.push_str(&rest[..start]);
         let tag = &rest[start..];
-        let Some(end) = tag.find("%}") else { break };
+        // The closing `%}` after the opening `{%` (in `{%}` they overlap).
+        let Some(end) = tag[2..].find("%}").map(|at| at + 2) else { break };
         let inner = &tag[2..end];
         let (open, body, close) = split_marks(inner);
         match body.trim() {
@@ -702,6 +703,10 @@ mod tests {
             generation_blocks_as_plain("a{%- generation -%} b {% endgeneration +%}c{% if x %}"),
             "a{%- if true -%} b {% endif +%}c{% if x %}"
         );
+        // Tags that are not well formed are left for the parser to refuse (found by fuzzing).
+        for broken in ["{%}", "{%}%}", "{%", "a {%- %}", "{%-%}{%+-%}"] {
+            assert_eq!(generation_blocks_as_plain(broken), broken);
+        }
         let source = "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}";
         assert_eq!(render(source, &[Message::new("assistant", "ok")], &RenderOptions::default()), "ok");
     }
