@@ -21,14 +21,19 @@
 
 use crate::{DataError, Result};
 use minijinja::value::{Kwargs, Rest, Value, ValueKind};
-use minijinja::{AutoEscape, Environment, Error, ErrorKind};
+use minijinja::{AutoEscape, Environment, Error, ErrorKind, State};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-/// Instructions (roughly: expression evaluations) one rendering may take; a few thousand render
-/// a chat prompt.
-const FUEL: u64 = 5_000_000;
+/// Work one rendering may do: minijinja charges one unit per instruction and per 64 bytes of
+/// data it makes, so this bounds a rendering's time and its strings (64 MiB); a chat prompt takes
+/// a few thousand.
+const FUEL: u64 = 1_000_000;
+/// The longest text `tojson` or a printed container may make (Python has no limit; a template
+/// from the hub must not make podctl allocate without one).
+const MAX_FORMATTED_BYTES: usize = 16 << 20;
+/// The widest `tojson` indent.
+const MAX_INDENT: i64 = 64;
 /// The template's name inside the environment (it shows in minijinja's messages).
 const NAME: &str = "chat_template";
 /// Names a message's reasoning is passed under, the first the one templates read.
@@ -131,8 +136,10 @@ impl ChatTemplate {
         env.set_auto_escape_callback(|_| AutoEscape::None);
         env.set_fuel(Some(FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.set_formatter(|out, _state, value| {
-            out.write_str(&python_str(value)).map_err(|_| Error::from(ErrorKind::WriteFailure))
+        env.set_formatter(|out, state, value| {
+            let text = python_str(value)?;
+            charge(state, text.len())?;
+            out.write_str(&text).map_err(|_| Error::from(ErrorKind::WriteFailure))
         });
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", |message: String| -> std::result::Result<Value, Error> {
@@ -257,9 +264,31 @@ fn strftime(date: Option<chrono::NaiveDate>, format: &str, path: &Path) -> std::
     Ok(Value::from(text))
 }
 
+/// Charges the fuel of `bytes` of text made outside the engine (as minijinja charges its own
+/// serializations: 16 units a byte).
+fn charge(state: &State, bytes: usize) -> std::result::Result<(), Error> {
+    state.consume_fuel((bytes as u64).saturating_mul(16) / 64)
+}
+
+/// An error once formatted text would pass [`MAX_FORMATTED_BYTES`].
+fn check_size(len: usize) -> std::result::Result<(), Error> {
+    if len > MAX_FORMATTED_BYTES {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("the text a value formats to passes {MAX_FORMATTED_BYTES} bytes"),
+        ));
+    }
+    Ok(())
+}
+
 /// transformers' `tojson`: Python's `json.dumps(x, ensure_ascii=False, indent=None,
 /// separators=None, sort_keys=False)`, options by keyword or in that order.
-fn tojson(value: Value, args: Rest<Value>, kwargs: Kwargs) -> std::result::Result<Value, Error> {
+fn tojson(
+    state: &State,
+    value: Value,
+    args: Rest<Value>,
+    kwargs: Kwargs,
+) -> std::result::Result<Value, Error> {
     let mut options = JsonOptions {
         ensure_ascii: false,
         indent: None,
@@ -287,7 +316,16 @@ fn tojson(value: Value, args: Rest<Value>, kwargs: Kwargs) -> std::result::Resul
                 options.indent = match value.kind() {
                     ValueKind::None | ValueKind::Undefined => None,
                     ValueKind::String => Some(value.as_str().unwrap_or_default().to_owned()),
-                    ValueKind::Number => Some(" ".repeat(i64::try_from(value.clone())?.max(0) as usize)),
+                    ValueKind::Number => {
+                        let width = i64::try_from(value.clone())?;
+                        if width > MAX_INDENT {
+                            return Err(Error::new(
+                                ErrorKind::InvalidOperation,
+                                format!("tojson: indent {width} is wider than {MAX_INDENT}"),
+                            ));
+                        }
+                        Some(" ".repeat(width.max(0) as usize))
+                    }
                     other => {
                         return Err(Error::new(
                             ErrorKind::InvalidOperation,
@@ -318,6 +356,7 @@ fn tojson(value: Value, args: Rest<Value>, kwargs: Kwargs) -> std::result::Resul
         separators.unwrap_or_else(|| (if options.indent.is_some() { "," } else { ", " }.into(), ": ".into()));
     let mut out = String::new();
     write_json(&mut out, &value, &options, 0)?;
+    charge(state, out.len())?;
     Ok(Value::from(out))
 }
 
@@ -341,13 +380,16 @@ fn write_json(
     if depth > MAX_JSON_DEPTH {
         return Err(Error::new(ErrorKind::InvalidOperation, "tojson: the value is nested too deeply"));
     }
+    check_size(out.len())?;
     let newline = |out: &mut String, level: usize| {
         if let Some(indent) = &options.indent {
+            check_size(out.len().saturating_add(indent.len().saturating_mul(level)))?;
             out.push('\n');
             for _ in 0..level {
                 out.push_str(indent);
             }
         }
+        Ok::<(), Error>(())
     };
     match value.kind() {
         ValueKind::None => out.push_str("null"),
@@ -368,10 +410,10 @@ fn write_json(
                 if i > 0 {
                     out.push_str(&options.item);
                 }
-                newline(out, depth + 1);
+                newline(out, depth + 1)?;
                 write_json(out, item, options, depth + 1)?;
             }
-            newline(out, depth);
+            newline(out, depth)?;
             out.push(']');
         }
         ValueKind::Map => {
@@ -392,12 +434,12 @@ fn write_json(
                 if i > 0 {
                     out.push_str(&options.item);
                 }
-                newline(out, depth + 1);
+                newline(out, depth + 1)?;
                 write_json_string(out, key, options.ensure_ascii);
                 out.push_str(&options.key);
                 write_json(out, item, options, depth + 1)?;
             }
-            newline(out, depth);
+            newline(out, depth)?;
             out.push('}');
         }
         other => {
@@ -504,64 +546,75 @@ fn python_float(x: f64) -> String {
 
 /// What Python's `str()` prints for a value (Jinja2 prints through it): `None`, `True`, `1.0`,
 /// `['a', 1]`, `{'k': None}`; an undefined value prints nothing.
-fn python_str(value: &Value) -> String {
+fn python_str(value: &Value) -> std::result::Result<String, Error> {
     match value.kind() {
-        ValueKind::Undefined => String::new(),
-        ValueKind::String => value.as_str().unwrap_or_default().to_owned(),
-        _ => python_repr(value, 0),
+        ValueKind::Undefined => Ok(String::new()),
+        ValueKind::String => Ok(value.as_str().unwrap_or_default().to_owned()),
+        _ => {
+            let mut out = String::new();
+            write_python_repr(&mut out, value, 0)?;
+            Ok(out)
+        }
     }
 }
 
-/// Python's `repr()` of a value (strings quoted), for what `str()` prints inside containers.
-fn python_repr(value: &Value, depth: usize) -> String {
+/// Python's `repr()` of a value (strings quoted), what `str()` prints inside containers.
+fn write_python_repr(out: &mut String, value: &Value, depth: usize) -> std::result::Result<(), Error> {
+    check_size(out.len())?;
     if depth > MAX_JSON_DEPTH {
-        return "...".into();
+        return Err(Error::new(ErrorKind::InvalidOperation, "the value is nested too deeply to print"));
     }
     match value.kind() {
-        ValueKind::Undefined => String::new(),
-        ValueKind::None => "None".into(),
-        ValueKind::Bool => (if value.is_true() { "True" } else { "False" }).into(),
-        ValueKind::Number if value.is_integer() => value.to_string(),
-        ValueKind::Number => {
-            f64::try_from(value.clone()).map(python_float).unwrap_or_else(|_| value.to_string())
+        ValueKind::Undefined => {}
+        ValueKind::None => out.push_str("None"),
+        ValueKind::Bool => out.push_str(if value.is_true() { "True" } else { "False" }),
+        ValueKind::Number if value.is_integer() => {
+            let _ = write!(out, "{value}");
         }
-        ValueKind::String => python_string_repr(value.as_str().unwrap_or_default()),
-        ValueKind::Seq => {
-            let items: Vec<String> = value
-                .try_iter()
-                .map(|items| items.map(|item| python_repr(&item, depth + 1)).collect())
-                .unwrap_or_default();
-            if value.is_tuple() {
-                match items.len() {
-                    1 => format!("({},)", items[0]),
-                    _ => format!("({})", items.join(", ")),
-                }
-            } else {
-                format!("[{}]", items.join(", "))
+        ValueKind::Number => match f64::try_from(value.clone()) {
+            Ok(x) => out.push_str(&python_float(x)),
+            Err(_) => {
+                let _ = write!(out, "{value}");
             }
+        },
+        ValueKind::String => write_python_string_repr(out, value.as_str().unwrap_or_default()),
+        ValueKind::Seq => {
+            let (open, close) = if value.is_tuple() { ('(', ")") } else { ('[', "]") };
+            out.push(open);
+            let mut count = 0;
+            for (i, item) in value.try_iter()?.enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write_python_repr(out, &item, depth + 1)?;
+                count += 1;
+            }
+            // A one-tuple keeps its comma: `(1,)`.
+            out.push_str(if value.is_tuple() && count == 1 { ",)" } else { close });
         }
         ValueKind::Map => {
-            let entries: Vec<String> = value
-                .try_iter()
-                .map(|keys| {
-                    keys.map(|key| {
-                        let item = value.get_item(&key).unwrap_or_default();
-                        format!("{}: {}", python_repr(&key, depth + 1), python_repr(&item, depth + 1))
-                    })
-                    .collect()
-                })
-                .unwrap_or_default();
-            format!("{{{}}}", entries.join(", "))
+            out.push('{');
+            for (i, key) in value.try_iter()?.enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write_python_repr(out, &key, depth + 1)?;
+                out.push_str(": ");
+                write_python_repr(out, &value.get_item(&key).unwrap_or_default(), depth + 1)?;
+            }
+            out.push('}');
         }
-        _ => value.to_string(),
+        _ => {
+            let _ = write!(out, "{value}");
+        }
     }
+    Ok(())
 }
 
 /// Python's `repr(str)`: single quotes unless the text has one and no double quote; backslash,
 /// the quote, `\t`, `\n`, `\r` and other control characters (C0, DEL, C1) escaped.
-fn python_string_repr(text: &str) -> String {
+fn write_python_string_repr(out: &mut String, text: &str) {
     let quote = if text.contains('\'') && !text.contains('"') { '"' } else { '\'' };
-    let mut out = String::with_capacity(text.len() + 2);
     out.push(quote);
     for ch in text.chars() {
         match ch {
@@ -580,11 +633,7 @@ fn python_string_repr(text: &str) -> String {
         }
     }
     out.push(quote);
-    out
 }
-
-/// A shared, compiled template (the tokenizer and every prompt renderer hold the same one).
-pub type SharedChatTemplate = Arc<ChatTemplate>;
 
 #[cfg(test)]
 mod tests {
