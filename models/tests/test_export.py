@@ -113,7 +113,9 @@ def validate_manifest(bundle_dir) -> dict:
             + [per_row("prompt/tokens", "int32", prompt, donated=False),
                per_row("prompt/lengths", "int32", donated=False),
                per_row("sample/seeds", "uint32", donated=False), temperature,
-               scalar("sample/top_p", "float32", False), scalar("sample/eos_id", "int32", False),
+               scalar("sample/top_p", "float32", False),
+               {"name": "sample/stop_ids", "shape": [8], "dtype": "int32", "sharding": [[]],
+                "donated": False},
                scalar("sample/pad_id", "int32", False)],
             [per_row("completion/tokens", "int32", new), per_row("completion/lengths", "int32"),
              per_row("completion/logprobs", "float32", new)])

@@ -95,7 +95,7 @@ def test_run_executes_grpo_programs_on_a_2x2_mesh(grpo_bundle_2x2, grpo_programs
     params = [np.asarray(p) for p in tiny_init(jnp.uint32(9))[:n]]
     prompts, lengths = grpo_prompts(seed=2)
     sampling = [np.array([1, 2, 3, 4], np.uint32), np.float32(0.0), np.float32(1.0),
-                np.int32(-1), np.int32(0)]
+                np.full(8, -1, np.int32), np.int32(0)]
     write_inputs(tmp_path / "rollout_in", [*params, prompts, lengths, *sampling])
     done = reference("run", "--bundle", grpo_bundle_2x2, "--program", "rollout",
                      "--inputs", tmp_path / "rollout_in", "--outputs", tmp_path / "rollout_out")

@@ -1,5 +1,5 @@
-"""The exported rollout: greedy decoding against a naive decode without KV cache, EOS and PAD,
-seeded sampling, and the top-p nucleus (exact, and statistically through sampling)."""
+"""The exported rollout: greedy decoding against a naive decode without KV cache, stop ids and
+PAD, seeded sampling, and the top-p nucleus (exact, and statistically through sampling)."""
 
 import jax
 import jax.numpy as jnp
@@ -15,17 +15,24 @@ MODEL = preset("tiny")
 PATHS = [s.path for s in qwen3.param_specs(MODEL)]
 N = len(PATHS)
 ROWS, PROMPT, NEW = GRPO_TRAIN.micro_batch, GRPO_TRAIN.prompt_len, GRPO_TRAIN.max_new_tokens
-NO_EOS, PAD = -1, 0
+NO_STOP, PAD = (), 0
 
 PARAMS = [np.asarray(p) for p in tiny_init(jnp.uint32(9))[:N]]
 PROMPTS, LENGTHS = grpo_prompts(seed=1)
 SEEDS = np.array([11, 12, 13, 14], np.uint32)
 
 
-def run_rollout(programs, temperature, top_p=1.0, eos=NO_EOS, pad=PAD, prompts=PROMPTS,
+def stop_slots(stop):
+    """`stop` ids in the program's fixed slots, the unused ones -1."""
+    slots = np.full(rollout.STOP_IDS, -1, np.int32)
+    slots[:len(stop)] = stop
+    return slots
+
+
+def run_rollout(programs, temperature, top_p=1.0, stop=NO_STOP, pad=PAD, prompts=PROMPTS,
                 lengths=LENGTHS, seeds=SEEDS):
     out = programs("rollout", *PARAMS, prompts, lengths, seeds, np.float32(temperature),
-                   np.float32(top_p), np.int32(eos), np.int32(pad))
+                   np.float32(top_p), stop_slots(stop), np.int32(pad))
     return tuple(np.asarray(x) for x in out)
 
 
@@ -79,22 +86,48 @@ def test_rollout_logprobs_equal_the_logprobs_program(grpo_programs, greedy):
         np.testing.assert_allclose(completion_scores, logprobs, rtol=0, atol=1e-5)
 
 
-def test_eos_stops_a_row_and_pads_after_it(grpo_programs, greedy):
-    free, _, free_logprobs = greedy
-    # A token row 0 first produces at step 2: rows stop at their first occurrence of it.
-    eos = next(int(tok) for tok in free[0, 2:] if tok not in free[0, :2])
-    tokens, lengths, logprobs = run_rollout(grpo_programs, temperature=0.0, eos=eos, pad=5)
+def check_stops(free, free_logprobs, stop, tokens, lengths, logprobs, pad):
+    """Each row equals the free-running one up to its first stop id, then PAD; returns how many
+    rows stopped early."""
     stopped = 0
     for row in range(ROWS):
-        hits = np.flatnonzero(free[row] == eos)
+        hits = np.flatnonzero(np.isin(free[row], stop))
         length = int(hits[0]) + 1 if len(hits) else NEW
         stopped += length < NEW
         assert lengths[row] == length, row
         np.testing.assert_array_equal(tokens[row, :length], free[row, :length])
-        np.testing.assert_array_equal(tokens[row, length:], 5)
+        np.testing.assert_array_equal(tokens[row, length:], pad)
         np.testing.assert_array_equal(logprobs[row, :length], free_logprobs[row, :length])
         np.testing.assert_array_equal(logprobs[row, length:], 0.0)
-    assert lengths[0] == np.flatnonzero(free[0] == eos)[0] + 1 and stopped >= 1
+    return stopped
+
+
+def test_a_stop_id_stops_a_row_and_pads_after_it(grpo_programs, greedy):
+    free, _, free_logprobs = greedy
+    # A token row 0 first produces at step 2: rows stop at their first occurrence of it.
+    stop = next(int(tok) for tok in free[0, 2:] if tok not in free[0, :2])
+    tokens, lengths, logprobs = run_rollout(grpo_programs, temperature=0.0, stop=[stop], pad=5)
+    stopped = check_stops(free, free_logprobs, [stop], tokens, lengths, logprobs, pad=5)
+    assert lengths[0] == np.flatnonzero(free[0] == stop)[0] + 1 and stopped >= 1
+
+
+def test_a_row_stops_at_whichever_stop_id_comes_first(grpo_programs, greedy):
+    """Two stop ids (a chat model's end of turn and end of text): each row stops at the first of
+    either, and the id in the second slot stops rows as the first does."""
+    free, _, free_logprobs = greedy
+    # Row 0 stops at its third token (the second slot's id); another row at a token row 0 does
+    # not start with (the first slot's id).
+    second = int(free[0, 2])
+    first = next(int(tok) for row in range(1, ROWS) for tok in free[row, 1:] if tok not in free[0, :3])
+    tokens, lengths, logprobs = run_rollout(grpo_programs, temperature=0.0, stop=[first, second], pad=7)
+    stopped = check_stops(free, free_logprobs, [first, second], tokens, lengths, logprobs, pad=7)
+    assert lengths[0] <= 3 and stopped >= 2
+    # Without the second slot, row 0 runs on: the second slot is read.
+    only_first = run_rollout(grpo_programs, temperature=0.0, stop=[first], pad=7)
+    assert only_first[1][0] > lengths[0]
+    # Every slot filled (ids no token has after the two): the same stops.
+    full = [first, second] + [10**6] * (rollout.STOP_IDS - 2)
+    np.testing.assert_array_equal(run_rollout(grpo_programs, temperature=0.0, stop=full, pad=7)[1], lengths)
 
 
 def test_sampling_repeats_with_the_same_seeds_and_differs_with_others(grpo_programs, greedy):

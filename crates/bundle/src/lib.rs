@@ -38,6 +38,10 @@ pub const TRAIN_PROGRAMS: [&str; 4] = ["init", "zero_grads", "grad_step", "apply
 pub const GRPO_PROGRAMS: [&str; 6] =
     ["init", "zero_grads", "apply_step", "rollout", "logprobs", "grpo_grad_step"];
 
+/// Slots of the rollout's `sample/stop_ids` input (`int32[8]`, replicated): the ids a row stops
+/// at, unused slots -1. More than any tokenizer lists (Qwen3: 2, Llama 3: 3).
+pub const STOP_IDS: u64 = 8;
+
 /// Why a bundle cannot be used. Messages name the file or field and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {

@@ -212,6 +212,8 @@ enum Slot {
     Frozen,
     /// One named tensor: a scalar (replicated) or per-row (`[rows, ...]`, rows split over `fsdp`).
     One { name: &'static str, dtype: DType, shape: Vec<u64>, donated: bool },
+    /// A small replicated vector: `[len]`, every device holding all of it.
+    Replicated { name: &'static str, dtype: DType, len: u64 },
 }
 
 fn scalar(name: &'static str, dtype: DType) -> Slot {
@@ -302,7 +304,7 @@ fn signature(program: &str, shapes: &Shapes) -> (Vec<Slot>, Vec<Slot>) {
                 rows("sample/seeds", Uint32, b),
                 scalar("sample/temperature", Float32),
                 scalar("sample/top_p", Float32),
-                scalar("sample/eos_id", Int32),
+                Slot::Replicated { name: "sample/stop_ids", dtype: Int32, len: crate::STOP_IDS },
                 scalar("sample/pad_id", Int32),
             ],
             vec![
@@ -589,6 +591,21 @@ impl Manifest {
                         dtype,
                         sharding: row_sharding(shape.len()),
                         donated,
+                        memory_kind: None,
+                    };
+                    let t = got.get(at);
+                    if t != Some(&want) {
+                        return mismatch(at, t, describe(&want));
+                    }
+                    at += 1;
+                }
+                Slot::Replicated { name, dtype, len } => {
+                    let want = TensorSpec {
+                        name: name.to_string(),
+                        shape: vec![len],
+                        dtype,
+                        sharding: Sharding::new(vec![Vec::new()]),
+                        donated: false,
                         memory_kind: None,
                     };
                     let t = got.get(at);

@@ -197,7 +197,7 @@ fn grpo_manifest() -> serde_json::Value {
                 rows("sample/seeds", "uint32", &[8]),
                 scalar("sample/temperature", "float32"),
                 scalar("sample/top_p", "float32"),
-                scalar("sample/eos_id", "int32"),
+                tensor("sample/stop_ids", &[8], "int32", json!([[]]), false),
                 scalar("sample/pad_id", "int32"),
             ],
         ]

@@ -8,15 +8,17 @@
 //! a step see together exactly the global batch a single slice would.
 //!
 //! Row layout for examples (SFT): the row is the first `seq_len + 1` tokens of
-//! `BOS prompt answer EOS PAD...`; `tokens` is its first `seq_len`, `targets` its last `seq_len`
-//! (tokens shifted left by one), and `loss_mask` is 1 exactly where the target is an answer token
-//! or the EOS. Longer examples keep their beginning and are counted in
-//! [`Batch::truncated_rows`]. Token windows use every target.
+//! `prompt answer EOS PAD...`, the prompt as the [`Prompter`] encodes it (`BOS text` for plain
+//! prompts when the tokenizer adds a BOS, the rendered chat prompt with `data.chat`); `tokens` is
+//! its first `seq_len`, `targets` its last `seq_len` (tokens shifted left by one), and
+//! `loss_mask` is 1 exactly where the target is an answer token or the EOS. Longer examples keep
+//! their beginning and are counted in [`Batch::truncated_rows`]. Token windows use every target.
 
 use crate::arithmetic::Arithmetic;
-use crate::config::{DataConfig, TokenizerConfig};
+use crate::config::{ChatConfig, DataConfig, TokenizerConfig};
 use crate::jsonl::JsonlSource;
 use crate::permutation::EpochPermutation;
+use crate::prompt::Prompter;
 use crate::source::{Example, ExampleSource};
 use crate::token_file::TokenFile;
 use crate::tokenizer::{CharTokenizer, HfTokenizer, SpecialTokens, Tokenizer};
@@ -106,7 +108,7 @@ impl Batch {
 /// What a loader reads.
 enum Source {
     /// Prompt/answer pairs, tokenized on the fly.
-    Examples { examples: Box<dyn ExampleSource>, tokenizer: Box<dyn Tokenizer> },
+    Examples { examples: Box<dyn ExampleSource>, prompter: Prompter },
     /// Pre-tokenized windows of `seq_len + 1` tokens.
     Windows(TokenFile),
 }
@@ -137,7 +139,7 @@ impl Loader {
     /// A loader over prompt/answer examples (SFT, GRPO prompts).
     pub fn from_examples(
         examples: Box<dyn ExampleSource>,
-        tokenizer: Box<dyn Tokenizer>,
+        prompter: Prompter,
         spec: BatchSpec,
         seed: u64,
     ) -> Result<Self> {
@@ -148,6 +150,7 @@ impl Loader {
                 message: "the source has no examples".into(),
             });
         }
+        let tokenizer = prompter.tokenizer();
         let vocab_size = tokenizer.vocab_size();
         // Token ids become int32 batch entries.
         if vocab_size == 0 || vocab_size > i32::MAX as u32 {
@@ -156,12 +159,13 @@ impl Loader {
                 message: format!("vocabulary size {vocab_size} does not fit int32 token ids"),
             });
         }
-        for id in [tokenizer.pad_id(), tokenizer.bos_id(), tokenizer.eos_id()] {
+        let special = [tokenizer.pad_id(), tokenizer.eos_id()].into_iter().chain(tokenizer.bos_id());
+        for id in special.chain(tokenizer.stop_ids().iter().copied()) {
             if id >= vocab_size {
                 return Err(DataError::TokenIdOutOfRange { id, vocab_size });
             }
         }
-        Ok(Self { spec, seed, source: Source::Examples { examples, tokenizer } })
+        Ok(Self { spec, seed, source: Source::Examples { examples, prompter } })
     }
 
     /// A loader over windows of a token file (pretraining).
@@ -177,20 +181,41 @@ impl Loader {
         match config {
             DataConfig::Arithmetic(arithmetic) => Self::from_examples(
                 Box::new(Arithmetic::new(arithmetic, seed)?),
-                build_tokenizer(&arithmetic.tokenizer)?,
+                build_prompter(&arithmetic.tokenizer, arithmetic.chat.as_ref())?,
                 spec,
                 seed,
             ),
-            DataConfig::Jsonl(jsonl) => Self::from_examples(
-                Box::new(JsonlSource::open(&jsonl.path)?),
-                build_tokenizer(&jsonl.tokenizer)?,
-                spec,
-                seed,
-            ),
+            DataConfig::Jsonl(jsonl) | DataConfig::Gsm8k(jsonl) => {
+                let format = config.jsonl_format().unwrap_or(crate::jsonl::JsonlFormat::PromptAnswer);
+                Self::from_examples(
+                    Box::new(JsonlSource::open(&jsonl.path, format)?),
+                    build_prompter(&jsonl.tokenizer, jsonl.chat.as_ref())?,
+                    spec,
+                    seed,
+                )
+            }
             DataConfig::Tokens(tokens) => {
                 Self::from_token_file(TokenFile::open(&tokens.path, tokens.dtype)?, spec, seed)
             }
         }
+    }
+
+    /// Checks that every id the tokenizer can produce fits a model whose embedding has
+    /// `model_vocab_size` rows: an id past it would be clamped by the lookup and train garbage,
+    /// silently. (Token files are not scanned for it: a corpus can be terabytes.)
+    pub fn check_model_vocab(&self, model_vocab_size: u64, model: &str) -> Result<()> {
+        let Source::Examples { prompter, .. } = &self.source else { return Ok(()) };
+        let ids = u64::from(prompter.tokenizer().vocab_size());
+        if ids > model_vocab_size {
+            return Err(DataError::InvalidConfig {
+                field: "data.tokenizer",
+                message: format!(
+                    "the tokenizer's ids need {ids} embedding rows, but model {model} has {model_vocab_size}; \
+                     use the model's own tokenizer, or a model whose vocabulary holds every id"
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// The batch shape.
@@ -203,12 +228,18 @@ impl Loader {
         self.seed
     }
 
-    /// The tokenizer, for an example source (GRPO encodes prompts and decodes completions).
-    pub fn tokenizer(&self) -> Option<&dyn Tokenizer> {
+    /// How prompts become ids and completions text, for an example source (GRPO and
+    /// evaluation encode prompts and decode completions with it).
+    pub fn prompter(&self) -> Option<&Prompter> {
         match &self.source {
-            Source::Examples { tokenizer, .. } => Some(tokenizer.as_ref()),
+            Source::Examples { prompter, .. } => Some(prompter),
             Source::Windows(_) => None,
         }
+    }
+
+    /// The tokenizer, for an example source.
+    pub fn tokenizer(&self) -> Option<&dyn Tokenizer> {
+        self.prompter().map(Prompter::tokenizer)
     }
 
     /// Examples (or windows) per epoch, or `None` for an endless stream.
@@ -271,9 +302,9 @@ impl Loader {
                     file.read_window(seq_len, batch.example_indices[row], &mut window)?;
                     mask.fill(1.0);
                 }
-                Source::Examples { examples, tokenizer } => {
+                Source::Examples { examples, prompter } => {
                     let example = examples.example(batch.example_indices[row])?;
-                    if lay_out_example(tokenizer.as_ref(), &example, &mut window, mask)? {
+                    if lay_out_example(prompter, &example, &mut window, mask)? {
                         batch.truncated_rows += 1;
                     }
                 }
@@ -306,50 +337,51 @@ impl Loader {
     }
 }
 
-/// Lays `BOS prompt answer EOS` into `window` (`seq_len + 1` tokens, PAD-filled past the end)
-/// and marks in `mask` (`seq_len` targets) the targets that are answer tokens or the EOS.
-/// Returns whether the example had to be truncated.
+/// Lays `prompt answer EOS` into `window` (`seq_len + 1` tokens, PAD-filled past the end) and
+/// marks in `mask` (`seq_len` targets) the targets that are answer tokens or the EOS. Returns
+/// whether the example had to be truncated.
 fn lay_out_example(
-    tokenizer: &dyn Tokenizer,
+    prompter: &Prompter,
     example: &Example,
     window: &mut [i32],
     mask: &mut [f32],
 ) -> Result<bool> {
+    let tokenizer = prompter.tokenizer();
     let vocab_size = tokenizer.vocab_size();
-    let prompt = tokenizer.encode(&example.prompt)?;
-    let answer = tokenizer.encode(&example.answer)?;
-    let sequence = std::iter::once(tokenizer.bos_id())
-        .chain(prompt.iter().copied())
-        .chain(answer.iter().copied())
-        .chain(std::iter::once(tokenizer.eos_id()));
-    let full_len = prompt.len() + answer.len() + 2;
+    let prompt = prompter.prompt_ids(&example.prompt)?;
+    let answer = prompter.answer_ids(&example.answer)?;
+    let full_len = prompt.len() + answer.len();
     window.fill(tokenizer.pad_id() as i32);
-    for (slot, id) in window.iter_mut().zip(sequence) {
+    for (slot, &id) in window.iter_mut().zip(prompt.iter().chain(&answer)) {
         if id >= vocab_size {
             return Err(DataError::TokenIdOutOfRange { id, vocab_size });
         }
         // The loader checked vocab_size <= i32::MAX, so the id fits.
         *slot = id as i32;
     }
-    // Sequence positions of the first answer token and of the EOS; target j is position j + 1.
-    let answer_start = 1 + prompt.len();
-    let eos = answer_start + answer.len();
-    let kept = full_len.min(window.len());
+    // Sequence positions of the answer (its EOS included); target j is position j + 1.
+    let answer_span = prompt.len()..full_len.min(window.len());
     for (j, weight) in mask.iter_mut().enumerate() {
-        let position = j + 1;
-        *weight = if position >= answer_start && position <= eos && position < kept { 1.0 } else { 0.0 };
+        *weight = if answer_span.contains(&(j + 1)) { 1.0 } else { 0.0 };
     }
     Ok(full_len > window.len())
 }
 
-fn build_tokenizer(config: &TokenizerConfig) -> Result<Box<dyn Tokenizer>> {
-    Ok(match config {
-        TokenizerConfig::Char {} => Box::new(CharTokenizer),
+/// The tokenizer `config` names, with its chat template's date from `chat`, and prompts
+/// formatted as `chat` says.
+pub fn build_prompter(config: &TokenizerConfig, chat: Option<&ChatConfig>) -> Result<Prompter> {
+    let tokenizer: std::sync::Arc<dyn Tokenizer> = match config {
+        TokenizerConfig::Char {} => std::sync::Arc::new(CharTokenizer),
         TokenizerConfig::Hf(hf) => {
             let special = SpecialTokens { pad: hf.pad.clone(), bos: hf.bos.clone(), eos: hf.eos.clone() };
-            Box::new(HfTokenizer::from_file(&hf.path, &special)?)
+            let date = chat.map(ChatConfig::date).transpose()?.flatten();
+            std::sync::Arc::new(HfTokenizer::load(&hf.path, &special, date)?)
         }
-    })
+    };
+    match chat {
+        Some(chat) => Prompter::chat(tokenizer, chat.clone()),
+        None => Ok(Prompter::plain(tokenizer)),
+    }
 }
 
 #[cfg(test)]
@@ -376,7 +408,24 @@ mod tests {
 
     fn arithmetic_loader(spec: BatchSpec, seed: u64) -> Loader {
         let source = Arithmetic::new(&ArithmeticConfig::default(), seed).expect("valid");
-        Loader::from_examples(Box::new(source), Box::new(CharTokenizer), spec, seed).expect("loader")
+        Loader::from_examples(
+            Box::new(source),
+            Prompter::plain(std::sync::Arc::new(CharTokenizer)),
+            spec,
+            seed,
+        )
+        .expect("loader")
+    }
+
+    #[test]
+    fn a_model_vocabulary_smaller_than_the_tokenizers_is_refused() {
+        let loader = arithmetic_loader(BatchSpec::new(2, 2, 64).expect("valid"), 0);
+        loader.check_model_vocab(128, "tiny").expect("the char tokenizer fits tiny");
+        let message = loader.check_model_vocab(100, "small").expect_err("128 ids").to_string();
+        assert!(
+            message.starts_with("data.tokenizer:") && message.contains("128") && message.contains("small"),
+            "{message}"
+        );
     }
 
     #[test]
@@ -396,7 +445,7 @@ mod tests {
         let spec = BatchSpec::new(1, 1, 12).expect("valid");
         let loader = Loader::from_examples(
             Box::new(Fixed(vec![example("ab", "cde")])),
-            Box::new(CharTokenizer),
+            Prompter::plain(std::sync::Arc::new(CharTokenizer)),
             spec,
             0,
         )
@@ -416,8 +465,13 @@ mod tests {
         // BOS a b c EOS is 5 tokens: seq_len 4 holds it, EOS as the last target.
         let source = Fixed(vec![example("a", "bc")]);
         let spec = BatchSpec::new(1, 1, 4).expect("valid");
-        let loader =
-            Loader::from_examples(Box::new(source), Box::new(CharTokenizer), spec, 0).expect("loader");
+        let loader = Loader::from_examples(
+            Box::new(source),
+            Prompter::plain(std::sync::Arc::new(CharTokenizer)),
+            spec,
+            0,
+        )
+        .expect("loader");
         let batch = loader.micro_batch(0, 0).expect("batch");
         assert_eq!(batch.targets, [97, 98, 99, 2]);
         assert_eq!(batch.loss_mask, [0., 1., 1., 1.]);
@@ -428,8 +482,13 @@ mod tests {
     fn truncation_keeps_the_beginning_and_is_counted() {
         let source = Fixed(vec![example("abcdef", "ghij"), example("a", "b"), example("abcdefghij", "klm")]);
         let spec = BatchSpec::new(3, 3, 8).expect("valid");
-        let loader =
-            Loader::from_examples(Box::new(source), Box::new(CharTokenizer), spec, 4).expect("loader");
+        let loader = Loader::from_examples(
+            Box::new(source),
+            Prompter::plain(std::sync::Arc::new(CharTokenizer)),
+            spec,
+            4,
+        )
+        .expect("loader");
         let batch = loader.micro_batch(0, 0).expect("batch");
         assert_eq!(batch.truncated_rows, 2);
         for row in 0..3 {
@@ -491,8 +550,13 @@ mod tests {
     fn finite_sources_visit_every_example_once_per_epoch() {
         let examples: Vec<Example> = (0..10).map(|i| example(&format!("{i}"), "x")).collect();
         let spec = BatchSpec::new(4, 2, 8).expect("valid");
-        let loader = Loader::from_examples(Box::new(Fixed(examples)), Box::new(CharTokenizer), spec, 3)
-            .expect("loader");
+        let loader = Loader::from_examples(
+            Box::new(Fixed(examples)),
+            Prompter::plain(std::sync::Arc::new(CharTokenizer)),
+            spec,
+            3,
+        )
+        .expect("loader");
         // Positions 0..40 are four epochs of ten.
         let order: Vec<u64> = (0..10)
             .flat_map(|step| (0..2).flat_map(move |micro| (0..2).map(move |row| (step, micro, row))))
@@ -530,7 +594,7 @@ mod tests {
         let source = Fixed(vec![example("na\u{ef}ve", "x")]);
         let loader = Loader::from_examples(
             Box::new(source),
-            Box::new(CharTokenizer),
+            Prompter::plain(std::sync::Arc::new(CharTokenizer)),
             BatchSpec::new(1, 1, 8).expect("valid"),
             0,
         )

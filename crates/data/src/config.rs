@@ -3,6 +3,12 @@
 //! ```yaml
 //! data: { kind: arithmetic, digits: [2, 3], ops: [add, sub, mul] }
 //! data: { kind: jsonl, path: train.jsonl, tokenizer: { kind: char } }
+//! data:
+//!   kind: gsm8k                                  # {"question": ..., "answer": "... #### 72"} lines
+//!   path: gsm8k/train.jsonl
+//!   test: gsm8k/test.jsonl                       # held-out problems, for `eval:`
+//!   tokenizer: { kind: hf, path: Qwen3-1.7B }    # a model directory, or a tokenizer.json
+//!   chat: { enable_thinking: false }             # prompts through the tokenizer's chat template
 //! data: { kind: tokens, path: corpus.bin, dtype: u16 }
 //! ```
 //!
@@ -10,9 +16,11 @@
 //! [`DataConfig::validate`] checks ranges with messages that name the field and the fix.
 
 use crate::arithmetic::{Op, Split};
+use crate::jsonl::JsonlFormat;
 use crate::token_file::TokenDtype;
 use crate::{DataError, Result};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// Largest operand digit count: keeps every result, even times the largest multiplier, in u64.
@@ -28,6 +36,8 @@ pub enum DataConfig {
     Arithmetic(ArithmeticConfig),
     /// A JSONL file of `{"prompt": ..., "answer": ...}` objects.
     Jsonl(JsonlConfig),
+    /// A JSONL file in GSM8K's format: `{"question": ..., "answer": "... #### 72"}` objects.
+    Gsm8k(JsonlConfig),
     /// A pre-tokenized `.bin` file, read as windows of `seq_len + 1` tokens.
     Tokens(TokenFileConfig),
 }
@@ -47,6 +57,9 @@ pub struct ArithmeticConfig {
     pub split: Split,
     /// How text becomes tokens; the character tokenizer unless set.
     pub tokenizer: TokenizerConfig,
+    /// Prompts through the tokenizer's chat template; plain text when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chat: Option<ChatConfig>,
 }
 
 impl Default for ArithmeticConfig {
@@ -57,6 +70,7 @@ impl Default for ArithmeticConfig {
             max_multiplier: 9,
             split: Split::Train,
             tokenizer: TokenizerConfig::Char {},
+            chat: None,
         }
     }
 }
@@ -90,19 +104,98 @@ impl ArithmeticConfig {
                 format!("{} is out of range; use 2..={MAX_MULTIPLIER}", self.max_multiplier),
             ));
         }
-        self.tokenizer.validate()
+        self.tokenizer.validate(self.chat.as_ref())
     }
 }
 
-/// A JSONL file of examples.
+/// A JSONL file of examples (`kind: jsonl` or `kind: gsm8k`, which differ in their fields).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JsonlConfig {
-    /// The file, one `{"prompt": string, "answer": string}` object per line.
+    /// The training file, one object per line.
     pub path: PathBuf,
+    /// A file of held-out problems in the same format (GSM8K's `test.jsonl`), for evaluation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test: Option<PathBuf>,
     /// How text becomes tokens.
     pub tokenizer: TokenizerConfig,
+    /// Prompts through the tokenizer's chat template; plain text when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat: Option<ChatConfig>,
 }
+
+/// Prompts rendered by the tokenizer's chat template: the example's prompt (GSM8K's question)
+/// as a user turn after an optional system turn, then the generation prompt. transformers'
+/// `apply_chat_template(messages, add_generation_prompt=True, enable_thinking=..., **kwargs)`
+/// renders the same text.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ChatConfig {
+    /// A system turn before every prompt.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    /// Passed to the template as `enable_thinking`: Qwen3's template renders an empty
+    /// `<think></think>` block when it is false (the default), so the model answers directly.
+    pub enable_thinking: bool,
+    /// The date (`YYYY-MM-DD`) a template's `strftime_now` shows; fixed, so prompts are the same
+    /// on every host and every day.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub date: Option<String>,
+    /// Other keyword arguments the template reads (e.g. Llama 3's `date_string`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub kwargs: BTreeMap<String, serde_json::Value>,
+}
+
+impl ChatConfig {
+    /// Checks the fields; the error names the field and the fix.
+    pub fn validate(&self) -> Result<()> {
+        if self.system.as_deref().is_some_and(str::is_empty) {
+            return Err(invalid(
+                "data.chat.system",
+                "is empty; write the system prompt or drop the field".into(),
+            ));
+        }
+        self.date()?;
+        for name in self.kwargs.keys() {
+            if RESERVED_TEMPLATE_NAMES.contains(&name.as_str()) {
+                return Err(invalid(
+                    "data.chat.kwargs",
+                    format!(
+                        "sets `{name}`, which podctl passes itself; {}",
+                        if name == "enable_thinking" { "use data.chat.enable_thinking" } else { "drop it" }
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The parsed `date`.
+    pub fn date(&self) -> Result<Option<chrono::NaiveDate>> {
+        self.date
+            .as_deref()
+            .map(|date| {
+                chrono::NaiveDate::parse_from_str(date, "%Y-%m-%d").map_err(|error| {
+                    invalid(
+                        "data.chat.date",
+                        format!("{date:?} is not a date ({error}); write YYYY-MM-DD, e.g. 2026-01-31"),
+                    )
+                })
+            })
+            .transpose()
+    }
+
+    /// The keyword arguments the template is rendered with: `enable_thinking`, then `kwargs`.
+    pub fn template_kwargs(&self) -> Vec<(String, serde_json::Value)> {
+        std::iter::once(("enable_thinking".to_owned(), serde_json::Value::Bool(self.enable_thinking)))
+            .chain(self.kwargs.iter().map(|(name, value)| (name.clone(), value.clone())))
+            .collect()
+    }
+}
+
+/// Names the template's context gets from podctl, not from `data.chat.kwargs`.
+const RESERVED_TEMPLATE_NAMES: [&str; 5] =
+    ["messages", "tools", "documents", "add_generation_prompt", "enable_thinking"];
 
 /// A pre-tokenized file of little-endian token ids.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -121,7 +214,7 @@ pub enum TokenizerConfig {
     /// [`crate::CharTokenizer`]: printable ASCII, vocabulary 128. A struct variant with no
     /// fields (not a unit variant) so that serde refuses stray fields such as a `path`.
     Char {},
-    /// [`crate::HfTokenizer`]: a Hugging Face `tokenizer.json`.
+    /// [`crate::HfTokenizer`]: a Hugging Face model directory or `tokenizer.json`.
     Hf(HfTokenizerConfig),
 }
 
@@ -132,14 +225,23 @@ impl Default for TokenizerConfig {
 }
 
 impl TokenizerConfig {
-    fn validate(&self) -> Result<()> {
+    fn validate(&self, chat: Option<&ChatConfig>) -> Result<()> {
+        if let Some(chat) = chat {
+            chat.validate()?;
+        }
         match self {
+            TokenizerConfig::Char {} if chat.is_some() => Err(invalid(
+                "data.chat",
+                "the char tokenizer has no chat template; use tokenizer: { kind: hf, path: <model directory> } \
+                 or drop data.chat"
+                    .into(),
+            )),
             TokenizerConfig::Char {} => Ok(()),
             TokenizerConfig::Hf(hf) => {
                 if hf.path.as_os_str().is_empty() {
                     return Err(invalid(
                         "data.tokenizer.path",
-                        "is empty; give the path of a tokenizer.json".into(),
+                        "is empty; give a model directory (with tokenizer.json) or a tokenizer.json".into(),
                     ));
                 }
                 for (field, token) in [
@@ -147,10 +249,10 @@ impl TokenizerConfig {
                     ("data.tokenizer.bos", &hf.bos),
                     ("data.tokenizer.eos", &hf.eos),
                 ] {
-                    if token.is_empty() {
+                    if token.as_deref().is_some_and(str::is_empty) {
                         return Err(invalid(
                             field,
-                            "is empty; give the token's text, e.g. \"<|endoftext|>\"".into(),
+                            "is empty; give the token's text, e.g. \"<|endoftext|>\", or drop the field".into(),
                         ));
                     }
                 }
@@ -160,30 +262,95 @@ impl TokenizerConfig {
     }
 }
 
-/// A Hugging Face tokenizer and the texts of its special tokens.
+/// A Hugging Face tokenizer: a model directory (`tokenizer.json`, and `tokenizer_config.json`,
+/// `generation_config.json`, `chat_template.jinja` when there) or a `tokenizer.json` (its
+/// directory is searched for the others). The special tokens come from those files; the fields
+/// below override them (a bare `tokenizer.json` needs `eos` at least).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HfTokenizerConfig {
-    /// The `tokenizer.json`.
+    /// The model directory or `tokenizer.json`.
     pub path: PathBuf,
     /// Padding token text.
-    pub pad: String,
-    /// Beginning-of-sequence token text.
-    pub bos: String,
-    /// End-of-sequence token text.
-    pub eos: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pad: Option<String>,
+    /// Beginning-of-sequence token text, put before plain (not chat-templated) prompts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bos: Option<String>,
+    /// End-of-sequence token text: what ends an answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eos: Option<String>,
 }
 
 impl DataConfig {
     /// Checks every field; the error names the field and the fix.
     pub fn validate(&self) -> Result<()> {
-        let empty_path = || invalid("data.path", "is empty; give the data file's path".into());
+        let empty_path = |field| invalid(field, "is empty; give the data file's path".into());
         match self {
             DataConfig::Arithmetic(config) => config.validate(),
-            DataConfig::Jsonl(config) if config.path.as_os_str().is_empty() => Err(empty_path()),
-            DataConfig::Jsonl(config) => config.tokenizer.validate(),
-            DataConfig::Tokens(config) if config.path.as_os_str().is_empty() => Err(empty_path()),
+            DataConfig::Jsonl(config) | DataConfig::Gsm8k(config) => {
+                if config.path.as_os_str().is_empty() {
+                    return Err(empty_path("data.path"));
+                }
+                if config.test.as_ref().is_some_and(|test| test.as_os_str().is_empty()) {
+                    return Err(empty_path("data.test"));
+                }
+                config.tokenizer.validate(config.chat.as_ref())
+            }
+            DataConfig::Tokens(config) if config.path.as_os_str().is_empty() => Err(empty_path("data.path")),
             DataConfig::Tokens(_) => Ok(()),
+        }
+    }
+
+    /// The kind's name in specs (`arithmetic`, `jsonl`, `gsm8k`, `tokens`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            DataConfig::Arithmetic(_) => "arithmetic",
+            DataConfig::Jsonl(_) => "jsonl",
+            DataConfig::Gsm8k(_) => "gsm8k",
+            DataConfig::Tokens(_) => "tokens",
+        }
+    }
+
+    /// Whether examples have prompts and answers (everything but token files).
+    pub fn has_examples(&self) -> bool {
+        !matches!(self, DataConfig::Tokens(_))
+    }
+
+    /// Whether there are held-out problems to evaluate on: the arithmetic task's held-out split,
+    /// or a JSONL kind's `test` file.
+    pub fn has_held_out(&self) -> bool {
+        match self {
+            DataConfig::Arithmetic(_) => true,
+            DataConfig::Jsonl(config) | DataConfig::Gsm8k(config) => config.test.is_some(),
+            DataConfig::Tokens(_) => false,
+        }
+    }
+
+    /// The tokenizer, for kinds of examples.
+    pub fn tokenizer(&self) -> Option<&TokenizerConfig> {
+        match self {
+            DataConfig::Arithmetic(config) => Some(&config.tokenizer),
+            DataConfig::Jsonl(config) | DataConfig::Gsm8k(config) => Some(&config.tokenizer),
+            DataConfig::Tokens(_) => None,
+        }
+    }
+
+    /// The chat settings, when prompts are chat-templated.
+    pub fn chat(&self) -> Option<&ChatConfig> {
+        match self {
+            DataConfig::Arithmetic(config) => config.chat.as_ref(),
+            DataConfig::Jsonl(config) | DataConfig::Gsm8k(config) => config.chat.as_ref(),
+            DataConfig::Tokens(_) => None,
+        }
+    }
+
+    /// The line format of a JSONL kind.
+    pub(crate) fn jsonl_format(&self) -> Option<JsonlFormat> {
+        match self {
+            DataConfig::Jsonl(_) => Some(JsonlFormat::PromptAnswer),
+            DataConfig::Gsm8k(_) => Some(JsonlFormat::Gsm8k),
+            _ => None,
         }
     }
 }
@@ -224,16 +391,54 @@ mod tests {
             "{ kind: jsonl, path: a.jsonl, tokenizer: { kind: hf, path: t.json, pad: '<pad>', bos: '<s>', eos: '</s>' } }",
         )
         .expect("parses");
-        let DataConfig::Jsonl(JsonlConfig { path, tokenizer: TokenizerConfig::Hf(hf) }) = &jsonl else {
+        let DataConfig::Jsonl(JsonlConfig {
+            path,
+            tokenizer: TokenizerConfig::Hf(hf),
+            test: None,
+            chat: None,
+        }) = &jsonl
+        else {
             panic!("{jsonl:?}")
         };
-        assert_eq!((path.to_str(), hf.eos.as_str()), (Some("a.jsonl"), "</s>"));
+        assert_eq!((path.to_str(), hf.eos.as_deref()), (Some("a.jsonl"), Some("</s>")));
         jsonl.validate().expect("valid");
         let tokens = parse("{ kind: tokens, path: c.bin, dtype: u32 }").expect("parses");
         assert_eq!(
             tokens,
             DataConfig::Tokens(TokenFileConfig { path: "c.bin".into(), dtype: TokenDtype::U32 })
         );
+    }
+
+    #[test]
+    fn gsm8k_with_a_model_directory_and_chat_parses() {
+        let config = parse(
+            "{ kind: gsm8k, path: train.jsonl, test: test.jsonl, tokenizer: { kind: hf, path: Qwen3-1.7B }, \
+               chat: { system: 'Answer briefly.', date: '2026-01-31', kwargs: { date_string: '31 Jan 2026' } } }",
+        )
+        .expect("parses");
+        config.validate().expect("valid");
+        assert_eq!((config.kind(), config.has_held_out(), config.has_examples()), ("gsm8k", true, true));
+        let chat = config.chat().expect("chat");
+        assert!(!chat.enable_thinking, "thinking is off by default");
+        assert_eq!(chat.date().expect("date"), chrono::NaiveDate::from_ymd_opt(2026, 1, 31));
+        assert_eq!(
+            chat.template_kwargs(),
+            [
+                ("enable_thinking".to_string(), serde_json::Value::Bool(false)),
+                ("date_string".to_string(), serde_json::Value::from("31 Jan 2026"))
+            ]
+        );
+        let json = serde_json::to_string(&config).expect("serializes");
+        assert_eq!(serde_json::from_str::<DataConfig>(&json).expect("parses"), config);
+        assert!(
+            !parse("{ kind: gsm8k, path: t.jsonl, tokenizer: { kind: char } }")
+                .expect("parses")
+                .has_held_out()
+        );
+        let error =
+            parse("{ kind: gsm8k, path: t.jsonl, tokenizer: { kind: char }, chat: { thinking: true } }")
+                .expect_err("unknown chat field");
+        assert!(error.contains("thinking"), "{error}");
     }
 
     #[test]
@@ -272,16 +477,61 @@ mod tests {
             assert!(message.starts_with(&format!("data.{field}:")), "{message}");
             assert!(message.contains(fix), "{message}");
         }
-        let hf = HfTokenizerConfig {
-            path: "t.json".into(),
-            pad: String::new(),
-            bos: "<s>".into(),
-            eos: "</s>".into(),
+        let hf = HfTokenizerConfig { path: "t.json".into(), pad: Some(String::new()), bos: None, eos: None };
+        let jsonl = JsonlConfig {
+            path: "a.jsonl".into(),
+            test: None,
+            tokenizer: TokenizerConfig::Hf(hf),
+            chat: None,
         };
-        let config =
-            DataConfig::Jsonl(JsonlConfig { path: "a.jsonl".into(), tokenizer: TokenizerConfig::Hf(hf) });
-        let message = config.validate().expect_err("empty pad").to_string();
+        let message = DataConfig::Jsonl(jsonl.clone()).validate().expect_err("empty pad").to_string();
         assert!(message.starts_with("data.tokenizer.pad:"), "{message}");
+        let hf = HfTokenizerConfig { path: "Qwen3".into(), pad: None, bos: None, eos: None };
+        let gsm8k = JsonlConfig { tokenizer: TokenizerConfig::Hf(hf), ..jsonl };
+        let cases = [
+            (JsonlConfig { test: Some("".into()), ..gsm8k.clone() }, "data.test:", "path"),
+            (
+                JsonlConfig {
+                    chat: Some(ChatConfig { system: Some("".into()), ..Default::default() }),
+                    ..gsm8k.clone()
+                },
+                "data.chat.system:",
+                "system prompt",
+            ),
+            (
+                JsonlConfig {
+                    chat: Some(ChatConfig { date: Some("26 Jul 2024".into()), ..Default::default() }),
+                    ..gsm8k.clone()
+                },
+                "data.chat.date:",
+                "YYYY-MM-DD",
+            ),
+            (
+                JsonlConfig {
+                    chat: Some(ChatConfig {
+                        kwargs: [("enable_thinking".to_string(), serde_json::Value::Bool(true))].into(),
+                        ..Default::default()
+                    }),
+                    ..gsm8k.clone()
+                },
+                "data.chat.kwargs:",
+                "data.chat.enable_thinking",
+            ),
+            (
+                JsonlConfig {
+                    tokenizer: TokenizerConfig::Char {},
+                    chat: Some(ChatConfig::default()),
+                    ..gsm8k.clone()
+                },
+                "data.chat:",
+                "char tokenizer has no chat template",
+            ),
+        ];
+        for (config, field, fix) in cases {
+            let message = DataConfig::Gsm8k(config).validate().expect_err(field).to_string();
+            assert!(message.starts_with(field) && message.contains(fix), "{message}");
+        }
+        DataConfig::Gsm8k(gsm8k).validate().expect("valid");
         let config = DataConfig::Tokens(TokenFileConfig { path: "".into(), dtype: TokenDtype::U16 });
         assert!(config.validate().expect_err("empty path").to_string().starts_with("data.path:"));
     }

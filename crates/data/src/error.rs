@@ -15,7 +15,8 @@ pub enum DataError {
         source: std::io::Error,
     },
 
-    /// A JSONL line is not a `{"prompt": string, "answer": string}` object.
+    /// A JSONL line is not an example of the file's format (missing or mistyped field, a GSM8K
+    /// answer without its `####` final answer).
     #[error("{path}:{line}: {message}")]
     JsonlLine {
         /// The file.
@@ -123,19 +124,31 @@ pub enum DataError {
         vocab_size: u32,
     },
 
-    /// A Hugging Face tokenizer failed to load, encode or decode.
-    #[error("tokenizer {path}: {message}")]
+    /// A Hugging Face tokenizer's files failed to load, parse, encode or decode.
+    #[error("tokenizer file {path}: {message}")]
     Tokenizer {
-        /// The tokenizer.json.
+        /// The file at fault (`tokenizer.json`, `tokenizer_config.json`, ...).
         path: PathBuf,
-        /// What the tokenizers library said.
+        /// What is wrong, naming the field.
         message: String,
     },
 
-    /// A configured special token is not in the tokenizer's vocabulary.
-    #[error("tokenizer {path} has no token {token:?} for `{role}`; set `{role}` to a token it has")]
+    /// A chat template that does not compile or render.
+    #[error("chat template in {path}: {message}")]
+    ChatTemplate {
+        /// The file the template came from.
+        path: PathBuf,
+        /// What is wrong, with the template's line.
+        message: String,
+    },
+
+    /// A special token's text is not in the tokenizer's vocabulary.
+    #[error(
+        "{path} names {token:?} as the `{role}` token, but the tokenizer has no such token; set \
+         data.tokenizer.{role} to a token it has"
+    )]
     MissingSpecialToken {
-        /// The tokenizer.json.
+        /// The file that named it (or the tokenizer.json, for a job's override).
         path: PathBuf,
         /// Which special token (`pad`, `bos`, `eos`).
         role: &'static str,

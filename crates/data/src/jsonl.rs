@@ -1,5 +1,9 @@
-//! A JSONL file of `{"prompt": ..., "answer": ...}` objects, one per line; example `i` is line
-//! `i + 1`.
+//! JSONL example files, one object per line; example `i` is line `i + 1`. Two formats:
+//!
+//! - [`JsonlFormat::PromptAnswer`] (`kind: jsonl`): `{"prompt": ..., "answer": ...}`;
+//! - [`JsonlFormat::Gsm8k`] (`kind: gsm8k`): GSM8K's `{"question": ..., "answer": "... #### 72"}`,
+//!   the question becoming the prompt; every answer must end in a `####` final answer that is a
+//!   number (what the reward scores against).
 //!
 //! The file is memory-mapped and every line is checked once when it is opened, so a bad line
 //! stops a job before its first step rather than at step 40,000; what is kept is only the
@@ -13,9 +17,37 @@ use memmap2::Mmap;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
+/// The fields of a line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum JsonlFormat {
+    /// `{"prompt": string, "answer": string}`.
+    PromptAnswer,
+    /// `{"question": string, "answer": "... #### <number>"}` (GSM8K).
+    Gsm8k,
+}
+
+impl JsonlFormat {
+    /// The field that holds the prompt.
+    fn prompt_field(self) -> &'static str {
+        match self {
+            JsonlFormat::PromptAnswer => "prompt",
+            JsonlFormat::Gsm8k => "question",
+        }
+    }
+
+    /// What a line looks like, for messages.
+    fn example_line(self) -> &'static str {
+        match self {
+            JsonlFormat::PromptAnswer => "{\"prompt\": ..., \"answer\": ...}",
+            JsonlFormat::Gsm8k => "{\"question\": ..., \"answer\": \"... #### 72\"}",
+        }
+    }
+}
+
 /// A JSONL example file. See the module docs.
 pub struct JsonlSource {
     path: PathBuf,
+    format: JsonlFormat,
     map: Mmap,
     /// Byte offset where each line starts, plus one past the end of the last line's newline, so
     /// line `i` is `line_starts[i]..line_starts[i + 1]`.
@@ -30,10 +62,10 @@ impl std::fmt::Debug for JsonlSource {
 
 impl JsonlSource {
     /// Opens `path`, indexes its lines and checks every one of them.
-    pub fn open(path: &Path) -> Result<Self> {
+    pub fn open(path: &Path, format: JsonlFormat) -> Result<Self> {
         let map = map_readonly(path)?.ok_or_else(|| DataError::EmptyFile {
             path: path.to_path_buf(),
-            what: "expected one {\"prompt\": ..., \"answer\": ...} object per line".into(),
+            what: format!("expected one {} object per line", format.example_line()),
         })?;
         let mut line_starts = vec![0];
         line_starts.extend(
@@ -43,7 +75,7 @@ impl JsonlSource {
         if *line_starts.last().unwrap_or(&0) != map.len() as u64 {
             line_starts.push(map.len() as u64);
         }
-        let source = Self { path: path.to_path_buf(), map, line_starts };
+        let source = Self { path: path.to_path_buf(), format, map, line_starts };
         for index in 0..source.len() {
             source.example(index)?;
         }
@@ -87,33 +119,56 @@ impl ExampleSource for JsonlSource {
             (self.line_starts[index as usize] as usize, self.line_starts[index as usize + 1] as usize);
         let line = self.map[start..end].strip_suffix(b"\n").unwrap_or(&self.map[start..end]);
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if line.iter().all(u8::is_ascii_whitespace) {
-            return Err(
-                self.line_error(index, "blank line; remove it (every line must be one example)".into())
-            );
-        }
-        let value: Value = serde_json::from_slice(line).map_err(|error| {
-            self.line_error(index, format!("not valid JSON ({error}); write one object per line"))
-        })?;
-        let Value::Object(mut object) = value else {
-            return Err(self.line_error(index, format!("expected an object, found {}", kind_of(&value))));
-        };
-        let mut field = |name: &str| match object.remove(name) {
-            Some(Value::String(text)) => Ok(text),
-            Some(other) => {
-                Err(self
-                    .line_error(index, format!("field `{name}` must be a string, found {}", kind_of(&other))))
-            }
-            None => Err(self.line_error(
-                index,
-                format!("missing field `{name}`; every line needs `prompt` and `answer`"),
-            )),
-        };
-        Ok(Example { prompt: field("prompt")?, answer: field("answer")? })
+        self.format.parse_line(line).map_err(|message| self.line_error(index, message))
     }
 }
 
-fn kind_of(value: &Value) -> &'static str {
+impl JsonlFormat {
+    /// The example on one line (without its line break); the error names the field at fault.
+    pub fn parse_line(self, line: &[u8]) -> std::result::Result<Example, String> {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return Err("blank line; remove it (every line must be one example)".into());
+        }
+        let value: Value = serde_json::from_slice(line)
+            .map_err(|error| format!("not valid JSON ({error}); write one object per line"))?;
+        let Value::Object(mut object) = value else {
+            return Err(format!("expected an object, found {}", kind_of(&value)));
+        };
+        let prompt_field = self.prompt_field();
+        let mut field = |name: &str| match object.remove(name) {
+            Some(Value::String(text)) => Ok(text),
+            Some(other) => Err(format!("field `{name}` must be a string, found {}", kind_of(&other))),
+            None => Err(format!("missing field `{name}`; every line needs `{prompt_field}` and `answer`")),
+        };
+        let example = Example { prompt: field(prompt_field)?, answer: field("answer")? };
+        if self == JsonlFormat::Gsm8k {
+            check_final_answer(&example.answer)?;
+        }
+        Ok(example)
+    }
+}
+
+/// A GSM8K answer must end in `#### <number>`: the reward compares against that number.
+fn check_final_answer(answer: &str) -> std::result::Result<(), String> {
+    let shown = || {
+        let tail: String = answer.chars().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
+        if tail.len() < answer.len() { format!("...{tail:?}") } else { format!("{tail:?}") }
+    };
+    match crate::reward::extract_final_answer(answer) {
+        None => Err(format!(
+            "field `answer` has no `#### <number>` final answer (it ends {}); GSM8K answers end in a line \
+             like `#### 72`",
+            shown()
+        )),
+        Some(final_answer) if crate::reward::leading_number(&final_answer).is_none() => Err(format!(
+            "field `answer`'s final answer {final_answer:?} is not a number; GSM8K answers end in a line like `#### 72`"
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
+/// How a JSON value is named in messages (`a number`, `null`, ...).
+pub(crate) fn kind_of(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -142,7 +197,7 @@ mod tests {
              {\"answer\": \"#### 4\", \"prompt\": \"2+2?\\n\"}\r\n\
              {\"prompt\": \"caf\u{e9}\", \"answer\": \"\"}",
         );
-        let source = JsonlSource::open(file.path()).expect("valid");
+        let source = JsonlSource::open(file.path(), JsonlFormat::PromptAnswer).expect("valid");
         assert_eq!(source.num_examples(), Some(3));
         let third = source.example(2).expect("third");
         assert_eq!(third, Example { prompt: "caf\u{e9}".into(), answer: String::new() });
@@ -155,12 +210,12 @@ mod tests {
     #[test]
     fn a_final_newline_does_not_add_an_example() {
         let file = file_with("{\"prompt\": \"a\", \"answer\": \"b\"}\n");
-        assert_eq!(JsonlSource::open(file.path()).expect("valid").len(), 1);
+        assert_eq!(JsonlSource::open(file.path(), JsonlFormat::PromptAnswer).expect("valid").len(), 1);
     }
 
     fn open_error(contents: &str) -> String {
         let file = file_with(contents);
-        let error = JsonlSource::open(file.path()).expect_err("invalid");
+        let error = JsonlSource::open(file.path(), JsonlFormat::PromptAnswer).expect_err("invalid");
         let message = error.to_string();
         assert!(message.starts_with(&format!("{}:", file.path().display())), "names the file: {message}");
         message
@@ -184,11 +239,50 @@ mod tests {
     }
 
     #[test]
+    fn gsm8k_lines_take_the_question_and_need_a_numeric_final_answer() {
+        let good = r#"{"question": "Natalia sold 48/2 = 24 clips... how many?", "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n#### 72"}"#;
+        let file = file_with(&format!("{good}\n"));
+        let source = JsonlSource::open(file.path(), JsonlFormat::Gsm8k).expect("valid");
+        let example = source.example(0).expect("example");
+        assert!(
+            example.prompt.starts_with("Natalia sold") && example.answer.ends_with("#### 72"),
+            "{example:?}"
+        );
+
+        let gsm8k_error = |contents: String| {
+            let file = file_with(&contents);
+            let message =
+                JsonlSource::open(file.path(), JsonlFormat::Gsm8k).expect_err("invalid").to_string();
+            assert!(message.starts_with(&format!("{}:", file.path().display())), "names the file: {message}");
+            message
+        };
+        let message = gsm8k_error(format!("{good}\n{{\"prompt\": \"q\", \"answer\": \"#### 1\"}}\n"));
+        assert!(
+            message.contains(":2: missing field `question`; every line needs `question` and `answer`"),
+            "{message}"
+        );
+        let message = gsm8k_error(format!("{good}\n{good}\n{{\"question\": \"q\"}}\n"));
+        assert!(message.contains(":3: missing field `answer`"), "{message}");
+        let message = gsm8k_error("{\"question\": \"q\", \"answer\": \"so the answer is 72\"}\n".to_string());
+        assert!(message.contains(":1: field `answer` has no `#### <number>` final answer"), "{message}");
+        assert!(message.contains("72"), "shows the end of the answer: {message}");
+        let message = gsm8k_error(format!("{good}\n{{\"question\": \"q\", \"answer\": \"#### seventy\"}}"));
+        assert!(
+            message.contains(":2: field `answer`'s final answer \"seventy\" is not a number"),
+            "{message}"
+        );
+        // The plain format does not ask for a marker.
+        let file = file_with("{\"prompt\": \"q\", \"answer\": \"seventy\"}");
+        JsonlSource::open(file.path(), JsonlFormat::PromptAnswer).expect("no marker needed");
+    }
+
+    #[test]
     fn empty_and_missing_files_are_errors() {
         let file = file_with("");
-        let error = JsonlSource::open(file.path()).expect_err("empty");
+        let error = JsonlSource::open(file.path(), JsonlFormat::PromptAnswer).expect_err("empty");
         assert!(matches!(error, DataError::EmptyFile { .. }), "{error:?}");
-        let error = JsonlSource::open(Path::new("/nonexistent/train.jsonl")).expect_err("missing");
+        let error = JsonlSource::open(Path::new("/nonexistent/train.jsonl"), JsonlFormat::PromptAnswer)
+            .expect_err("missing");
         assert!(error.to_string().contains("/nonexistent/train.jsonl"), "{error}");
     }
 }

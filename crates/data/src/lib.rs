@@ -1,4 +1,5 @@
-//! Deterministic training data: a synthetic arithmetic task, JSONL and token files, tokenizers.
+//! Deterministic training data: a synthetic arithmetic task, JSONL files (GSM8K's format among
+//! them) and token files, tokenizers and chat templates, held-out problems and rewards.
 //!
 //! The batch for `(seed, step, micro_batch)` is a pure function of those three numbers and the
 //! dataset. A [`Loader`] keeps no cursor, so a job resumed at step `k` sees exactly the batches
@@ -7,11 +8,18 @@
 //!
 //! # Layout
 //! - [`tokenizer`]: the [`Tokenizer`] trait, [`CharTokenizer`] (printable ASCII) and
-//!   [`HfTokenizer`] (a Hugging Face `tokenizer.json`).
+//!   [`HfTokenizer`] (a Hugging Face model directory: ids, BOS, EOS, stop ids, pad, chat
+//!   template), whose files [`hf_files`] finds and parses.
+//! - [`chat`]: [`ChatTemplate`], a tokenizer's Jinja chat template rendered as transformers'
+//!   `apply_chat_template` renders it (minijinja).
+//! - [`prompt`]: [`Prompter`], what a prompt, an answer and a completion are in ids and text,
+//!   for SFT rows, rollouts and evaluation alike.
 //! - [`source`]: [`Example`] and the [`ExampleSource`] trait, addressed by a `u64` index.
 //! - [`arithmetic`]: [`Arithmetic`], an endless stream of word problems with disjoint train and
 //!   held-out problems, generated from `(seed, index)` by a counter-based RNG.
-//! - [`jsonl`]: [`JsonlSource`], `{"prompt", "answer"}` lines with O(1) random access.
+//! - [`jsonl`]: [`JsonlSource`], `{"prompt", "answer"}` or GSM8K's `{"question", "answer"}`
+//!   lines with O(1) random access.
+//! - [`held_out`]: the problems an evaluation scores (a held-out split or a test file).
 //! - [`token_file`]: [`TokenFile`], pre-tokenized `.bin` files read as windows of `seq_len + 1`.
 //! - [`reward`]: the verifiable reward for GSM8K-style answers (`#### 132`).
 //! - [`permutation`]: [`EpochPermutation`], the seeded bijection that orders each epoch.
@@ -27,11 +35,15 @@
 
 pub mod arithmetic;
 pub mod batch;
+pub mod chat;
 pub mod config;
 mod error;
+pub mod held_out;
+pub mod hf_files;
 pub mod jsonl;
 mod mapped;
 pub mod permutation;
+pub mod prompt;
 pub mod reward;
 mod rng;
 pub mod source;
@@ -39,14 +51,19 @@ pub mod token_file;
 pub mod tokenizer;
 
 pub use arithmetic::{Arithmetic, Op, Problem, Split};
-pub use batch::{Batch, BatchSpec, Loader};
+pub use batch::{Batch, BatchSpec, Loader, build_prompter};
+pub use chat::{ChatTemplate, Message, RenderOptions};
 pub use config::{
-    ArithmeticConfig, DataConfig, HfTokenizerConfig, JsonlConfig, TokenFileConfig, TokenizerConfig,
+    ArithmeticConfig, ChatConfig, DataConfig, HfTokenizerConfig, JsonlConfig, TokenFileConfig,
+    TokenizerConfig,
 };
 pub use error::DataError;
-pub use jsonl::JsonlSource;
+pub use held_out::held_out_examples;
+pub use hf_files::TokenizerFiles;
+pub use jsonl::{JsonlFormat, JsonlSource};
 pub use permutation::EpochPermutation;
-pub use reward::{Reward, RewardWeights, digit_credit, exact_match, extract_final_answer};
+pub use prompt::Prompter;
+pub use reward::{Reward, RewardWeights, digit_credit, exact_match, extract_final_answer, leading_number};
 pub use source::{Example, ExampleSource};
 pub use token_file::{TokenDtype, TokenFile};
 pub use tokenizer::{CharTokenizer, HfTokenizer, SpecialTokens, Tokenizer};

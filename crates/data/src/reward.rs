@@ -1,6 +1,11 @@
 //! Verifiable rewards for GSM8K-style answers: the final answer is the number after the last
 //! `####`, e.g. `47 + 85 = 132\n#### 132`.
 //!
+//! What counts as that number follows GSM8K's answers and what models write after the marker:
+//! thousands separators (`#### 1,320`), a dollar sign (`#### $18`), a sentence's full stop
+//! (`#### 72.`) and trailing words (`#### 18 dollars`) all give the number they start with, which
+//! is compared by value (`1320` = `1320.0` = `01320`). Only a bare number is `well_formed`.
+//!
 //! [`Reward::score`] breaks a completion's reward into terms (correct, the digits it got right,
 //! has the marker, the answer is a well-formed number, nothing follows it, length) so GRPO can
 //! give partial credit for near misses and for format while the model is still learning them,
@@ -23,6 +28,37 @@ pub fn extract_final_answer(text: &str) -> Option<Cow<'_, str>> {
         return None;
     }
     if answer.contains(',') { Some(Cow::Owned(answer.replace(',', ""))) } else { Some(Cow::Borrowed(answer)) }
+}
+
+/// The number `answer` starts with, as plain decimal text: an optional `-`, an optional `$`,
+/// digits (thousands separators dropped), and `.` with digits if they follow: `$1,320.50 a week`
+/// gives `1320.50`, `72.` gives `72`, `-$5` gives `-5`. `None` when it does not start with one.
+pub fn leading_number(answer: &str) -> Option<String> {
+    let text = answer.trim_start();
+    let (negative, text) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let bytes = text.strip_prefix('$').unwrap_or(text).as_bytes();
+    let mut number = String::from(if negative { "-" } else { "" });
+    let mut at = 0;
+    while let Some(&byte) = bytes.get(at) {
+        match byte {
+            b'0'..=b'9' => number.push(char::from(byte)),
+            // A comma between digits separates thousands.
+            b',' if at > 0 && bytes.get(at + 1).is_some_and(u8::is_ascii_digit) => {}
+            _ => break,
+        }
+        at += 1;
+    }
+    if at == 0 {
+        return None;
+    }
+    if bytes.get(at) == Some(&b'.') && bytes.get(at + 1).is_some_and(u8::is_ascii_digit) {
+        number.push('.');
+        number.extend(bytes[at + 1..].iter().take_while(|b| b.is_ascii_digit()).map(|&b| char::from(b)));
+    }
+    Some(number)
 }
 
 /// Whether `answer` is a plain decimal number: an optional `-`, digits, and optionally `.` and
@@ -80,16 +116,17 @@ pub fn digit_credit(found: &str, expected: &str) -> f32 {
     right as f32 / a.len().max(b.len()) as f32
 }
 
+/// Final answers that start with numbers compare those numbers by value; others compare as text.
 fn answers_match(found: &str, expected: &str) -> bool {
-    if is_well_formed_number(found) && is_well_formed_number(expected) {
-        canonical_number(found) == canonical_number(expected)
-    } else {
-        found == expected
+    match (leading_number(found), leading_number(expected)) {
+        (Some(found), Some(expected)) => canonical_number(&found) == canonical_number(&expected),
+        _ => found == expected,
     }
 }
 
 /// Whether `completion`'s final answer equals `reference`'s (a full `... #### 132` answer or the
-/// bare `132`). Numbers compare by value (`1,320` = `1320` = `1320.0`), anything else as text.
+/// bare `132`). Numbers compare by value (`1,320` = `$1320` = `1320.0` = `1320 marbles`),
+/// anything else as text.
 pub fn exact_match(completion: &str, reference: &str) -> bool {
     match extract_final_answer(completion) {
         Some(found) => answers_match(&found, &reference_answer(reference)),
@@ -183,10 +220,11 @@ impl Reward {
         let well_formed = final_answer.as_deref().is_some_and(is_well_formed_number);
         let expected = reference_answer(reference);
         let exact_match = final_answer.as_deref().is_some_and(|found| answers_match(found, &expected));
-        let digits_right = match final_answer.as_deref() {
+        let digits_right = match (final_answer.as_deref().and_then(leading_number), leading_number(&expected))
+        {
             _ if exact_match => 1.0,
-            Some(found) => digit_credit(found, &expected),
-            None => 0.0,
+            (Some(found), Some(expected)) => digit_credit(&found, &expected),
+            _ => 0.0,
         };
         let stops_cleanly = after_marker
             .is_some_and(|after| after.split_once('\n').is_none_or(|(_, rest)| rest.trim().is_empty()));
@@ -239,6 +277,42 @@ mod tests {
     }
 
     #[test]
+    fn leading_numbers_in_gsm8k_styles() {
+        for (text, number) in [
+            ("72", Some("72")),
+            ("1,320", Some("1320")),
+            ("$18", Some("18")),
+            ("$1,320.50 a week", Some("1320.50")),
+            ("72.", Some("72")),
+            ("18 dollars", Some("18")),
+            ("-$5", Some("-5")),
+            ("-7", Some("-7")),
+            ("0.5", Some("0.5")),
+            ("12,", Some("12")),
+            (",12", None),
+            ("$", None),
+            ("seven", None),
+            ("", None),
+        ] {
+            assert_eq!(leading_number(text).as_deref(), number, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn gsm8k_answers_match_what_models_write() {
+        // A real GSM8K answer, and completions in the styles models write.
+        let reference = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72";
+        for completion in ["#### 72", "#### $72", "####72.", "#### 72 clips", "so 72\n#### 72.0\n"] {
+            assert!(exact_match(completion, reference), "{completion:?}");
+        }
+        for completion in ["#### 7", "#### 720", "72", "#### about 72", "#### 72\n#### 73"] {
+            assert!(!exact_match(completion, reference), "{completion:?}");
+        }
+        assert!(exact_match("#### 1,000", "#### 1000") && exact_match("#### 1000", "#### 1,000"));
+        assert!(exact_match("#### -3", "#### -3") && !exact_match("#### 3", "#### -3"));
+    }
+
+    #[test]
     fn exact_match_compares_numbers_by_value() {
         let reference = "40 * 33 = 1320\n#### 1320";
         assert!(exact_match("so 40 * 33 = 1320\n#### 1320", reference));
@@ -267,8 +341,11 @@ mod tests {
         let rambling = Reward::score("#### 132\nand then some more text", reference, &weights);
         assert!(rambling.exact_match && !rambling.stops_cleanly);
 
+        // The number is right, the format is not.
         let wordy = Reward::score("#### 132 marbles", reference, &weights);
-        assert!(!wordy.exact_match && !wordy.well_formed && wordy.stops_cleanly && wordy.has_marker);
+        assert!(wordy.exact_match && !wordy.well_formed && wordy.stops_cleanly && wordy.has_marker);
+        let dollars = Reward::score("#### $132", reference, &weights);
+        assert!(dollars.exact_match && !dollars.well_formed);
 
         let nothing = Reward::score("I don't know", reference, &weights);
         assert_eq!(
@@ -295,6 +372,9 @@ mod tests {
         assert_eq!(digit_credit("-15", "-25"), 0.5);
         assert_eq!(digit_credit("1.5", "15"), 0.0);
         assert_eq!(digit_credit("x", "1"), 0.0);
+        // Partial credit reads the number a wordy answer starts with.
+        let near_wordy = Reward::score("#### 122 marbles", "#### 132", &RewardWeights::default());
+        assert_eq!(near_wordy.digits_right, 2.0 / 3.0);
 
         let weights = RewardWeights { partial_credit: 0.5, ..RewardWeights::default() };
         let reference = "47 + 85 = 132\n#### 132";

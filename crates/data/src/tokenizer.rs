@@ -1,15 +1,19 @@
 //! Text to token ids and back: a character tokenizer for the synthetic task and tiny models,
-//! and Hugging Face `tokenizer.json` files for real ones.
+//! and Hugging Face model directories (`tokenizer.json` and the configs beside it) for real ones.
 
+use crate::chat::ChatTemplate;
+use crate::hf_files::TokenizerFiles;
 use crate::{DataError, Result};
 use std::path::{Path, PathBuf};
 
-/// A tokenizer with the three special tokens a [`crate::Loader`] lays batches out with.
+/// A tokenizer and the special ids a [`crate::Loader`] and a rollout need.
 ///
-/// `encode` never adds special tokens (the loader adds BOS and EOS itself, so prompt and answer
-/// can be encoded separately and their boundary is exact); `decode` drops special tokens.
+/// `encode` never adds special tokens (a [`crate::Prompter`] adds what the tokenizer says, so
+/// prompt and answer can be encoded separately and their boundary is exact), but it does
+/// recognize special tokens written in the text (`<|im_start|>`), as transformers does; `decode`
+/// drops special tokens.
 pub trait Tokenizer: Send + Sync {
-    /// The ids of `text`, without special tokens.
+    /// The ids of `text`, without added special tokens.
     fn encode(&self, text: &str) -> Result<Vec<u32>>;
     /// The text of `ids`, with special tokens left out.
     fn decode(&self, ids: &[u32]) -> Result<String>;
@@ -17,10 +21,18 @@ pub trait Tokenizer: Send + Sync {
     fn vocab_size(&self) -> u32;
     /// Padding.
     fn pad_id(&self) -> u32;
-    /// Beginning of sequence.
-    fn bos_id(&self) -> u32;
-    /// End of sequence: generation stops here.
+    /// The id put before a text that is not chat-templated, when the tokenizer adds one (Qwen's
+    /// adds none; a chat template writes its own).
+    fn bos_id(&self) -> Option<u32>;
+    /// End of sequence: what ends an answer the model is trained on.
     fn eos_id(&self) -> u32;
+    /// Every id generation stops at, `eos_id` first (a chat model stops at the end of its turn
+    /// and at the end of text).
+    fn stop_ids(&self) -> &[u32];
+    /// The chat template that comes with the tokenizer.
+    fn chat_template(&self) -> Option<&ChatTemplate> {
+        None
+    }
 }
 
 /// One id per character: `\n` is 10, printable ASCII (32..=126) is its own code, PAD = 0,
@@ -76,35 +88,57 @@ impl Tokenizer for CharTokenizer {
         Self::PAD
     }
 
-    fn bos_id(&self) -> u32 {
-        Self::BOS
+    fn bos_id(&self) -> Option<u32> {
+        Some(Self::BOS)
     }
 
     fn eos_id(&self) -> u32 {
         Self::EOS
     }
+
+    fn stop_ids(&self) -> &[u32] {
+        &[Self::EOS]
+    }
 }
 
-/// The texts of the special tokens in a `tokenizer.json`, looked up by [`HfTokenizer::from_file`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Texts of special tokens that override what the tokenizer's files say (all optional; a bare
+/// `tokenizer.json` has no `tokenizer_config.json` to say it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SpecialTokens {
     /// Padding token, e.g. `<pad>` or Qwen's `<|endoftext|>`.
-    pub pad: String,
-    /// Beginning-of-sequence token.
-    pub bos: String,
+    pub pad: Option<String>,
+    /// Beginning-of-sequence token, put before texts that are not chat-templated.
+    pub bos: Option<String>,
     /// End-of-sequence token, e.g. Qwen's `<|im_end|>`.
-    pub eos: String,
+    pub eos: Option<String>,
 }
 
-/// A Hugging Face `tokenizer.json` (BPE, WordPiece, Unigram, ...) loaded with the `tokenizers`
-/// crate, so ids match what the Python `tokenizers` library produces for the same file.
+/// A Hugging Face tokenizer: `tokenizer.json` (BPE, WordPiece, Unigram, ...) loaded with the
+/// `tokenizers` crate, so ids match what transformers' `AutoTokenizer` produces, and the special
+/// tokens, stop ids and chat template of the files beside it ([`TokenizerFiles`]).
+///
+/// Special ids, each from the first source that has it:
+/// - EOS: `eos` given, `tokenizer_config.json`'s `eos_token`, the first of
+///   `generation_config.json`'s `eos_token_id`;
+/// - stop ids: EOS, then `generation_config.json`'s `eos_token_id` (Qwen3: `<|im_end|>`,
+///   `<|endoftext|>`);
+/// - PAD: `pad` given, `pad_token`, `generation_config.json`'s `pad_token_id`, else EOS (as
+///   transformers' `generate` pads; padded positions are masked anyway);
+/// - BOS: `bos` given, else the token `tokenizer.json`'s post-processor puts before a text, if
+///   any (Qwen's puts none). transformers (5.x) follows the same rule: with a `tokenizer.json`,
+///   it ignores `tokenizer_config.json`'s `add_bos_token`.
 pub struct HfTokenizer {
     path: PathBuf,
+    files: TokenizerFiles,
     inner: tokenizers::Tokenizer,
     vocab_size: u32,
     pad: u32,
-    bos: u32,
+    bos: Option<u32>,
     eos: u32,
+    stop: Vec<u32>,
+    /// `bos_token`, `eos_token`, ... and their texts, as a chat template sees them.
+    special_texts: Vec<(String, String)>,
+    chat_template: Option<ChatTemplate>,
 }
 
 impl std::fmt::Debug for HfTokenizer {
@@ -115,40 +149,160 @@ impl std::fmt::Debug for HfTokenizer {
             .field("pad", &self.pad)
             .field("bos", &self.bos)
             .field("eos", &self.eos)
+            .field("stop", &self.stop)
             .finish_non_exhaustive()
     }
 }
 
 impl HfTokenizer {
-    /// Loads `path` and resolves the special tokens' ids.
-    pub fn from_file(path: &Path, special: &SpecialTokens) -> Result<Self> {
-        let inner = tokenizers::Tokenizer::from_file(path).map_err(|error| DataError::Tokenizer {
-            path: path.to_path_buf(),
+    /// Loads the tokenizer at `path` (a model directory, or a `tokenizer.json` with its
+    /// companions beside it) and resolves its special ids; `special` overrides the files.
+    /// `date` is what the chat template's `strftime_now` formats.
+    pub fn load(path: &Path, special: &SpecialTokens, date: Option<chrono::NaiveDate>) -> Result<Self> {
+        let files = TokenizerFiles::find(path)?;
+        let json = &files.tokenizer_json;
+        let inner = tokenizers::Tokenizer::from_file(json).map_err(|error| DataError::Tokenizer {
+            path: json.clone(),
             message: format!(
                 "cannot load: {error}; it must be a tokenizer.json written by the tokenizers library"
             ),
         })?;
-        let lookup = |role: &'static str, token: &str| {
+        let config = files.config.as_ref().map(|(_, config)| config.clone()).unwrap_or_default();
+        let generation =
+            files.generation.as_ref().map(|(_, generation)| generation.clone()).unwrap_or_default();
+        // Where each special token's text came from, for the error that names it.
+        let config_path = files.config.as_ref().map_or_else(|| json.clone(), |(path, _)| path.clone());
+        let lookup = |role: &'static str, token: &str, from: &Path| {
             inner.token_to_id(token).ok_or_else(|| DataError::MissingSpecialToken {
-                path: path.to_path_buf(),
+                path: from.to_path_buf(),
                 role,
                 token: token.to_owned(),
             })
         };
-        let (pad, bos, eos) =
-            (lookup("pad", &special.pad)?, lookup("bos", &special.bos)?, lookup("eos", &special.eos)?);
         // Ids can be sparse (added tokens placed past the model's vocabulary), so the size is the
         // largest id + 1, not the number of entries.
         let largest_id = inner.get_vocab(true).into_values().max().unwrap_or(0);
-        let vocab_size = largest_id.checked_add(1).ok_or_else(|| DataError::Tokenizer {
-            path: path.to_path_buf(),
-            message: format!("token id {largest_id} is too large"),
-        })?;
-        Ok(Self { path: path.to_path_buf(), inner, vocab_size, pad, bos, eos })
+        let vocab_size =
+            largest_id.checked_add(1).filter(|&size| size <= i32::MAX as u32).ok_or_else(|| {
+                DataError::Tokenizer {
+                    path: json.clone(),
+                    message: format!("token id {largest_id} does not fit int32"),
+                }
+            })?;
+        let generation_path = files.generation.as_ref().map(|(path, _)| path.clone());
+        let check_id = |field: &'static str, id: u32| {
+            if id < vocab_size {
+                Ok(id)
+            } else {
+                Err(DataError::Tokenizer {
+                    path: generation_path.clone().unwrap_or_else(|| json.clone()),
+                    message: format!(
+                        "`{field}` {id} is not an id of the tokenizer (its vocabulary is {vocab_size})"
+                    ),
+                })
+            }
+        };
+
+        let eos = match (&special.eos, &config.eos_token, generation.eos_token_ids.first()) {
+            (Some(token), _, _) => lookup("eos", token, json)?,
+            (None, Some(token), _) => lookup("eos", token, &config_path)?,
+            (None, None, Some(&id)) => check_id("eos_token_id", id)?,
+            (None, None, None) => {
+                return Err(DataError::Tokenizer {
+                    path: json.clone(),
+                    message: "no end-of-sequence token: neither tokenizer_config.json's `eos_token` nor \
+                              generation_config.json's `eos_token_id` is there; set data.tokenizer.eos"
+                        .into(),
+                });
+            }
+        };
+        let mut stop = vec![eos];
+        for &id in &generation.eos_token_ids {
+            if !stop.contains(&check_id("eos_token_id", id)?) {
+                stop.push(id);
+            }
+        }
+        let pad = match (&special.pad, &config.pad_token, generation.pad_token_id) {
+            (Some(token), _, _) => lookup("pad", token, json)?,
+            (None, Some(token), _) => lookup("pad", token, &config_path)?,
+            (None, None, Some(id)) => check_id("pad_token_id", id)?,
+            (None, None, None) => eos,
+        };
+        let bos = match &special.bos {
+            Some(token) => Some(lookup("bos", token, json)?),
+            None => post_processor_prefix(&inner, json)?,
+        };
+
+        let mut special_texts = Vec::new();
+        for (name, text) in [
+            ("bos_token", &config.bos_token),
+            ("eos_token", &config.eos_token),
+            ("unk_token", &config.unk_token),
+            ("pad_token", &config.pad_token),
+        ] {
+            if let Some(text) = text {
+                special_texts.push((name.to_owned(), text.clone()));
+            }
+        }
+        let chat_template = match &files.chat_template {
+            Some((path, source)) => Some(ChatTemplate::new(source, path, special_texts.clone(), date)?),
+            None => None,
+        };
+        Ok(Self {
+            path: json.clone(),
+            files,
+            inner,
+            vocab_size,
+            pad,
+            bos,
+            eos,
+            stop,
+            special_texts,
+            chat_template,
+        })
+    }
+
+    /// The files this tokenizer was read from (what a model export copies).
+    pub fn files(&self) -> &TokenizerFiles {
+        &self.files
+    }
+
+    /// The special tokens' names and texts (`eos_token` -> `<|im_end|>`), as
+    /// `tokenizer_config.json` gives them.
+    pub fn special_texts(&self) -> &[(String, String)] {
+        &self.special_texts
     }
 
     fn library_error(&self, action: &str, error: tokenizers::Error) -> DataError {
         DataError::Tokenizer { path: self.path.clone(), message: format!("{action} failed: {error}") }
+    }
+}
+
+/// The id the tokenizer's post-processor puts before a text (`<s> $A`), if any.
+fn post_processor_prefix(inner: &tokenizers::Tokenizer, path: &Path) -> Result<Option<u32>> {
+    let error = |error: tokenizers::Error| DataError::Tokenizer {
+        path: path.to_path_buf(),
+        message: format!("cannot run its post-processor: {error}"),
+    };
+    let probe = "a";
+    let plain = inner.encode(probe, false).map_err(error)?;
+    let with_special = inner.encode(probe, true).map_err(error)?;
+    let added: Vec<u32> = with_special
+        .get_ids()
+        .iter()
+        .copied()
+        .take_while(|&id| Some(&id) != plain.get_ids().first())
+        .collect();
+    match added.as_slice() {
+        [] => Ok(None),
+        [bos] => Ok(Some(*bos)),
+        many => Err(DataError::Tokenizer {
+            path: path.to_path_buf(),
+            message: format!(
+                "its post-processor puts {} tokens before a text; podctl adds at most one (a BOS): set data.tokenizer.bos",
+                many.len()
+            ),
+        }),
     }
 }
 
@@ -173,12 +327,20 @@ impl Tokenizer for HfTokenizer {
         self.pad
     }
 
-    fn bos_id(&self) -> u32 {
+    fn bos_id(&self) -> Option<u32> {
         self.bos
     }
 
     fn eos_id(&self) -> u32 {
         self.eos
+    }
+
+    fn stop_ids(&self) -> &[u32] {
+        &self.stop
+    }
+
+    fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat_template.as_ref()
     }
 }
 
@@ -228,9 +390,9 @@ mod tests {
 
     #[test]
     fn hf_missing_file_names_the_path() {
-        let special = SpecialTokens { pad: "<pad>".into(), bos: "<s>".into(), eos: "</s>".into() };
         let error =
-            HfTokenizer::from_file(Path::new("/nonexistent/tokenizer.json"), &special).expect_err("missing");
+            HfTokenizer::load(Path::new("/nonexistent/tokenizer.json"), &SpecialTokens::default(), None)
+                .expect_err("missing");
         assert!(error.to_string().contains("/nonexistent/tokenizer.json"), "{error}");
     }
 }

@@ -35,11 +35,11 @@ fn expected() -> Expected {
 }
 
 fn special() -> SpecialTokens {
-    SpecialTokens { pad: "<pad>".into(), bos: "<s>".into(), eos: "</s>".into() }
+    SpecialTokens { pad: Some("<pad>".into()), bos: Some("<s>".into()), eos: Some("</s>".into()) }
 }
 
 fn tokenizer() -> HfTokenizer {
-    HfTokenizer::from_file(&fixture("tiny_bpe.json"), &special()).expect("loads")
+    HfTokenizer::load(&fixture("tiny_bpe.json"), &special(), None).expect("loads")
 }
 
 #[test]
@@ -64,14 +64,30 @@ fn special_ids_and_vocab_size_match_the_python_library() {
     let (tokenizer, expected) = (tokenizer(), expected());
     assert_eq!(tokenizer.vocab_size(), expected.vocab_size);
     assert_eq!(tokenizer.pad_id(), expected.special["<pad>"]);
-    assert_eq!(tokenizer.bos_id(), expected.special["<s>"]);
+    assert_eq!(tokenizer.bos_id(), Some(expected.special["<s>"]));
     assert_eq!(tokenizer.eos_id(), expected.special["</s>"]);
+    assert_eq!(tokenizer.stop_ids(), [expected.special["</s>"]]);
+    assert!(tokenizer.chat_template().is_none());
+}
+
+#[test]
+fn bos_comes_from_the_post_processor_and_a_bare_file_needs_an_eos() {
+    // The file's post-processor is `<s> $A </s>`: its BOS is found without being named.
+    let only_eos = SpecialTokens { eos: Some("</s>".into()), ..SpecialTokens::default() };
+    let tokenizer = HfTokenizer::load(&fixture("tiny_bpe.json"), &only_eos, None).expect("loads");
+    assert_eq!(tokenizer.bos_id(), Some(expected().special["<s>"]));
+    // No pad token anywhere: padding uses EOS.
+    assert_eq!(tokenizer.pad_id(), tokenizer.eos_id());
+    let error =
+        HfTokenizer::load(&fixture("tiny_bpe.json"), &SpecialTokens::default(), None).expect_err("no eos");
+    let message = error.to_string();
+    assert!(message.contains("tiny_bpe.json") && message.contains("data.tokenizer.eos"), "{message}");
 }
 
 #[test]
 fn a_missing_special_token_is_named() {
-    let special = SpecialTokens { eos: "<|im_end|>".into(), ..special() };
-    let error = HfTokenizer::from_file(&fixture("tiny_bpe.json"), &special).expect_err("no such token");
+    let special = SpecialTokens { eos: Some("<|im_end|>".into()), ..special() };
+    let error = HfTokenizer::load(&fixture("tiny_bpe.json"), &special, None).expect_err("no such token");
     assert!(matches!(&error, DataError::MissingSpecialToken { role: "eos", .. }), "{error:?}");
     assert!(error.to_string().contains("<|im_end|>"), "{error}");
 }
@@ -79,8 +95,9 @@ fn a_missing_special_token_is_named() {
 #[test]
 fn a_file_that_is_not_a_tokenizer_is_an_error() {
     let error =
-        HfTokenizer::from_file(&fixture("tiny_bpe_expected.json"), &special()).expect_err("not a tokenizer");
+        HfTokenizer::load(&fixture("tiny_bpe_expected.json"), &special(), None).expect_err("not a tokenizer");
     assert!(error.to_string().contains("tiny_bpe_expected.json"), "{error}");
+    assert!(error.to_string().contains("cannot load"), "{error}");
 }
 
 #[test]
@@ -98,18 +115,24 @@ fn loader_lays_out_hf_ids_with_its_own_bos_and_eos() {
     writeln!(file, "{line}").expect("write");
     let hf = HfTokenizerConfig {
         path: fixture("tiny_bpe.json"),
-        pad: "<pad>".into(),
-        bos: "<s>".into(),
-        eos: "</s>".into(),
+        pad: Some("<pad>".into()),
+        bos: Some("<s>".into()),
+        eos: Some("</s>".into()),
     };
-    let config =
-        DataConfig::Jsonl(JsonlConfig { path: file.path().into(), tokenizer: TokenizerConfig::Hf(hf) });
+    let config = DataConfig::Jsonl(JsonlConfig {
+        path: file.path().into(),
+        test: None,
+        tokenizer: TokenizerConfig::Hf(hf),
+        chat: None,
+    });
     let seq_len = 64;
     let loader =
         Loader::from_config(&config, BatchSpec::new(1, 1, seq_len).expect("valid"), 0).expect("loader");
     let batch = loader.micro_batch(0, 0).expect("batch");
 
-    let sequence: Vec<i32> = std::iter::once(tokenizer.bos_id())
+    let sequence: Vec<i32> = tokenizer
+        .bos_id()
+        .into_iter()
         .chain(prompt.ids.iter().copied())
         .chain(answer.ids.iter().copied())
         .chain(std::iter::once(tokenizer.eos_id()))

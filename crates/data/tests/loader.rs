@@ -3,7 +3,8 @@
 
 use podctl_data::{
     Arithmetic, ArithmeticConfig, Batch, BatchSpec, CharTokenizer, DataConfig, DataError, Example,
-    ExampleSource, JsonlConfig, Loader, Split, TokenDtype, TokenFileConfig, Tokenizer, TokenizerConfig,
+    ExampleSource, JsonlConfig, Loader, Prompter, Split, TokenDtype, TokenFileConfig, Tokenizer,
+    TokenizerConfig,
 };
 use std::collections::{BTreeSet, HashSet};
 use std::io::Write;
@@ -160,8 +161,12 @@ fn jsonl_file(lines: usize) -> tempfile::NamedTempFile {
 #[test]
 fn jsonl_epochs_are_seeded_bijections() {
     let file = jsonl_file(37);
-    let config =
-        DataConfig::Jsonl(JsonlConfig { path: file.path().into(), tokenizer: TokenizerConfig::Char {} });
+    let config = DataConfig::Jsonl(JsonlConfig {
+        path: file.path().into(),
+        test: None,
+        tokenizer: TokenizerConfig::Char {},
+        chat: None,
+    });
     for (global, micro) in [(1, 1), (6, 3), (8, 2)] {
         let loader = Loader::from_config(&config, spec(global, micro, 32), 77).expect("loader");
         assert_eq!(loader.epoch_len(), Some(37));
@@ -201,8 +206,12 @@ fn jsonl_epochs_are_seeded_bijections() {
 fn a_bad_jsonl_line_fails_the_loader_with_file_and_line() {
     let mut file = jsonl_file(3);
     writeln!(file, "{{\"prompt\": \"x\", \"answer\": 4}}").expect("write");
-    let config =
-        DataConfig::Jsonl(JsonlConfig { path: file.path().into(), tokenizer: TokenizerConfig::Char {} });
+    let config = DataConfig::Jsonl(JsonlConfig {
+        path: file.path().into(),
+        test: None,
+        tokenizer: TokenizerConfig::Char {},
+        chat: None,
+    });
     let error = Loader::from_config(&config, spec(1, 1, 8), 0).expect_err("line 4 is bad");
     let message = error.to_string();
     assert!(message.contains(&format!("{}:4:", file.path().display())), "{message}");
@@ -264,8 +273,13 @@ fn custom_example_sources_plug_in() {
             Ok(Example { prompt: format!("{index}^2=\n"), answer: format!("#### {}", index * index) })
         }
     }
-    let loader =
-        Loader::from_examples(Box::new(Squares), Box::new(CharTokenizer), spec(5, 5, 16), 2).expect("loader");
+    let loader = Loader::from_examples(
+        Box::new(Squares),
+        Prompter::plain(std::sync::Arc::new(CharTokenizer)),
+        spec(5, 5, 16),
+        2,
+    )
+    .expect("loader");
     let mut answers: Vec<String> =
         loader.prompts(0, 0).expect("prompts").into_iter().map(|e| e.answer).collect();
     answers.sort();

@@ -1,5 +1,5 @@
 //! The `grpo:` section of a job spec: rollout shapes, sampling, the objective's knobs, rewards,
-//! where the policy starts, and the held-out evaluation.
+//! and where the policy starts. (Held-out evaluation is the job's `eval:`, see `eval.rs`.)
 //!
 //! ```yaml
 //! grpo:
@@ -10,7 +10,6 @@
 //!   temperature: 1.0
 //!   kl_beta: 0.0
 //!   reward: { exact_match: 1.0, partial_credit: 0.5 }
-//!   eval: { problems: 512, every: 10 }
 //! ```
 
 use crate::JobError;
@@ -58,25 +57,6 @@ pub struct GrpoSpec {
     /// Weights of the reward's terms.
     #[serde(default)]
     pub reward: RewardWeights,
-    /// Greedy held-out evaluation.
-    #[serde(default)]
-    pub eval: EvalSpec,
-}
-
-/// Greedy decoding on held-out problems, before training, every `every` steps and after the last.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct EvalSpec {
-    /// Held-out problems scored each time; 0 disables evaluation.
-    pub problems: u64,
-    /// Also evaluate after every this many steps (0: only before and after training).
-    pub every: u64,
-}
-
-impl Default for EvalSpec {
-    fn default() -> Self {
-        Self { problems: 256, every: 0 }
-    }
 }
 
 fn one() -> f32 {
@@ -146,24 +126,14 @@ impl GrpoSpec {
                 "is empty; name a checkpoint directory or root, or an SFT job spec, or drop the field".into(),
             );
         }
-        match data {
-            DataConfig::Tokens(_) => {
-                return invalid(
-                    "data.kind",
-                    "tokens files have no prompts to answer; GRPO needs kind arithmetic or jsonl".into(),
-                );
-            }
-            DataConfig::Jsonl(_) if self.eval.problems > 0 => {
-                return invalid(
-                    "grpo.eval.problems",
-                    format!(
-                        "{}, but held-out problems come from the arithmetic task's held-out split and \
-                         this job reads a jsonl file; set grpo.eval.problems: 0",
-                        self.eval.problems
-                    ),
-                );
-            }
-            _ => {}
+        if !data.has_examples() {
+            return invalid(
+                "data.kind",
+                format!(
+                    "{} files have no prompts to answer; GRPO needs kind arithmetic, jsonl or gsm8k",
+                    data.kind()
+                ),
+            );
         }
         self.reward.validate()?;
         Ok(())

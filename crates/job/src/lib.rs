@@ -13,12 +13,14 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod eval;
 mod grpo;
 mod mesh_spec;
 mod planning;
 mod schedule;
 
-pub use grpo::{EvalSpec, GrpoSpec};
+pub use eval::EvalSpec;
+pub use grpo::GrpoSpec;
 pub use mesh_spec::{IciSpec, MeshRequest, MeshSpec};
 pub use planning::{DEFAULT_DEVICE_MEMORY, MemorySize};
 pub use schedule::{OptimizerSpec, Schedule};
@@ -88,6 +90,10 @@ pub struct JobSpec {
     pub optimizer: OptimizerSpec,
     /// Where examples come from.
     pub data: DataConfig,
+    /// Greedy held-out evaluation; a GRPO job whose data has held-out problems evaluates 256 of
+    /// them before and after training when this is absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval: Option<EvalSpec>,
     /// Memory and precision options of the exported step.
     #[serde(default)]
     pub train: TrainOptions,
@@ -255,10 +261,13 @@ impl JobSpec {
         Ok(spec)
     }
 
-    /// Fills in what the spec leaves to podctl: a GRPO row's length, the axes of a short-form
-    /// or `auto` mesh (with the micro-batch and remat policy the planner picks), and the remat
-    /// policy `auto` means with a fixed mesh.
+    /// Fills in what the spec leaves to podctl: a GRPO row's length and its default evaluation,
+    /// the axes of a short-form or `auto` mesh (with the micro-batch and remat policy the planner
+    /// picks), and the remat policy `auto` means with a fixed mesh.
     fn resolve(&mut self) -> Result<(), JobError> {
+        if self.eval.is_none() && self.grpo.is_some() && self.data.has_held_out() {
+            self.eval = Some(EvalSpec::default());
+        }
         let invalid = |field, reason: String| Err(JobError::Invalid { field, reason });
         match &self.grpo {
             Some(g) => {
@@ -424,7 +433,15 @@ impl JobSpec {
         self.check_runtime()?;
         self.optimizer.validate(self.steps)?;
         self.data.validate()?;
+        if let Some(eval) = &self.eval {
+            eval.validate(&self.data, self.grpo.is_some())?;
+        }
         Ok(())
+    }
+
+    /// The held-out evaluation the job runs, `None` when it runs none.
+    pub fn evaluation(&self) -> Option<&EvalSpec> {
+        self.eval.as_ref().filter(|eval| eval.problems > 0)
     }
 
     /// The checks of a resolved mesh against the model, the hosts and the batch.

@@ -245,7 +245,8 @@ fn grpo_jobs_parse_with_defaults_and_check_their_groups() {
     let g = spec.grpo.as_ref().unwrap();
     assert_eq!((g.temperature, g.top_p, g.clip_low, g.clip_high, g.kl_beta), (1.0, 1.0, 0.2, 0.2, 0.0));
     assert!(g.scale_rewards && g.init_from.is_none());
-    assert_eq!(g.eval, EvalSpec { problems: 256, every: 0 });
+    // Arithmetic data has a held-out split: a GRPO job evaluates on it unless told otherwise.
+    assert_eq!(spec.eval, Some(EvalSpec { problems: 256, every: 0, prompt_len: None, max_new_tokens: None }));
     // The spec goes to workers as JSON: it must come back the same.
     assert_eq!(parse(&spec.to_yaml()).unwrap(), spec);
 
@@ -360,4 +361,68 @@ fn memory_levers_parse_with_defaults_and_named_errors() {
     // On a TPU host, offload is a setting like any other.
     let tpu = "mesh: { ici: { fsdp: 4, tp: 2 } }\ntrain: { optimizer_offload: true }\nruntime: { accelerator: v6e-8 }";
     assert!(parse(&with(tpu)).unwrap().train.offload());
+}
+
+#[test]
+fn eval_is_for_any_job_whose_data_has_held_out_problems() {
+    let grpo =
+        TINY.replace("seq_len: 128\n", "grpo: { prompt_len: 32, max_new_tokens: 96, generations: 8 }\n");
+    let gsm8k = |extra: &str| {
+        format!(
+            "data: {{ kind: gsm8k, path: train.jsonl{extra}, tokenizer: {{ kind: hf, path: Qwen3-1.7B }}, chat: {{}} }}"
+        )
+    };
+    // GRPO on a file without a test file: no evaluation unless asked for; asked for, an error.
+    let spec = parse(&with_line(&grpo, &gsm8k(""))).unwrap();
+    assert_eq!((spec.eval.as_ref(), spec.evaluation()), (None, None));
+    let e = parse(&format!("{}\neval: {{ problems: 64 }}", with_line(&grpo, &gsm8k("")))).unwrap_err();
+    assert!(
+        e.contains("`eval.problems`: 64, but data of kind gsm8k has no held-out problems; set data.test"),
+        "{e}"
+    );
+    // With a test file, GRPO evaluates by default and takes its decode shapes from grpo:.
+    let spec = parse(&with_line(&grpo, &gsm8k(", test: test.jsonl"))).unwrap();
+    assert_eq!(spec.evaluation().map(|e| e.problems), Some(256));
+    let e = parse(&format!(
+        "{}\neval: {{ every: 5, max_new_tokens: 64 }}",
+        with_line(&grpo, &gsm8k(", test: test.jsonl"))
+    ))
+    .unwrap_err();
+    assert!(e.contains("`eval.max_new_tokens`: a GRPO job evaluates with its rollout program"), "{e}");
+    // An SFT job evaluates only when asked, and needs its decode buffers.
+    let sft = with(&gsm8k(", test: test.jsonl"));
+    assert_eq!(parse(&sft).unwrap().eval, None);
+    let spec =
+        parse(&format!("{sft}\neval: {{ problems: 100, every: 50, prompt_len: 256, max_new_tokens: 512 }}"))
+            .unwrap();
+    assert_eq!(
+        spec.evaluation(),
+        Some(&EvalSpec { problems: 100, every: 50, prompt_len: Some(256), max_new_tokens: Some(512) })
+    );
+    assert_eq!(parse(&spec.to_yaml()).unwrap(), spec);
+    for (eval, needle) in [
+        ("{ problems: 100 }", "`eval.prompt_len`: is missing; an SFT job decodes"),
+        ("{ prompt_len: 256 }", "`eval.max_new_tokens`: is missing"),
+        ("{ prompt_len: 0, max_new_tokens: 8 }", "`eval.prompt_len`: is 0"),
+        ("{ problems: 10, steps: 3 }", "unknown field"),
+    ] {
+        let e = parse(&format!("{sft}\neval: {eval}")).unwrap_err();
+        assert!(e.contains(needle), "{eval}: {e}");
+    }
+    // Off is always fine; token files have nothing to evaluate.
+    parse(&format!("{sft}\neval: {{ problems: 0 }}")).unwrap();
+    let tokens = with("data: { kind: tokens, path: c.bin, dtype: u16 }");
+    let e = parse(&format!("{tokens}\neval: {{ prompt_len: 8, max_new_tokens: 8 }}")).unwrap_err();
+    assert!(e.contains("token files have no prompts"), "{e}");
+    let e = parse(&with_line(&grpo, "data: { kind: tokens, path: c.bin, dtype: u16 }")).unwrap_err();
+    assert!(e.contains("`data.kind`: tokens files have no prompts to answer"), "{e}");
+}
+
+/// `spec` with its `data:` line replaced by `line`.
+fn with_line(spec: &str, line: &str) -> String {
+    let key = line.split(':').next().unwrap();
+    spec.lines()
+        .map(|l| if l.starts_with(&format!("{key}:")) { line } else { l })
+        .collect::<Vec<_>>()
+        .join("\n")
 }

@@ -51,8 +51,8 @@ fn grpo_raises_a_verifiable_reward() {
         &dir.path().join("short.yaml"),
         &format!(
             "name: grpo-short\nmodel: tiny\nmesh: {{ ici: {{ fsdp: 1, tp: 1 }} }}\n\
-             grpo: {{ prompt_len: 24, max_new_tokens: 8, generations: 8, reward: {SHORT_REWARD}, \
-             eval: {{ problems: 0 }} }}\n\
+             grpo: {{ prompt_len: 24, max_new_tokens: 8, generations: 8, reward: {SHORT_REWARD} }}\n\
+             eval: {{ problems: 0 }}\n\
              batch: {{ global: 64, micro: 32 }}\ntrain: {{ loss_chunk: 32 }}\nsteps: 8\nseed: 1\n\
              optimizer: {{ lr: 1.0e-2, schedule: constant, weight_decay: 0.0 }}\n\
              data: {{ kind: arithmetic, digits: [2, 2], ops: [add] }}\noutput: {}\n",
@@ -110,8 +110,8 @@ fn two_slices_give_the_metrics_of_one_slice() {
             &format!(
                 "name: {name}\nmodel: tiny\nmesh: {mesh}\n\
                  grpo: {{ prompt_len: 24, max_new_tokens: 8, generations: 4, init_from: {}, top_p: 0.95, \
-                 kl_beta: 0.05, reward: {{ length_penalty: 0.125, soft_max_chars: 0 }}, \
-                 eval: {{ problems: 16, every: 2 }} }}\n\
+                 kl_beta: 0.05, reward: {{ length_penalty: 0.125, soft_max_chars: 0 }} }}\n\
+                 eval: {{ problems: 16, every: 2 }}\n\
                  batch: {{ global: 32, micro: 8 }}\ntrain: {{ loss_chunk: 32 }}\nsteps: 4\nseed: 5\n\
                  optimizer: {{ lr: 3.0e-3, schedule: constant }}\n\
                  data: {{ kind: arithmetic, digits: [2, 2], ops: [add] }}\noutput: {}\n",

@@ -1,6 +1,7 @@
 //! Prints the prompts a GRPO job's steps sample from, in podctl's order, one JSON line per
 //! prompt: `{"step", "prompt", "tokens", "answer"}`, `tokens` being the ids the rollout sees
-//! (BOS and the prompt, the last `grpo.prompt_len` of them when longer, as `GrpoTask` cuts).
+//! (the prompt as the job's `Prompter` lays it out, the last `grpo.prompt_len` of them when
+//! longer, as `GrpoTask` cuts).
 //!
 //! `cargo run --release -p podctl-worker --example grpo_prompts -- JOB.yaml STEPS`
 //!
@@ -24,13 +25,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         BatchSpec::new(per_step as usize, 1, job.seq_len as usize)?,
         job.seed,
     )?;
-    let tokenizer = loader.tokenizer().ok_or("the job's data has no tokenizer")?;
+    let prompter = loader.prompter().ok_or("the job's data has no tokenizer")?;
     let keep = grpo.prompt_len as usize;
     for step in 0..steps {
         for prompt in 0..per_step {
             let example = loader.prompts(step, prompt)?.remove(0);
-            let mut tokens = vec![tokenizer.bos_id()];
-            tokens.extend(tokenizer.encode(&example.prompt)?);
+            let tokens = prompter.prompt_ids(&example.prompt)?;
             let tokens = &tokens[tokens.len().saturating_sub(keep)..];
             let line = serde_json::json!({
                 "step": step,

@@ -31,7 +31,7 @@ use crate::objective::{EvalReport, Objective, RankShare, RankStep};
 use crate::phases::Phases;
 use crate::slice::{Arg, DeviceArray};
 use crate::trainer::{GrpoPrograms, Trainer, not_initialized};
-use data::{BatchSpec, DataConfig, Example, Loader, Reward, Split, Tokenizer};
+use data::{BatchSpec, Example, Loader, Prompter, Reward};
 use job::{GrpoSpec, JobSpec};
 use std::collections::BTreeMap;
 
@@ -45,12 +45,14 @@ pub struct GrpoTask {
     /// One prompt per "row" of a step of `prompts_per_step` rows: the loader's addressing of the
     /// data (and its epochs and permutations) applies to prompts.
     prompts: Loader,
-    held_out: Option<Loader>,
+    /// The held-out problems `evaluate` scores (empty: evaluation is off), and how often.
+    held_out: Vec<Example>,
+    eval_every: u64,
     micro: usize,
     prompt_len: usize,
     max_new: usize,
-    bos: i32,
-    eos: i32,
+    /// The rollout's `sample/stop_ids`: the tokenizer's stop ids, unused slots -1.
+    stop_ids: Vec<i32>,
     pad: i32,
     bfloat16_compute: bool,
 }
@@ -84,28 +86,33 @@ impl GrpoTask {
         let seq_len = job.seq_len as usize;
         let prompts =
             Loader::from_config(&job.data, BatchSpec::new(prompts_per_step as usize, 1, seq_len)?, job.seed)?;
-        let held_out = match (&job.data, spec.eval.problems) {
-            (_, 0) => None,
-            (DataConfig::Arithmetic(arithmetic), problems) => {
-                let config = DataConfig::Arithmetic(data::ArithmeticConfig {
-                    split: Split::HeldOut,
-                    ..arithmetic.clone()
-                });
-                Some(Loader::from_config(&config, BatchSpec::new(problems as usize, 1, seq_len)?, job.seed)?)
-            }
-            (_, problems) => {
-                return Err(WorkerError::Mismatch(format!(
-                    "grpo.eval.problems is {problems} but only the arithmetic task has held-out problems"
-                )));
-            }
+        prompts.check_model_vocab(manifest.model.vocab_size, &job.model)?;
+        let held_out = match job.evaluation() {
+            Some(eval) => data::held_out_examples(&job.data, eval.problems, job.seed)?,
+            None => Vec::new(),
         };
         let tokenizer =
             prompts.tokenizer().ok_or(data::DataError::NotAnExampleSource { operation: "GRPO" })?;
-        let id = |id: u32| id as i32;
+        let slots = manifest
+            .programs
+            .get("rollout")
+            .and_then(|p| p.inputs.iter().find(|t| t.name == "sample/stop_ids"));
+        let slots = slots.map_or(bundle::STOP_IDS as usize, |t| t.shape.iter().product::<u64>() as usize);
+        if tokenizer.stop_ids().len() > slots {
+            return Err(WorkerError::Mismatch(format!(
+                "the tokenizer stops at {} ids ({:?}), but the bundle's rollout takes at most {slots}",
+                tokenizer.stop_ids().len(),
+                tokenizer.stop_ids()
+            )));
+        }
+        let mut stop_ids = vec![-1; slots];
+        for (slot, &id) in stop_ids.iter_mut().zip(tokenizer.stop_ids()) {
+            *slot = id as i32;
+        }
         Ok(Self {
-            bos: id(tokenizer.bos_id()),
-            eos: id(tokenizer.eos_id()),
-            pad: id(tokenizer.pad_id()),
+            stop_ids,
+            pad: tokenizer.pad_id() as i32,
+            eval_every: job.evaluation().map_or(0, |eval| eval.every),
             spec,
             seed: job.seed,
             prompts,
@@ -122,21 +129,19 @@ impl GrpoTask {
         &self.spec
     }
 
-    fn tokenizer(&self) -> &dyn Tokenizer {
-        self.prompts.tokenizer().expect("checked in new")
+    fn prompter(&self) -> &Prompter {
+        self.prompts.prompter().expect("checked in new")
     }
 
     fn seq_len(&self) -> usize {
         self.prompt_len + self.max_new
     }
 
-    /// `BOS prompt`, its last `prompt_len` tokens when longer (the question is at the end), and
-    /// whether it was cut.
+    /// The prompt's ids ([`Prompter::prompt_ids`]), its last `prompt_len` tokens when longer
+    /// (the question is at the end), and whether it was cut.
     fn encode_prompt(&self, text: &str) -> Result<(Vec<i32>, bool), WorkerError> {
-        let ids = self.tokenizer().encode(text)?;
-        let mut tokens: Vec<i32> = Vec::with_capacity(ids.len() + 1);
-        tokens.push(self.bos);
-        tokens.extend(ids.into_iter().map(|id| id as i32));
+        let mut tokens: Vec<i32> =
+            self.prompter().prompt_ids(text)?.into_iter().map(|id| id as i32).collect();
         let cut = tokens.len() > self.prompt_len;
         if cut {
             tokens.drain(..tokens.len() - self.prompt_len);
@@ -144,15 +149,10 @@ impl GrpoTask {
         Ok((tokens, cut))
     }
 
-    /// The text of a completion's tokens before its EOS; ids the tokenizer cannot show become
-    /// U+FFFD (a young policy samples anything, and that must score 0, not stop the run).
+    /// The text of a completion's tokens before its stop id ([`Prompter::completion_text`]).
     fn decode(&self, tokens: &[i32]) -> String {
         let ids: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
-        self.tokenizer().decode(&ids).unwrap_or_else(|_| {
-            ids.iter()
-                .map(|&id| self.tokenizer().decode(&[id]).unwrap_or_else(|_| "\u{FFFD}".into()))
-                .collect()
-        })
+        self.prompter().completion_text(&ids)
     }
 
     /// The sampling seed of generation `generation` of global prompt `prompt` of `step`.
@@ -273,7 +273,7 @@ impl Trainer {
                 self.upload_input(&inputs[n + 2], bytemuck::cast_slice(&prompts.seeds))?,
                 self.slice().scalar(&inputs[n + 3], temperature.to_le_bytes())?,
                 self.slice().scalar(&inputs[n + 4], task.spec.top_p.to_le_bytes())?,
-                self.slice().scalar(&inputs[n + 5], task.eos.to_le_bytes())?,
+                self.upload_input(&inputs[n + 5], bytemuck::cast_slice(&task.stop_ids))?,
                 self.slice().scalar(&inputs[n + 6], task.pad.to_le_bytes())?,
             ])
         })?;
@@ -417,7 +417,7 @@ fn rank_step(
                 let r = m as u64 * micro + row as u64;
                 let length = completions.lengths[row].clamp(0, n as i32);
                 let tokens = &completions.tokens[row * n..row * n + length as usize];
-                let text = task.decode(tokens.strip_suffix(&[task.eos]).unwrap_or(tokens));
+                let text = task.decode(tokens);
                 let reward = Reward::score(&text, &examples[(r / g) as usize].answer, &task.spec.reward);
                 tally.count_row(&reward, length, n);
                 rewards.push(reward.total);
@@ -449,13 +449,14 @@ fn rank_step(
     Ok(tally)
 }
 
-/// Scores the policy with greedy decoding on the job's held-out problems (`grpo.eval.problems`);
+/// Scores the policy with greedy decoding on the job's held-out problems (`eval.problems`);
 /// `None` when evaluation is off.
 pub fn evaluate(trainer: &Trainer, task: &GrpoTask) -> Result<Option<EvalReport>, WorkerError> {
-    let Some(held_out) = &task.held_out else { return Ok(None) };
-    let problems = task.spec.eval.problems;
-    let examples: Vec<Example> =
-        (0..problems).map(|i| Ok(held_out.prompts(0, i)?.remove(0))).collect::<Result<_, WorkerError>>()?;
+    if task.held_out.is_empty() {
+        return Ok(None);
+    }
+    let examples = &task.held_out;
+    let problems = examples.len() as u64;
     let encoded: Vec<Vec<i32>> =
         examples.iter().map(|e| Ok(task.encode_prompt(&e.prompt)?.0)).collect::<Result<_, WorkerError>>()?;
     let mut report = EvalReport { problems, correct: 0, reward: 0.0, samples: Vec::new() };
@@ -470,7 +471,7 @@ pub fn evaluate(trainer: &Trainer, task: &GrpoTask) -> Result<Option<EvalReport>
             let row = row - first;
             let length = completions.lengths[row].clamp(0, n as i32) as usize;
             let tokens = &completions.tokens[row * n..row * n + length];
-            let text = task.decode(tokens.strip_suffix(&[task.eos]).unwrap_or(tokens));
+            let text = task.decode(tokens);
             let reward = Reward::score(&text, &example.answer, &task.spec.reward);
             report.correct += reward.exact_match as u64;
             report.reward += reward.total as f64 / problems as f64;
@@ -566,6 +567,6 @@ impl Objective for Grpo {
     }
 
     fn eval_every(&self) -> u64 {
-        self.task.spec.eval.every
+        self.task.eval_every
     }
 }

@@ -101,7 +101,7 @@ pub fn for_job(
     runtime: &tokio::runtime::Handle,
 ) -> Result<Box<dyn Objective>, WorkerError> {
     Ok(match &job.grpo {
-        None => Box::new(Sft::new(job)?),
+        None => Box::new(Sft::new(trainer, job)?),
         Some(_) => Box::new(Grpo::new(trainer, job, runtime)?),
     })
 }

@@ -13,11 +13,14 @@ pub struct Sft {
 }
 
 impl Sft {
-    /// The objective of `job`'s data and batch shape.
-    pub fn new(job: &JobSpec) -> Result<Self, WorkerError> {
+    /// The objective of `job`'s data and batch shape; refuses a tokenizer whose ids the model
+    /// cannot embed.
+    pub fn new(trainer: &Trainer, job: &JobSpec) -> Result<Self, WorkerError> {
         let batch =
             BatchSpec::new(job.batch.global as usize, job.batch.micro as usize, job.seq_len as usize)?;
-        Ok(Self::from_loader(Loader::from_config(&job.data, batch, job.seed)?))
+        let loader = Loader::from_config(&job.data, batch, job.seed)?;
+        loader.check_model_vocab(trainer.manifest().model.vocab_size, &job.model)?;
+        Ok(Self::from_loader(loader))
     }
 
     /// The objective of `loader`'s batches.

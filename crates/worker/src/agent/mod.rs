@@ -249,7 +249,8 @@ pub fn run(
     // The last log lines go out before the runtime stops: the forwarder ends once every sender
     // is dropped and its last batch is sent.
     drop(trainer);
-    let _ = runtime.block_on(tokio::time::timeout(LAST_WORDS_WAIT, log_forwarder));
+    // The timer is made inside the runtime: `timeout` needs its time driver when built.
+    let _ = runtime.block_on(async { tokio::time::timeout(LAST_WORDS_WAIT, log_forwarder).await });
     runtime.shutdown_timeout(LAST_WORDS_WAIT);
     Ok(exit)
 }

@@ -90,7 +90,10 @@ impl SessionSide {
                 connected = self.client.session(first) => connected,
                 // Leaving while no leader can be reached: there is nobody to tell.
                 true = shut_down(&mut shutdown) => {
-                    tracing::warn!("shutting down with no session to the coordinator: leaving the job");
+                    tracing::warn!(
+                        deadline = ?self.preemption_deadline,
+                        "SIGTERM: leaving the job with no session to the coordinator to tell"
+                    );
                     self.leave(&control, Leave::Exit(AgentExit::Preempted));
                     return;
                 }

@@ -168,7 +168,8 @@ fn grpo_step_matches_jax(mesh: &str) {
         bytes(&[11u32, 12, 13, 14]),
         scalar_f32(1.0),
         scalar_f32(0.9),
-        EOS.to_le_bytes().to_vec(),
+        // `sample/stop_ids`: EOS in the first of the 8 slots, the others unused.
+        bytes(&[EOS, -1, -1, -1, -1, -1, -1, -1]),
         PAD.to_le_bytes().to_vec(),
     ];
     let (ours, inputs) = rust_run(&slice, &rollout, policy.iter().map(Arg::Borrow).collect(), &sampling);
