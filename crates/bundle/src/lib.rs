@@ -11,12 +11,14 @@
 #![deny(missing_docs)]
 
 mod manifest;
+mod model;
 mod presets;
 
 pub use manifest::{
     ExporterInfo, HOST_MEMORY_KIND, LoraConfig, MAX_TENSOR_BYTES, Manifest, ModelConfig, OptimizerConfig,
     ProgramSpec, TensorSpec, TrainConfig,
 };
+pub use model::{DIMENSION_LIMITS, MAX_PARAMS, ParamShape};
 pub use presets::{preset, presets};
 
 use mesh::IciMesh;
@@ -36,6 +38,10 @@ pub const TRAIN_PROGRAMS: [&str; 4] = ["init", "zero_grads", "grad_step", "apply
 /// plus sampling, scoring and the GRPO gradient.
 pub const GRPO_PROGRAMS: [&str; 6] =
     ["init", "zero_grads", "apply_step", "rollout", "logprobs", "grpo_grad_step"];
+
+/// Programs a bundle of either kind carries only when its exporter was asked for them:
+/// `logits` (full float32 logits of a batch, for parity tests; training never compiles it).
+pub const OPTIONAL_PROGRAMS: [&str; 1] = ["logits"];
 
 /// Why a bundle cannot be used. Messages name the file or field and what to do.
 #[derive(Debug, thiserror::Error)]
