@@ -16,6 +16,7 @@
 //!   quiesce and recovery.
 //! - [`peer`]: state transfer from a live peer to a replacement.
 //! - [`metrics`]: the agent's Prometheus page.
+//! - [`hf`]: a Hugging Face model's weights onto the devices, each device reading its regions.
 //! - [`ckpt`]: checkpoints of the train state: a slice's share saved in the background, restore
 //!   onto any mesh, and the single-process loop's save schedule and resume.
 //!
@@ -29,6 +30,7 @@ pub mod ckpt;
 pub mod compile_cache;
 pub mod dp;
 pub mod grpo;
+pub mod hf;
 pub mod metrics;
 pub mod peer;
 pub mod run;
@@ -60,6 +62,9 @@ pub enum WorkerError {
     /// A checkpoint could not be saved, committed or restored.
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] checkpoint::CheckpointError),
+    /// A Hugging Face model directory could not be read, or does not fit the bundle.
+    #[error("Hugging Face model: {0}")]
+    Hf(#[from] ::hf::HfError),
     /// The all-reduce between slices failed (a peer vanished, the generation changed, ...).
     #[error("all-reduce: {0}")]
     Collective(#[from] collective::Error),
