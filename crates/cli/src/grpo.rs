@@ -166,7 +166,7 @@ pub fn run_local(
     }
     record.summary(&Summary {
         job: &job.name,
-        model: &job.model,
+        model: &job.model.name(),
         parameters,
         mesh: job.ici_mesh().to_string(),
         bundle: bundle.id(),

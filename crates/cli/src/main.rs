@@ -8,6 +8,7 @@ mod grpo;
 mod launch;
 mod local;
 mod logs;
+mod models;
 mod plan;
 mod progress;
 mod status;
@@ -72,7 +73,7 @@ enum Command {
     },
     /// Run a worker process for a job under a coordinator (one per host).
     Worker(worker::WorkerArgs),
-    /// Inspect and manage checkpoints: list, show, verify, rm.
+    /// Inspect and manage checkpoints: list, show, verify, digest, export, import, rm.
     Ckpt {
         #[command(subcommand)]
         command: ckpt::CkptCommand,
