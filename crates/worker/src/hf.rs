@@ -64,8 +64,20 @@ pub fn place_weights(
     runtime: &tokio::runtime::Handle,
 ) -> Result<Vec<DeviceArray>, WorkerError> {
     check_model(manifest.model.clone(), model)?;
-    let specs = weight_specs(manifest);
     let prefix = if manifest.frozen.is_empty() { "params/" } else { "frozen/" };
+    place_tensors(slice, weight_specs(manifest), prefix, model, runtime)
+}
+
+/// `specs` (each `<prefix><podctl path>`, e.g. `params/layers/q_proj`, in the dtype and
+/// sharding it names) filled from `model` on `slice`'s devices: the work of
+/// [`place_weights`] without a bundle (the loading benchmark places a model this way).
+pub fn place_tensors(
+    slice: &Slice,
+    specs: &[TensorSpec],
+    prefix: &str,
+    model: &HfModel,
+    runtime: &tokio::runtime::Handle,
+) -> Result<Vec<DeviceArray>, WorkerError> {
     let mesh = slice.mesh();
     let mut arrays = Vec::with_capacity(specs.len());
     for spec in specs {
