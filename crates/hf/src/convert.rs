@@ -6,6 +6,7 @@
 //! bit copies.
 
 use crate::header::SourceDType;
+use bytemuck::Pod;
 use mesh::DType;
 use std::ops::Range;
 
@@ -40,9 +41,6 @@ pub fn copy_block(
 ) -> Result<(), String> {
     let geometry = Geometry::new(src_first_row, width, block);
     match (from, to) {
-        (SourceDType::F32, DType::Float32) | (SourceDType::Bf16, DType::Bfloat16) if !block.transposed => {
-            geometry.copy_rows(src, dst, from.size())
-        }
         (SourceDType::F32, DType::Float32) => geometry.run::<u32, u32>(src, dst, |x| x),
         (SourceDType::Bf16, DType::Bfloat16) => geometry.run::<u16, u16>(src, dst, |x| x),
         (SourceDType::Bf16, DType::Float32) => geometry.run::<u16, u32>(src, dst, |x| (x as u32) << 16),
@@ -68,30 +66,6 @@ pub fn bf16_bits(bits: u32) -> u16 {
     checkpoint::export::f32_to_bf16(f32::from_bits(bits))
 }
 
-/// Elements as little-endian bits.
-trait Bits: Copy {
-    fn get(bytes: &[u8], index: usize) -> Self;
-    fn put(self, bytes: &mut [u8], index: usize);
-}
-
-impl Bits for u16 {
-    fn get(bytes: &[u8], index: usize) -> Self {
-        u16::from_le_bytes([bytes[2 * index], bytes[2 * index + 1]])
-    }
-    fn put(self, bytes: &mut [u8], index: usize) {
-        bytes[2 * index..2 * index + 2].copy_from_slice(&self.to_le_bytes());
-    }
-}
-
-impl Bits for u32 {
-    fn get(bytes: &[u8], index: usize) -> Self {
-        u32::from_le_bytes(bytes[4 * index..4 * index + 4].try_into().expect("4 bytes"))
-    }
-    fn put(self, bytes: &mut [u8], index: usize) {
-        bytes[4 * index..4 * index + 4].copy_from_slice(&self.to_le_bytes());
-    }
-}
-
 /// Element offsets of one block copy.
 struct Geometry {
     /// Source element index of (block row `rows.start`, column `cols.start`).
@@ -105,8 +79,11 @@ struct Geometry {
     transposed: bool,
 }
 
-/// Tile edge of the transposing copy: a tile's source rows and destination rows stay in cache.
+/// Tile edge of the transposing copy: a tile's source and destination rows stay in cache, and
+/// the tile itself is a fixed-size array, so its loops need no bounds checks.
 const TILE: usize = 32;
+/// Blocks of at least this many elements are split over the machine's cores.
+const PARALLEL_ELEMENTS: usize = 1 << 18;
 
 impl Geometry {
     fn new(src_first_row: u64, width: u64, block: &Block) -> Self {
@@ -121,38 +98,87 @@ impl Geometry {
         }
     }
 
-    /// A same-type copy as-is: each row's run of bytes at once.
-    fn copy_rows(&self, src: &[u8], dst: &mut [u8], size: usize) {
-        let Geometry { src_origin, width, rows, cols, dst_row, .. } = *self;
-        for r in 0..rows {
-            let from = (src_origin + r * width) * size;
-            let to = (dst_row + r) * cols * size;
-            dst[to..to + cols * size].copy_from_slice(&src[from..from + cols * size]);
+    /// Views the bytes as elements (copying them aside only if a buffer is not aligned for the
+    /// element type, which the memory maps and allocations podctl reads into never are).
+    fn run<S: Pod + Sync, D: Pod + Default + Send>(
+        &self,
+        src: &[u8],
+        dst: &mut [u8],
+        convert: impl Fn(S) -> D + Sync,
+    ) {
+        let copied: Vec<S>;
+        let src: &[S] = match bytemuck::try_cast_slice(src) {
+            Ok(typed) => typed,
+            Err(_) => {
+                copied = bytemuck::pod_collect_to_vec(src);
+                &copied
+            }
+        };
+        match bytemuck::try_cast_slice_mut::<u8, D>(dst) {
+            Ok(typed) => self.run_typed(src, typed, &convert),
+            Err(_) => {
+                let mut typed: Vec<D> = bytemuck::pod_collect_to_vec(dst);
+                self.run_typed(src, &mut typed, &convert);
+                dst.copy_from_slice(bytemuck::cast_slice(&typed));
+            }
         }
     }
 
-    fn run<S: Bits, D: Bits>(&self, src: &[u8], dst: &mut [u8], convert: impl Fn(S) -> D) {
-        let Geometry { src_origin, width, rows, cols, dst_row, block_rows, .. } = *self;
-        if !self.transposed {
-            for r in 0..rows {
-                let from = src_origin + r * width;
-                let to = (dst_row + r) * cols;
-                for c in 0..cols {
-                    convert(S::get(src, from + c)).put(dst, to + c);
+    fn run_typed<S: Copy + Sync, D: Copy + Default + Send>(
+        &self,
+        src: &[S],
+        dst: &mut [D],
+        convert: &(impl Fn(S) -> D + Sync),
+    ) {
+        let Geometry { src_origin, width, rows, cols, dst_row, block_rows, transposed } = *self;
+        let threads = match rows * cols >= PARALLEL_ELEMENTS {
+            true => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            false => 1,
+        };
+        if !transposed {
+            // Destination rows dst_row.., `cols` each: split by rows.
+            let dst = &mut dst[dst_row * cols..(dst_row + rows) * cols];
+            let per = rows.div_ceil(threads).max(1);
+            std::thread::scope(|scope| {
+                for (i, part) in dst.chunks_mut(per * cols).enumerate() {
+                    scope.spawn(move || {
+                        for (k, out) in part.chunks_exact_mut(cols).enumerate() {
+                            let from = src_origin + (i * per + k) * width;
+                            for (d, &x) in out.iter_mut().zip(&src[from..from + cols]) {
+                                *d = convert(x);
+                            }
+                        }
+                    });
                 }
-            }
+            });
             return;
         }
-        for r0 in (0..rows).step_by(TILE) {
-            for c0 in (0..cols).step_by(TILE) {
-                for r in r0..(r0 + TILE).min(rows) {
-                    let from = src_origin + r * width;
-                    for c in c0..(c0 + TILE).min(cols) {
-                        convert(S::get(src, from + c)).put(dst, c * block_rows + dst_row + r);
+        // Destination rows are source columns, `block_rows` each: split by columns.
+        let per = cols.div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            for (i, part) in dst[..cols * block_rows].chunks_mut(per * block_rows).enumerate() {
+                scope.spawn(move || {
+                    let my_cols = part.len() / block_rows;
+                    let mut tile = [[D::default(); TILE]; TILE];
+                    for r0 in (0..rows).step_by(TILE) {
+                        let rn = TILE.min(rows - r0);
+                        for c0 in (0..my_cols).step_by(TILE) {
+                            let cn = TILE.min(my_cols - c0);
+                            for r in 0..rn {
+                                let from = src_origin + (r0 + r) * width + i * per + c0;
+                                for (c, &x) in src[from..from + cn].iter().enumerate() {
+                                    tile[c][r] = convert(x);
+                                }
+                            }
+                            for (c, column) in tile.iter().enumerate().take(cn) {
+                                let to = (c0 + c) * block_rows + dst_row + r0;
+                                part[to..to + rn].copy_from_slice(&column[..rn]);
+                            }
+                        }
                     }
-                }
+                });
             }
-        }
+        });
     }
 }
 
@@ -191,6 +217,28 @@ mod tests {
         .unwrap();
         // [cols, block_rows]: row c holds source column c's rows 0..3.
         assert_eq!(as_f32(&dst), [0.0, 11.0, 21.0, 0.0, 12.0, 22.0, 0.0, 13.0, 23.0]);
+    }
+
+    #[test]
+    fn large_blocks_split_over_threads_copy_like_the_definition() {
+        // 700 x 900 bf16 source rows 50..650, columns 100..800 (420,000 elements: threaded).
+        let (width, rows, cols) = (900usize, 50..650u64, 100..800u64);
+        let src: Vec<u16> = (0..700 * width).map(|i| (i * 7919 % 65521) as u16).collect();
+        let bytes: &[u8] = bytemuck::cast_slice(&src);
+        for transposed in [false, true] {
+            let block =
+                Block { rows: rows.clone(), cols: cols.clone(), first_row: 50, block_rows: 600, transposed };
+            let mut dst = vec![0u8; 600 * 700 * 4];
+            copy_block(bytes, SourceDType::Bf16, 0, width as u64, &block, &mut dst, DType::Float32).unwrap();
+            let got = as_f32(&dst);
+            for r in 0..600usize {
+                for c in 0..700usize {
+                    let want = f32::from_bits((src[(50 + r) * width + 100 + c] as u32) << 16);
+                    let at = if transposed { c * 600 + r } else { r * 700 + c };
+                    assert_eq!(got[at].to_bits(), want.to_bits(), "transposed {transposed} ({r}, {c})");
+                }
+            }
+        }
     }
 
     #[test]

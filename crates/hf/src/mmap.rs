@@ -17,7 +17,7 @@ pub(crate) fn map_range(file: &File, range: Range<u64>, path: &Path) -> Result<M
         return Ok(Mapped(None));
     }
     let mut options = MmapOptions::new();
-    options.offset(range.start).len((range.end - range.start) as usize);
+    options.offset(range.start).len((range.end - range.start) as usize).populate();
     // SAFETY: the map is read-only and private to this process, and this crate never writes the
     // file. Model directories are inputs that must not change while a load reads them (a file
     // truncated under a map turns reads into SIGBUS): the same contract as every mmap-based

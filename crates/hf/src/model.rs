@@ -229,6 +229,33 @@ impl HfModel {
         Ok(mapping)
     }
 
+    /// `regions` of podctl parameter `path` in groups that read the same rows of the same source
+    /// tensors (devices that differ only along the axis splitting a tensor's columns): reading
+    /// a group at once reads those rows once (indices into `regions`, in order).
+    pub fn shared_reads(&self, path: &str, regions: &[Region]) -> Vec<Vec<usize>> {
+        let Some(mapping) = names::mapping(path) else {
+            return (0..regions.len()).map(|i| vec![i]).collect();
+        };
+        // The podctl axis whose range is the source's rows (None: vectors, one row).
+        let row_axis = match (mapping.per_layer, mapping.transposed) {
+            (true, true) => Some(2),
+            (false, _) if regions.first().is_some_and(|r| r.ranges().len() == 2) => Some(0),
+            _ => None,
+        };
+        let key = |r: &Region| {
+            let layers = if mapping.per_layer { Some(r.ranges()[0].clone()) } else { None };
+            (layers, row_axis.map(|axis| r.ranges()[axis].clone()))
+        };
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        for (i, region) in regions.iter().enumerate() {
+            match groups.iter_mut().find(|g| key(&regions[g[0]]) == key(region)) {
+                Some(group) => group.push(i),
+                None => groups.push(vec![i]),
+            }
+        }
+        groups
+    }
+
     /// The bytes of each of `regions` of podctl parameter `path` (global shape `shape`), in
     /// `dtype`, row-major in podctl's layout. Each source byte any region needs is read once,
     /// a window of whole rows of one tensor at a time: a region's rows of a tensor (every
@@ -242,6 +269,22 @@ impl HfModel {
         dtype: DType,
         regions: &[Region],
     ) -> Result<Vec<Vec<u8>>> {
+        let mut out = vec![Vec::new(); regions.len()];
+        self.read_regions_into(path, shape, dtype, regions, &mut out).await?;
+        Ok(out)
+    }
+
+    /// [`HfModel::read_regions`] into the caller's buffers (`out[i]` for `regions[i]`, resized
+    /// to fit): a load reusing its buffers from one parameter to the next touches no fresh
+    /// memory for them.
+    pub async fn read_regions_into(
+        &self,
+        path: &str,
+        shape: &[u64],
+        dtype: DType,
+        regions: &[Region],
+        out: &mut [Vec<u8>],
+    ) -> Result<()> {
         let mapping = self.check_param(path, shape)?;
         let full = Region::full(shape);
         for region in regions {
@@ -252,14 +295,25 @@ impl HfModel {
                 )));
             }
         }
+        if out.len() != regions.len() {
+            return Err(HfError::Mismatch(format!("{} buffers for {} regions", out.len(), regions.len())));
+        }
         let size = dtype.size();
-        let mut out: Vec<Vec<u8>> =
-            regions.iter().map(|r| vec![0u8; r.num_elements() as usize * size]).collect();
+        for (buf, region) in out.iter_mut().zip(regions) {
+            // Every byte of a region is written below, so what a reused buffer held does not
+            // matter; a new one is calloc's (pages are first touched by the copy itself).
+            let len = region.num_elements() as usize * size;
+            if buf.capacity() < len {
+                *buf = vec![0u8; len];
+            } else {
+                buf.truncate(len);
+                buf.resize(len, 0);
+            }
+        }
         if !mapping.per_layer {
             let targets: Vec<(Vec<Range<u64>>, usize)> =
                 regions.iter().map(|r| (r.ranges().to_vec(), 0)).collect();
-            self.copy_tensor(mapping, 0, &targets, &mut out, dtype).await?;
-            return Ok(out);
+            return self.copy_tensor(mapping, 0, &targets, out, dtype).await;
         }
         let first = regions.iter().map(|r| r.ranges()[0].start).min().unwrap_or(0);
         let last = regions.iter().map(|r| r.ranges()[0].end).max().unwrap_or(0);
@@ -281,7 +335,7 @@ impl HfModel {
                 out[i] = buf;
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Copies one Hugging Face tensor's part of each target: its ranges over the tensor's podctl

@@ -4,9 +4,11 @@
 //! run from pretrained weights starts its optimizer afresh, as one from another run's checkpoint
 //! does after `Trainer::reset_optimizer`).
 //!
-//! From a local directory the shards are built and uploaded one device at a time, so the host
-//! holds one device's shard of one parameter beyond what the devices hold; from an object store
-//! a parameter's shards for all devices are read together, so each byte is fetched once.
+//! From a local directory the devices whose shards read the same rows of the source tensors
+//! (those differing only along the axis that splits the tensors' columns) are read together and
+//! uploaded before the next group, so each mapped page is read once and the host holds a few
+//! shards of one parameter beyond what the devices hold; from an object store a parameter's
+//! shards for all devices are read together, so each byte is fetched once.
 //!
 //! A LoRA bundle's model weights are its frozen base; its adapters start from `init(seed)` (the
 //! B matrices are zero, so training starts at the pretrained model).
@@ -17,6 +19,7 @@ use crate::trainer::Trainer;
 use ::hf::HfModel;
 use bundle::{Manifest, ModelConfig, TensorSpec};
 use mesh::Region;
+use std::cell::RefCell;
 use std::time::Instant;
 
 /// What [`load`] placed.
@@ -79,31 +82,52 @@ pub fn place_tensors(
     runtime: &tokio::runtime::Handle,
 ) -> Result<Vec<DeviceArray>, WorkerError> {
     let mesh = slice.mesh();
+    // Host buffers of uploaded shards, reused for the next ones: fresh memory costs page faults.
+    let spare: RefCell<Vec<Vec<u8>>> = RefCell::new(Vec::new());
     let mut arrays = Vec::with_capacity(specs.len());
     for spec in specs {
         let path = spec.name.strip_prefix(prefix).ok_or_else(|| {
             WorkerError::Mismatch(format!("'{}' is not a {prefix}* tensor of the bundle", spec.name))
         })?;
-        let array = if model.location().is_local() {
-            slice.upload_each(spec, |_, region| {
-                let one = std::slice::from_ref(region);
-                Ok(runtime.block_on(model.read_regions(path, &spec.shape, spec.dtype, one))?.remove(0))
-            })?
-        } else {
-            // Every distinct region at once: each byte of the tensor is fetched once.
-            let mut regions: Vec<Region> = Vec::new();
-            for d in 0..mesh.num_devices() {
-                let region = spec.sharding.shard_region(&spec.shape, mesh, d);
-                if !regions.contains(&region) {
-                    regions.push(region);
-                }
+        let mut regions: Vec<Region> = Vec::new();
+        for d in 0..mesh.num_devices() {
+            let region = spec.sharding.shard_region(&spec.shape, mesh, d);
+            if !regions.contains(&region) {
+                regions.push(region);
             }
-            let mut bytes = runtime.block_on(model.read_regions(path, &spec.shape, spec.dtype, &regions))?;
-            slice.upload_each(spec, |_, region| {
-                let i = regions.iter().position(|r| r == region).expect("every device's region was read");
-                Ok(std::mem::take(&mut bytes[i]))
-            })?
+        }
+        // Local: the regions that read the same source rows together (each page mapped once,
+        // a few shards held at a time). Object store: every region at once (each byte fetched
+        // once, the tensor's shards held until uploaded).
+        let groups = match model.location().is_local() {
+            true => model.shared_reads(path, &regions),
+            false => vec![(0..regions.len()).collect()],
         };
+        let mut read: Vec<Option<Vec<u8>>> = vec![None; regions.len()];
+        let array = slice.upload_each(
+            spec,
+            |_, region| {
+                let i = regions.iter().position(|r| r == region).expect("every device's region is listed");
+                if read[i].is_none() {
+                    let group = groups.iter().find(|g| g.contains(&i)).expect("groups cover the regions");
+                    let wanted: Vec<Region> = group.iter().map(|&j| regions[j].clone()).collect();
+                    let mut bufs: Vec<Vec<u8>> =
+                        group.iter().map(|_| spare.borrow_mut().pop().unwrap_or_default()).collect();
+                    runtime.block_on(model.read_regions_into(
+                        path,
+                        &spec.shape,
+                        spec.dtype,
+                        &wanted,
+                        &mut bufs,
+                    ))?;
+                    for (&j, b) in group.iter().zip(bufs) {
+                        read[j] = Some(b);
+                    }
+                }
+                Ok(read[i].take().expect("just read"))
+            },
+            |buffer| spare.borrow_mut().push(buffer),
+        )?;
         arrays.push(array);
     }
     Ok(arrays)

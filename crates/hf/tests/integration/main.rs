@@ -7,5 +7,6 @@ extern crate podctl_hf as hf;
 mod bad_input;
 mod common;
 mod reference;
+mod regions;
 mod round_trip;
 mod s3;
