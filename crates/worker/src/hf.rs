@@ -103,6 +103,7 @@ pub fn place_tensors(
             true => model.shared_reads(path, &regions),
             false => vec![(0..regions.len()).collect()],
         };
+        let widest = groups.iter().map(Vec::len).max().unwrap_or(1);
         let mut read: Vec<Option<Vec<u8>>> = vec![None; regions.len()];
         let array = slice.upload_each(
             spec,
@@ -126,7 +127,13 @@ pub fn place_tensors(
                 }
                 Ok(read[i].take().expect("just read"))
             },
-            |buffer| spare.borrow_mut().push(buffer),
+            |buffer| {
+                // As many as a group reads at once: more would only hold memory.
+                let mut spare = spare.borrow_mut();
+                if spare.len() < widest {
+                    spare.push(buffer);
+                }
+            },
         )?;
         arrays.push(array);
     }
