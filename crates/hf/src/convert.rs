@@ -164,6 +164,8 @@ impl Geometry {
                         let rn = TILE.min(rows - r0);
                         for c0 in (0..my_cols).step_by(TILE) {
                             let cn = TILE.min(my_cols - c0);
+                            // `r` is the tile's minor index: the source row lands in a column.
+                            #[allow(clippy::needless_range_loop)]
                             for r in 0..rn {
                                 let from = src_origin + (r0 + r) * width + i * per + c0;
                                 for (c, &x) in src[from..from + cn].iter().enumerate() {
