@@ -3,7 +3,9 @@
 
 Valid inputs of each format, so the fuzzer starts past the parsers' first refusals: the example
 job specs, a real bundle manifest (fuzz/bundle-manifest.json, minified), a small checkpoint
-manifest, and protobuf encodings of the coordinator's requests. Rerun after a format changes.
+manifest, protobuf encodings of the coordinator's requests, and a Hugging Face model's files
+(a small safetensors file, an index, transformers' config.json of the hf crate's fixtures).
+Rerun after a format changes.
 """
 import json
 import pathlib
@@ -186,3 +188,15 @@ gsm8k = (root.parent / "tests/fixtures/gsm8k/train.jsonl").read_text().splitline
 write("data_files", "gsm8k-line", b"\x03" + gsm8k[0].encode())
 write("data_files", "prompt-answer-line", b"\x03" + b'{"prompt": "1+1?", "answer": "#### 2"}')
 write("data_files", "completion", b"\x04" + "so 48 + 24 = 72\n#### $72.\0".encode() + gsm8k[1].encode())
+
+# hf_headers: a two-tensor safetensors file as transformers writes one, an index and the
+# config.json of a fixture (crates/hf/tests/fixtures, written by transformers).
+fixtures = root.parent / "crates" / "hf" / "tests" / "fixtures"
+header = {"__metadata__": {"format": "pt"},
+          "model.norm.weight": {"dtype": "BF16", "shape": [4], "data_offsets": [0, 8]},
+          "lm_head.weight": {"dtype": "F32", "shape": [2, 2], "data_offsets": [8, 24]}}
+text = json.dumps(header, separators=(",", ":")).encode()
+text += b" " * (-len(text) % 8)
+write("hf_headers", "safetensors", struct.pack("<Q", len(text)) + text + bytes(range(24)))
+write("hf_headers", "index", (fixtures / "untied-bf16" / "model.safetensors.index.json").read_text())
+write("hf_headers", "config", (fixtures / "untied-bf16" / "config.json").read_text())

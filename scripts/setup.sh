@@ -65,7 +65,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing pinned Python packages into .venv (first time: a few minutes)"
   .venv/bin/pip install --quiet --disable-pip-version-check -r models/requirements.lock
   for req in scripts/requirements/*.txt; do
-    case "$req" in *-bench.txt) continue ;; esac   # benchmarks install their own baselines
+    # Benchmarks install their own baselines; the Hugging Face reference (torch) has its own
+    # venv (scripts/setup-hf-reference.sh).
+    case "$req" in *-bench.txt|*/hf-reference.txt) continue ;; esac
     .venv/bin/pip install --quiet --disable-pip-version-check -r "$req"
   done
   .venv/bin/pip install --quiet --disable-pip-version-check --no-deps -e models

@@ -59,8 +59,15 @@ class ModelConfig:
                 f"{self.num_kv_heads}: grouped-query attention needs whole groups")
         if self.head_dim % 2:
             raise ConfigError(f"model.head_dim = {self.head_dim}: RoPE needs an even head_dim")
-        if not self.tie_embeddings:
-            raise ConfigError("model.tie_embeddings = false: only tied embeddings are implemented")
+        for field in ("rope_theta", "rms_norm_eps"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"model.{field} = {value!r}: must be a positive number")
+        if not isinstance(self.tie_embeddings, bool):
+            raise ConfigError(f"model.tie_embeddings = {self.tie_embeddings!r}: must be true or "
+                              f"false")
+        if not isinstance(self.preset, str) or not self.preset:
+            raise ConfigError(f"model.preset = {self.preset!r}: name the model (a string)")
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

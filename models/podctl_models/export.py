@@ -4,6 +4,11 @@
         --seq-len 128 --out DIR
     python -m podctl_models.export --kind grpo --preset tiny --micro-batch 8 --prompt-len 32 \
         --max-new-tokens 96 --logprob-chunk 32 --out DIR
+    python -m podctl_models.export --model-json '{"preset": "hf:Qwen3-1.7B", "vocab_size": ...}' \
+        --mesh fsdp=2,tp=2 --out DIR
+
+The model is a preset (`presets.json`) or, with `--model-json`, the manifest's `model` object
+itself: podctl passes the shape it read from a Hugging Face model's `config.json` that way.
 
 Lowering needs shapes only: the mesh is a `jax.sharding.AbstractMesh`, so a TPU bundle for any
 slice is written on a CPU-only machine. Exit status 2 means the settings cannot work (the message
@@ -34,8 +39,8 @@ from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
 from . import __version__, attention, qwen3
 from .config import (ConfigError, MeshConfig, ModelConfig, OptimizerConfig, TrainConfig,
                      check_mesh_fits, parse_mesh, preset)
-from .programs import (PROGRAM_NAMES, Program, TensorSpec, build_programs, frozen_tensors,
-                       trainable_specs)
+from .programs import (OPTIONAL_PROGRAMS, PROGRAM_NAMES, Program, TensorSpec, build_programs,
+                       frozen_tensors, trainable_specs)
 
 FORMAT = "podctl-bundle/1"
 PLATFORMS = ("cpu", "tpu")
@@ -50,8 +55,14 @@ class BundleConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     platform: str = "cpu"
+    # Programs beyond the kind's own (from OPTIONAL_PROGRAMS), e.g. "logits" for parity tests.
+    optional: tuple[str, ...] = ()
 
     def validate(self) -> None:
+        for name in self.optional:
+            if name not in OPTIONAL_PROGRAMS:
+                raise ConfigError(f"optional program {name!r} is unknown; the optional programs "
+                                  f"are {', '.join(OPTIONAL_PROGRAMS)}")
         self.model.validate()
         self.train.validate()
         self.optimizer.validate()
@@ -162,9 +173,9 @@ def export_programs(cfg: BundleConfig) -> dict[str, ExportedProgram]:
     cfg.validate()
     cfg = resolve(cfg)
     mesh = abstract_mesh(cfg.mesh)
-    programs = build_programs(cfg.model, cfg.train, cfg.optimizer, mesh)
+    programs = build_programs(cfg.model, cfg.train, cfg.optimizer, mesh, cfg.optional)
     result = {}
-    for name in PROGRAM_NAMES[cfg.train.kind]:
+    for name in PROGRAM_NAMES[cfg.train.kind] + cfg.optional:
         program = programs[name]
         with reproducible_locations():
             exported = lower(program, mesh, cfg.platform)
@@ -260,7 +271,11 @@ def parse_args(argv: list[str] | None) -> tuple[BundleConfig, Path]:
     defaults_train, defaults_opt = TrainConfig(), OptimizerConfig()
     parser = argparse.ArgumentParser(prog="python -m podctl_models.export",
                                      description="Export a podctl bundle (docs/BUNDLE.md).")
-    parser.add_argument("--preset", required=True, help="tiny | small | qwen3-0.6b | qwen3-1.7b")
+    parser.add_argument("--preset", help="tiny | small | qwen3-0.6b | qwen3-1.7b")
+    parser.add_argument("--model-json", help="the model's dimensions as the manifest's `model` "
+                        "object (JSON), instead of --preset")
+    parser.add_argument("--with-logits", action="store_true",
+                        help="also export the `logits` program (full float32 logits; for tests)")
     parser.add_argument("--kind", default="sft", help="sft | grpo")
     parser.add_argument("--mesh", default="fsdp=1,tp=1", help="ICI mesh, e.g. fsdp=2,tp=2")
     parser.add_argument("--micro-batch", type=int, default=defaults_train.micro_batch)
@@ -322,8 +337,32 @@ def parse_args(argv: list[str] | None) -> tuple[BundleConfig, Path]:
         train = TrainConfig(kind=args.kind, seq_len=seq_len, loss_chunk=loss_chunk, **common)
     opt = OptimizerConfig(b1=args.b1, b2=args.b2, eps=args.eps, weight_decay=args.weight_decay,
                           max_grad_norm=args.max_grad_norm)
-    cfg = BundleConfig(preset(args.preset), train, opt, parse_mesh(args.mesh), args.platform)
+    cfg = BundleConfig(_model(args), train, opt, parse_mesh(args.mesh), args.platform,
+                       ("logits",) if args.with_logits else ())
     return cfg, args.out
+
+
+def _model(args) -> ModelConfig:
+    """The model of `--preset` or `--model-json` (exactly one of them)."""
+    if (args.preset is None) == (args.model_json is None):
+        raise ConfigError("model: give exactly one of --preset NAME or --model-json OBJECT")
+    if args.preset is not None:
+        return preset(args.preset)
+    try:
+        fields = json.loads(args.model_json)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"--model-json is not JSON ({err}); pass the manifest's model "
+                          f"object") from None
+    if not isinstance(fields, dict):
+        raise ConfigError("--model-json must be a JSON object (the manifest's model object)")
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(fields) - known)
+    missing = sorted(f.name for f in dataclasses.fields(ModelConfig)
+                     if f.name not in fields and f.default is dataclasses.MISSING)
+    if unknown or missing:
+        raise ConfigError(f"--model-json: unknown fields {unknown}, missing fields {missing}; "
+                          f"the fields are {', '.join(sorted(known))}")
+    return ModelConfig(**fields)
 
 
 def _grpo_train(args, common: dict) -> TrainConfig:

@@ -3,7 +3,9 @@
 Each program takes and returns flat positional arrays in the manifest's order, so the exported
 module's arguments are exactly the manifest's inputs. SFT bundles have `init`, `zero_grads`,
 `grad_step`, `apply_step`; GRPO bundles share `init`, `zero_grads`, `apply_step` and add
-`rollout`, `logprobs`, `grpo_grad_step`.
+`rollout`, `logprobs`, `grpo_grad_step`. Either kind may carry the optional `logits` program
+(full float32 logits of a batch, for parity tests against other implementations); only a bundle
+exported with it asks for it, so training bundles never compile it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ PROGRAM_NAMES = {
     "sft": ("init", "zero_grads", "grad_step", "apply_step"),
     "grpo": ("init", "zero_grads", "apply_step", "rollout", "logprobs", "grpo_grad_step"),
 }
+# Programs a bundle carries only when the exporter is asked for them (`--with-logits`).
+OPTIONAL_PROGRAMS = ("logits",)
 
 
 @dataclass(frozen=True)
@@ -76,8 +80,9 @@ def _scalar(name: str, dtype: str) -> TensorSpec:
 
 
 def build_programs(model: ModelConfig, train: TrainConfig, opt: OptimizerConfig,
-                   mesh=None) -> dict[str, Program]:
-    """The programs for one (model, train, optimizer) setting.
+                   mesh=None, optional: tuple[str, ...] = ()) -> dict[str, Program]:
+    """The programs for one (model, train, optimizer) setting, plus the `optional` ones asked for
+    (from `OPTIONAL_PROGRAMS`).
 
     `mesh` (a Mesh or AbstractMesh) enables activation sharding constraints; None is for plain
     single-device use.
@@ -147,7 +152,24 @@ def build_programs(model: ModelConfig, train: TrainConfig, opt: OptimizerConfig,
         build = _sft_programs if train.kind == "sft" else _grpo_programs
         extra = build(model, train, mesh, params, grads, as_dict)
     programs = {**common, **extra}
-    return {name: programs[name] for name in PROGRAM_NAMES[train.kind]}
+    if "logits" in optional:
+        programs["logits"] = _logits_program(model, train, mesh, frozen, params, as_dict)
+    return {name: programs[name] for name in PROGRAM_NAMES[train.kind] + tuple(optional)}
+
+
+def _logits_program(model, train, mesh, frozen, params, as_dict) -> Program:
+    """`logits(frozen, params, batch/tokens)`: float32 `[rows, seq, vocab]` logits, no padding."""
+    f, n = len(frozen), len(params)
+    rows, seq = train.micro_batch, train.seq_len
+    base_paths = [s.path for s in qwen3.param_specs(model)]
+
+    def logits_fn(*args):
+        p = {**dict(zip(base_paths, args[:f])), **as_dict(args[f:f + n])}
+        return (qwen3.logits(p, args[f + n], model, train, mesh=mesh),)
+
+    tokens = _rows("batch/tokens", "int32", rows, seq)
+    return Program("logits", logits_fn, frozen + params + (tokens,),
+                   (_rows("logits", "float32", rows, seq, model.vocab_size),), frozenset())
 
 
 HOST_MEMORY = "pinned_host"
@@ -265,8 +287,8 @@ def _grpo_programs(model, train, mesh, params, grads, as_dict) -> dict[str, Prog
     def policy_logprobs(p, tokens, targets, prompt_lengths, temperature):
         start = rollout.left_padding(prompt_lengths, prompt_len)
         hidden = qwen3.hidden_states(p, tokens, model, train, mesh, start=start)
-        return grpo.token_logprobs(hidden, p["embed"].astype(hidden.dtype), targets, temperature,
-                                   train.logprob_chunk, shard)
+        head = qwen3.output_head(p).astype(hidden.dtype)
+        return grpo.token_logprobs(hidden, head, targets, temperature, train.logprob_chunk, shard)
 
     def rollout_fn(*args):
         p = as_dict(args[:n])

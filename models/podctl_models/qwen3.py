@@ -5,6 +5,11 @@ traces and compiles one layer body. Shardings follow the ICI mesh `(fsdp, tp)`: 
 `[in, out]` split `(fsdp, tp)` for the projections into heads/MLP and `(tp, fsdp)` for the
 projections back to the residual stream, the embedding's vocabulary over `tp`, norms replicated,
 and activations' batch over `fsdp`.
+
+The output head is the embedding (`tie_embeddings`, Qwen3 up to 4B) or, untied (Qwen3-8B and
+larger), a parameter `lm_head` of the embedding's own layout `[vocab, hidden]` split `(tp, fsdp)`:
+Hugging Face stores `lm_head.weight` `[vocab, hidden]` too, and every logits computation reads
+whichever `output_head` returns, so the two cases share one code path.
 """
 
 from __future__ import annotations
@@ -72,7 +77,14 @@ def param_specs(model: ModelConfig) -> list[ParamSpec]:
         matrix("layers/up_proj", H, I, ("fsdp", "tp")),
         matrix("layers/down_proj", I, H, ("tp", "fsdp"), residual_scale),
         ParamSpec("final_norm", (H,), (None,), None, 1),
-    ]
+    ] + ([] if model.tie_embeddings else
+         [ParamSpec("lm_head", (model.vocab_size, H), ("tp", "fsdp"), 1.0 / math.sqrt(H), 2)])
+
+
+def output_head(params: Params) -> jax.Array:
+    """The `[vocab, hidden]` matrix the logits are computed with: `lm_head` when the model has one
+    (untied), else the embedding."""
+    return params["lm_head"] if "lm_head" in params else params["embed"]
 
 
 def lora_specs(model: ModelConfig, train: TrainConfig) -> list[ParamSpec]:
@@ -338,18 +350,18 @@ def sft_loss(params: Params, tokens: jax.Array, targets: jax.Array, loss_mask: j
              model: ModelConfig, train: TrainConfig, mesh=None, chunked: bool = True):
     """`(loss_sum, token_count)`: summed float32 cross-entropy over the masked targets."""
     hidden = hidden_states(params, tokens, model, train, mesh)
-    embed = params["embed"].astype(hidden.dtype)
+    head = output_head(params).astype(hidden.dtype)
     if chunked:
-        loss_sum = loss_lib.chunked_loss_sum(hidden, embed, targets, loss_mask, train.loss_chunk,
+        loss_sum = loss_lib.chunked_loss_sum(hidden, head, targets, loss_mask, train.loss_chunk,
                                              Sharder(mesh))
     else:
-        loss_sum = loss_lib.loss_sum(hidden, embed, targets, loss_mask, Sharder(mesh))
+        loss_sum = loss_lib.loss_sum(hidden, head, targets, loss_mask, Sharder(mesh))
     return loss_sum, jnp.sum(loss_mask)
 
 
 def logits(params: Params, tokens: jax.Array, model: ModelConfig, train: TrainConfig,
-           start: jax.Array | None = None) -> jax.Array:
+           start: jax.Array | None = None, mesh=None) -> jax.Array:
     """Full float32 logits `[batch, seq, vocab]`; for tests and sampling, never for training."""
-    hidden = hidden_states(params, tokens, model, train, start=start)
-    return jnp.einsum("bth,vh->btv", hidden, params["embed"].astype(hidden.dtype),
+    hidden = hidden_states(params, tokens, model, train, mesh, start=start)
+    return jnp.einsum("bth,vh->btv", hidden, output_head(params).astype(hidden.dtype),
                       preferred_element_type=jnp.float32)

@@ -138,8 +138,8 @@ def decode_step(params: qwen3.Params, tokens: jax.Array, column: jax.Array, star
     indices = jnp.arange(model.num_layers, dtype=jnp.int32)
     (x, keys, values), _ = lax.scan(layer_body, (x, *cache), (layers, indices))
     hidden = qwen3.rms_norm(x, params["final_norm"], model.rms_norm_eps)[:, 0]
-    logits = jnp.einsum("bh,vh->bv", hidden, params["embed"].astype(hidden.dtype),
-                        preferred_element_type=jnp.float32)
+    head = qwen3.output_head(params).astype(hidden.dtype)
+    logits = jnp.einsum("bh,vh->bv", hidden, head, preferred_element_type=jnp.float32)
     return shard(logits, "fsdp", "tp"), (keys, values)
 
 
@@ -166,8 +166,8 @@ def generate(params: qwen3.Params, prompts: jax.Array, prompt_lengths: jax.Array
     padding = ((0, 0), (0, 0), (0, new_tokens), (0, 0), (0, 0))
     cache = tuple(shard(jnp.pad(c, padding), None, "fsdp", None, "tp", None)
                   for c in (keys, values))
-    logits = jnp.einsum("bh,vh->bv", hidden[:, -1], params["embed"].astype(hidden.dtype),
-                        preferred_element_type=jnp.float32)
+    head = qwen3.output_head(params).astype(hidden.dtype)
+    logits = jnp.einsum("bh,vh->bv", hidden[:, -1], head, preferred_element_type=jnp.float32)
 
     row_keys = jax.vmap(jax.random.key)(seeds.astype(jnp.uint32))
 

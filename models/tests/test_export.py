@@ -54,7 +54,8 @@ def validate_manifest(bundle_dir) -> dict:
             assert size % math.prod(mesh[axis] for axis in axes) == 0, t
 
     params = m["params"]
-    assert [p["name"] for p in params] == [f"params/{path}" for path in PARAM_PATHS]
+    head = [] if m["model"]["tie_embeddings"] else ["lm_head"]
+    assert [p["name"] for p in params] == [f"params/{path}" for path in PARAM_PATHS + head]
     for p in params:
         check_tensor(p, False)
         assert p["dtype"] == pdtype
@@ -133,6 +134,10 @@ def validate_manifest(bundle_dir) -> dict:
             group("grads/") + [scalar(name, "float32") for name in (
                 "loss_sum", "token_count", "kl_sum", "clipped_count", "ratio_sum", "ratio_min",
                 "ratio_max")])
+    if "logits" in m["programs"]:
+        want["logits"] = (group("params/", False) + [per_row("batch/tokens", "int32", seq,
+                                                             donated=False)],
+                          [per_row("logits", "float32", seq, m["model"]["vocab_size"])])
     assert set(m["programs"]) == set(want)
     for name, (inputs, outputs) in want.items():
         entry = m["programs"][name]
@@ -211,6 +216,39 @@ def test_cli_writes_a_valid_bundle_and_prints_a_summary(tmp_path, capsys):
     assert m["optimizer"]["weight_decay"] == 0.05
 
 
+UNTIED = {"preset": "hf:untied", "vocab_size": 64, "hidden_size": 32, "num_layers": 2,
+          "num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "intermediate_size": 48,
+          "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_embeddings": False}
+
+
+def test_cli_exports_an_untied_model_given_as_json_with_its_logits_program(tmp_path, capsys):
+    code = main(["--model-json", json.dumps(UNTIED), "--mesh", "fsdp=2,tp=2", "--micro-batch",
+                 "2", "--seq-len", "8", "--loss-chunk", "8", "--with-logits",
+                 "--out", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    # embed + lm_head 2 x 64 x 32, 2 layers of q/k/v/o, MLP and norms, the final norm.
+    per_layer = 32 * 64 + 2 * 32 * 32 + 64 * 32 + 3 * 32 * 48 + 2 * 32 + 2 * 16
+    assert f"hf:untied: {2 * 64 * 32 + 2 * per_layer + 32:,} parameters" in capsys.readouterr().out
+    m = validate_manifest(tmp_path)
+    assert m["model"] == UNTIED
+    head = next(p for p in m["params"] if p["name"] == "params/lm_head")
+    assert head == {"name": "params/lm_head", "shape": [64, 32], "dtype": "float32",
+                    "sharding": [["tp"], ["fsdp"]]}
+
+
+@pytest.mark.parametrize("model_json, field", [
+    ('{"preset": "x"}', "missing fields"),
+    (json.dumps({**UNTIED, "rope_scaling": 2}), "unknown fields ['rope_scaling']"),
+    ("[1]", "JSON object"),
+    ("{", "not JSON"),
+    (json.dumps({**UNTIED, "rope_theta": -1}), "model.rope_theta"),
+    (json.dumps({**UNTIED, "tie_embeddings": "no"}), "model.tie_embeddings"),
+])
+def test_cli_refuses_a_bad_model_json(tmp_path, capsys, model_json, field):
+    assert main(["--model-json", model_json, "--out", str(tmp_path / "b")]) == 2
+    assert field in capsys.readouterr().err
+
+
 def test_export_is_bitwise_reproducible_from_any_caller(bundle_single, tmp_path):
     assert main(["--preset", "tiny", "--out", str(tmp_path)]) == 0
     files = sorted(p.relative_to(bundle_single) for p in bundle_single.rglob("*") if p.is_file())
@@ -223,6 +261,7 @@ def test_export_is_bitwise_reproducible_from_any_caller(bundle_single, tmp_path)
 
 @pytest.mark.parametrize("argv, field", [
     (["--preset", "llama-7b"], "preset"),
+    ([], "give exactly one of --preset NAME or --model-json OBJECT"),
     (["--preset", "tiny", "--mesh", "tp=3"], "model.num_heads"),
     (["--preset", "tiny", "--mesh", "tp=4"], "model.num_kv_heads"),
     (["--preset", "tiny", "--mesh", "fsdp=3", "--micro-batch", "9"], "model.hidden_size"),

@@ -57,7 +57,7 @@ def numpy_logits(params: dict, tokens: np.ndarray, model: ModelConfig) -> np.nda
         h = norm(x, w["post_norm"])
         gate = h @ w["gate_proj"]
         x = x + (gate / (1 + np.exp(-gate)) * (h @ w["up_proj"])) @ w["down_proj"]
-    return norm(x, p["final_norm"]) @ p["embed"].T
+    return norm(x, p["final_norm"]) @ p.get("lm_head", p["embed"]).T
 
 
 def random_params(model: ModelConfig, seed: int) -> dict:
@@ -74,6 +74,23 @@ def test_logits_match_numpy_reference():
     got = np.asarray(jax.jit(lambda p, t: qwen3.logits(p, t, MODEL, TRAIN))(params, tokens))
     want = numpy_logits(params, tokens, MODEL)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_untied_output_head_is_its_own_parameter():
+    untied = dataclasses.replace(MODEL, tie_embeddings=False)
+    specs = qwen3.param_specs(untied)
+    assert [s.path for s in specs] == [s.path for s in qwen3.param_specs(MODEL)] + ["lm_head"]
+    head = specs[-1]
+    assert (head.shape, head.spec, head.decays) == ((96, 48), ("tp", "fsdp"), True)
+    assert qwen3.num_params(untied) == qwen3.num_params(MODEL) + 96 * 48
+    params = random_params(untied, 3)
+    # The tied parameters draw the same values: lm_head is drawn last, from its own key.
+    tied = random_params(MODEL, 3)
+    assert all(np.array_equal(params[k], tied[k]) for k in tied)
+    assert not np.allclose(params["lm_head"], params["embed"])
+    tokens = np.random.default_rng(0).integers(0, MODEL.vocab_size, (2, 16)).astype(np.int32)
+    got = np.asarray(jax.jit(lambda p, t: qwen3.logits(p, t, untied, TRAIN))(params, tokens))
+    np.testing.assert_allclose(got, numpy_logits(params, tokens, untied), rtol=1e-4, atol=1e-4)
 
 
 _loss_and_grads_cache = {}

@@ -12,12 +12,14 @@
 #![forbid(unsafe_code)]
 
 mod manifest;
+mod model;
 mod presets;
 
 pub use manifest::{
     ExporterInfo, HOST_MEMORY_KIND, LoraConfig, MAX_TENSOR_BYTES, Manifest, ModelConfig, OptimizerConfig,
     ProgramSpec, TensorSpec, TrainConfig,
 };
+pub use model::{DIMENSION_LIMITS, MAX_PARAMS, ParamShape};
 pub use presets::{preset, presets};
 
 use mesh::IciMesh;
@@ -41,6 +43,9 @@ pub const GRPO_PROGRAMS: [&str; 6] =
 /// Slots of the rollout's `sample/stop_ids` input (`int32[8]`, replicated): the ids a row stops
 /// at, unused slots -1. More than any tokenizer lists (Qwen3: 2, Llama 3: 3).
 pub const STOP_IDS: u64 = 8;
+/// Programs a bundle of either kind carries only when its exporter was asked for them:
+/// `logits` (full float32 logits of a batch, for parity tests; training never compiles it).
+pub const OPTIONAL_PROGRAMS: [&str; 1] = ["logits"];
 
 /// Why a bundle cannot be used. Messages name the file or field and what to do.
 #[derive(Debug, thiserror::Error)]

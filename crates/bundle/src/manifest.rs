@@ -1,6 +1,6 @@
 //! The manifest's types and the checks that hold it to docs/BUNDLE.md.
 
-use crate::{FORMAT, GRPO_PROGRAMS, TRAIN_PROGRAMS};
+use crate::{FORMAT, GRPO_PROGRAMS, OPTIONAL_PROGRAMS, TRAIN_PROGRAMS};
 use mesh::{DType, IciMesh, Sharding};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
@@ -44,7 +44,8 @@ pub struct ExporterInfo {
 /// A Qwen3-family decoder's dimensions.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
-    /// The preset name the dimensions came from (`tiny`, `qwen3-1.7b`, ...).
+    /// The model's name: the preset the dimensions came from (`tiny`, `qwen3-1.7b`, ...), or
+    /// `hf:<directory name>` for a Hugging Face model's `config.json`.
     pub preset: String,
     /// Vocabulary size.
     pub vocab_size: u64,
@@ -64,7 +65,8 @@ pub struct ModelConfig {
     pub rope_theta: f64,
     /// RMSNorm epsilon.
     pub rms_norm_eps: f64,
-    /// Whether the output projection is the embedding's transpose.
+    /// Whether the output projection is the embedding's transpose; when false the model has
+    /// its own `lm_head` `[vocab, hidden]` (Qwen3-8B and larger).
     pub tie_embeddings: bool,
 }
 
@@ -248,12 +250,14 @@ struct Shapes {
     bp: [u64; 2],
     /// `[micro_batch, max_new_tokens]`.
     bn: [u64; 2],
+    /// `[micro_batch, seq_len, vocab_size]`.
+    bsv: [u64; 3],
 }
 
 /// The signature docs/BUNDLE.md gives each program: (inputs, outputs).
 fn signature(program: &str, shapes: &Shapes) -> (Vec<Slot>, Vec<Slot>) {
     use DType::{Float32, Int32, Uint32};
-    let Shapes { b, bs, bp, bn } = shapes;
+    let Shapes { b, bs, bp, bn, .. } = shapes;
     let sequence = || {
         vec![
             rows("batch/tokens", Int32, bs),
@@ -341,6 +345,10 @@ fn signature(program: &str, shapes: &Shapes) -> (Vec<Slot>, Vec<Slot>) {
             ]
             .concat(),
         ),
+        "logits" => (
+            vec![Slot::Frozen, each("params/", false), rows("batch/tokens", Int32, bs)],
+            vec![rows("logits", Float32, &shapes.bsv)],
+        ),
         other => unreachable!("no signature for program {other}"),
     }
 }
@@ -373,6 +381,7 @@ impl Manifest {
         if self.train.micro_batch == 0 || self.train.seq_len == 0 {
             return Err(("train".into(), "micro_batch and seq_len must be positive".into()));
         }
+        self.model.check().map_err(|(field, reason)| (format!("model.{field}"), reason))?;
         let mut names = HashSet::new();
         for (i, p) in self.params.iter().enumerate() {
             let field = format!("params[{i}]");
@@ -430,6 +439,13 @@ impl Manifest {
             let (inputs, outputs) = signature(name, &shapes);
             self.check_signature(&format!("programs.{name}.inputs"), &program.inputs, &inputs)?;
             self.check_signature(&format!("programs.{name}.outputs"), &program.outputs, &outputs)?;
+        }
+        for name in OPTIONAL_PROGRAMS {
+            if let Some(program) = self.programs.get(name) {
+                let (inputs, outputs) = signature(name, &shapes);
+                self.check_signature(&format!("programs.{name}.inputs"), &program.inputs, &inputs)?;
+                self.check_signature(&format!("programs.{name}.outputs"), &program.outputs, &outputs)?;
+            }
         }
         if self.train.kind == "grpo" && self.programs.contains_key("grad_step") {
             return Err((
@@ -498,6 +514,7 @@ impl Manifest {
     fn check_grpo_train(&self) -> Result<Shapes, Violation> {
         let t = &self.train;
         let b = t.micro_batch;
+        let bsv = [b, t.seq_len, self.model.vocab_size];
         let buffers = [
             ("prompt_len", t.prompt_len),
             ("max_new_tokens", t.max_new_tokens),
@@ -507,7 +524,7 @@ impl Manifest {
             if let Some((field, _)) = buffers.iter().find(|(_, value)| value.is_some()) {
                 return Err((format!("train.{field}"), "only grpo bundles have it".into()));
             }
-            return Ok(Shapes { b: [b], bs: [b, t.seq_len], bp: [b, 0], bn: [b, 0] });
+            return Ok(Shapes { b: [b], bs: [b, t.seq_len], bp: [b, 0], bn: [b, 0], bsv });
         }
         let [(_, Some(p)), (_, Some(n)), (_, Some(chunk))] = buffers else {
             let (field, _) = buffers.iter().find(|(_, value)| value.is_none()).expect("one is missing");
@@ -530,7 +547,7 @@ impl Manifest {
                 format!("{} is not logprob_chunk (or seq_len when that is 0) = {loss_chunk}", t.loss_chunk),
             ));
         }
-        Ok(Shapes { b: [b], bs: [b, t.seq_len], bp: [b, p], bn: [b, n] })
+        Ok(Shapes { b: [b], bs: [b, t.seq_len], bp: [b, p], bn: [b, n], bsv })
     }
 
     fn check_tensor(&self, field: &str, t: &TensorSpec) -> Result<(), Violation> {

@@ -32,21 +32,14 @@ pub fn preset(name: &str) -> Result<ModelConfig, String> {
 }
 
 impl ModelConfig {
-    /// Number of parameters (embedding tied to the output projection when `tie_embeddings`).
-    pub fn num_params(&self) -> u64 {
-        let (d, h, kv, hd, f, l) = (
-            self.hidden_size,
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_dim,
-            self.intermediate_size,
-            self.num_layers,
-        );
-        let attention = d * h * hd + 2 * d * kv * hd + h * hd * d + 2 * hd;
-        let mlp = 3 * d * f;
-        let norms = 2 * d;
-        let embed = self.vocab_size * d * if self.tie_embeddings { 1 } else { 2 };
-        embed + l * (attention + mlp + norms) + d
+    /// How the exporter is told about this model: `--preset NAME` when it is exactly that
+    /// preset, else `--model-json` with the manifest's `model` object (a Hugging Face model's
+    /// shape), so the exporter lowers for the very dimensions given.
+    pub fn exporter_args(&self) -> [String; 2] {
+        match preset(&self.preset) {
+            Ok(known) if known == *self => ["--preset".into(), self.preset.clone()],
+            _ => ["--model-json".into(), serde_json::to_string(self).expect("model configs serialize")],
+        }
     }
 }
 
@@ -55,15 +48,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn presets_parse_and_count_like_the_exporter() {
+    fn presets_parse_and_unknown_names_list_the_known_ones() {
         let all = presets();
         assert_eq!(all.keys().collect::<Vec<_>>(), ["qwen3-0.6b", "qwen3-1.7b", "small", "tiny"]);
-        // The exporter's counts (podctl_models.qwen3.num_params).
-        assert_eq!(all["tiny"].num_params(), 410_368);
-        assert_eq!(all["small"].num_params(), 3_181_056);
-        assert_eq!(all["qwen3-0.6b"].num_params(), 596_049_920);
-        assert_eq!(all["qwen3-1.7b"].num_params(), 1_720_574_976);
         assert_eq!(all["qwen3-1.7b"].preset, "qwen3-1.7b");
+        assert_eq!(all["tiny"].exporter_args(), ["--preset", "tiny"]);
+        let renamed = ModelConfig { preset: "hf:Qwen3-1.7B".into(), ..all["qwen3-1.7b"].clone() };
+        let [flag, json] = renamed.exporter_args();
+        assert_eq!(flag, "--model-json");
+        assert_eq!(serde_json::from_str::<ModelConfig>(&json).unwrap(), renamed);
         let e = preset("gpt-17").unwrap_err();
         assert!(e.contains("choose one of qwen3-0.6b, qwen3-1.7b, small, tiny"), "{e}");
     }

@@ -423,3 +423,27 @@ fn offloaded_optimizer_state_lives_in_host_memory_on_tpu_only() {
         "{e}"
     );
 }
+
+#[test]
+fn an_optional_logits_program_is_checked_like_the_others() {
+    let mut m = manifest();
+    let params = m["programs"]["grad_step"]["inputs"].as_array().unwrap()[..2].to_vec();
+    let tokens = tensor("batch/tokens", &[8, 16], "int32", json!([["fsdp"], []]), false);
+    let logits = tensor("logits", &[8, 16, 128], "float32", json!([["fsdp"], [], []]), false);
+    let inputs = [params, vec![tokens]].concat();
+    m["programs"]["logits"] =
+        json!({"file": "programs/logits.mlirbc", "inputs": inputs, "outputs": [logits]});
+    let b = Bundle::load(write(&m).path()).unwrap();
+    assert_eq!(b.program("logits").unwrap().outputs[0].shape, [8, 16, 128]);
+    m["programs"]["logits"]["outputs"][0]["shape"] = json!([8, 16, 64]);
+    let e = load_err(&m);
+    assert!(e.contains("programs.logits.outputs[0]: expected 'logits' float32 [8, 16, 128]"), "{e}");
+}
+
+#[test]
+fn absurd_model_dimensions_are_refused_naming_the_field() {
+    let mut m = manifest();
+    m["model"]["vocab_size"] = json!(1u64 << 40);
+    let e = load_err(&m);
+    assert!(e.contains("model.vocab_size: 1099511627776 is out of range"), "{e}");
+}

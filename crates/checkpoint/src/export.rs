@@ -8,7 +8,9 @@
 //! `layers/q_proj`, ...) and stored in float32 or bfloat16 (rounded to nearest even).
 //!
 //! The file is written one tensor at a time (the header first: every size is known from the
-//! manifests), so memory stays at about one tensor whatever the model.
+//! manifests), so memory stays at about one tensor whatever the model. [`Weights`] is the
+//! reader under it, merged and as float32, by tensor or a range of layers; the Hugging Face
+//! export (`hf::export`) writes the same values under Hugging Face's names.
 
 use crate::layout::parse_dir_name;
 use crate::restore::Checkpoint;
@@ -70,9 +72,9 @@ pub struct ExportReport {
     pub merged: Vec<String>,
 }
 
-/// One tensor of the output: its name, shape and where its values come from.
+/// One weight of the model: its path, shape and where its values come from.
 struct Planned {
-    name: String,
+    path: String,
     shape: Vec<u64>,
     /// The array holding the weight (`params/<path>` or, for LoRA, `frozen/<path>` of the base).
     source: String,
@@ -107,6 +109,125 @@ async fn open_base(root_url: &str, lora: &LoraMetadata) -> Result<Checkpoint> {
     Checkpoint::open(&storage, &commit, &Limits::default()).await
 }
 
+/// A checkpoint's model weights as float32, LoRA adapters merged into their base on read: what
+/// every export writes, under whatever names and layout.
+pub struct Weights {
+    checkpoint: Checkpoint,
+    /// LoRA: the frozen base the checkpoint names, and its settings.
+    base: Option<(Checkpoint, LoraMetadata)>,
+    planned: Vec<Planned>,
+}
+
+impl Weights {
+    /// The weights of `checkpoint` (committed under `root_url`, where a LoRA checkpoint's base
+    /// is found).
+    pub async fn open(checkpoint: &Checkpoint, root_url: &str) -> Result<Self> {
+        let lora = LoraMetadata::of(checkpoint)?;
+        let base = match lora {
+            Some(lora) => Some((open_base(root_url, &lora).await?, lora)),
+            None => None,
+        };
+        let weights = base.as_ref().map_or(checkpoint, |(base, _)| base);
+        let prefix = if base.is_some() { "frozen/" } else { "params/" };
+        let mut planned = Vec::new();
+        for array in &weights.manifest().arrays {
+            let Some(path) = array.name.strip_prefix(prefix) else { continue };
+            let adapters = base.as_ref().and_then(|_| {
+                let a = format!("params/{path}.lora_a");
+                let b = format!("params/{path}.lora_b");
+                (checkpoint.manifest().array(&a).is_some() && checkpoint.manifest().array(&b).is_some())
+                    .then_some((a, b))
+            });
+            planned.push(Planned {
+                path: path.to_string(),
+                shape: array.shape.clone(),
+                source: array.name.clone(),
+                adapters,
+            });
+        }
+        if planned.is_empty() {
+            return Err(CheckpointError::invalid(
+                format!("checkpoint {}", checkpoint.commit().dir()),
+                format!("it holds no {prefix}* arrays to export"),
+            ));
+        }
+        let this = Self { checkpoint: checkpoint.clone(), base, planned };
+        if let Some((_, lora)) = &this.base {
+            let merged = this.merged();
+            let found: std::collections::BTreeSet<&str> =
+                merged.iter().map(|p| p.rsplit('/').next().unwrap_or(p)).collect();
+            if found.len() != lora.targets.len() {
+                return Err(CheckpointError::invalid(
+                    format!("checkpoint {}", checkpoint.commit().dir()),
+                    format!(
+                        "its metadata names LoRA targets {:?} but adapters of {found:?} pair with the base",
+                        lora.targets
+                    ),
+                ));
+            }
+        }
+        Ok(this)
+    }
+
+    /// Every weight's path (`embed`, `layers/q_proj`, ...) and shape, in the checkpoint's order.
+    pub fn tensors(&self) -> Vec<(String, Vec<u64>)> {
+        self.planned.iter().map(|p| (p.path.clone(), p.shape.clone())).collect()
+    }
+
+    /// The weights whose LoRA adapters are merged on read (empty for full fine-tuning).
+    pub fn merged(&self) -> Vec<String> {
+        self.planned.iter().filter(|p| p.adapters.is_some()).map(|p| p.path.clone()).collect()
+    }
+
+    /// The LoRA settings merged, if any.
+    pub fn lora(&self) -> Option<&LoraMetadata> {
+        self.base.as_ref().map(|(_, lora)| lora)
+    }
+
+    /// The checkpoint the weights belong to.
+    pub fn checkpoint(&self) -> &Checkpoint {
+        &self.checkpoint
+    }
+
+    /// Weight `path` as float32, whole or (`layers`) only those entries of its first axis: a
+    /// stacked weight a few layers at a time keeps memory at that many layers.
+    pub async fn read(&self, path: &str, layers: Option<std::ops::Range<u64>>) -> Result<Vec<f32>> {
+        let p = self.planned.iter().find(|p| p.path == path).ok_or_else(|| CheckpointError::NotFound {
+            what: format!("weight '{path}' in checkpoint {}", self.checkpoint.commit().dir()),
+            hint: "list the arrays with `podctl ckpt show`".into(),
+        })?;
+        let cut = |shape: &[u64]| -> Result<(Region, Vec<u64>)> {
+            let mut ranges: Vec<std::ops::Range<u64>> = shape.iter().map(|&d| 0..d).collect();
+            let mut cut = shape.to_vec();
+            if let Some(layers) = &layers {
+                if shape.is_empty() || layers.end > shape[0] || layers.start >= layers.end {
+                    return Err(CheckpointError::invalid(
+                        format!("layers {layers:?} of '{path}'"),
+                        format!("its shape is {shape:?}"),
+                    ));
+                }
+                ranges[0] = layers.clone();
+                cut[0] = layers.end - layers.start;
+            }
+            Ok((Region::new(ranges), cut))
+        };
+        let weights = self.base.as_ref().map_or(&self.checkpoint, |(base, _)| base);
+        let (region, shape) = cut(&p.shape)?;
+        let mut values = read_f32(weights, &p.source, &region).await?;
+        if let (Some((a, b)), Some((_, lora))) = (&p.adapters, &self.base) {
+            let a_full = &self.checkpoint.manifest().array(a).expect("planned from the manifest").shape;
+            let b_full = &self.checkpoint.manifest().array(b).expect("planned from the manifest").shape;
+            let (a_region, a_shape) = cut(a_full)?;
+            let (b_region, b_shape) = cut(b_full)?;
+            let a_values = read_f32(&self.checkpoint, a, &a_region).await?;
+            let b_values = read_f32(&self.checkpoint, b, &b_region).await?;
+            merge(&mut values, &shape, &a_values, &a_shape, &b_values, &b_shape, lora.scale() as f32)
+                .map_err(|reason| CheckpointError::invalid(format!("adapters of {path}"), reason))?;
+        }
+        Ok(values)
+    }
+}
+
 /// Writes the weights of `checkpoint` (committed under `root_url`) to `out` as safetensors in
 /// `dtype` (float32 or bfloat16), merging LoRA adapters into their base.
 pub async fn export_weights(
@@ -118,70 +239,25 @@ pub async fn export_weights(
     if !matches!(dtype, DType::Float32 | DType::Bfloat16) {
         return Err(CheckpointError::invalid("export dtype", format!("{dtype}: write float32 or bfloat16")));
     }
-    let lora = LoraMetadata::of(checkpoint)?;
-    let base = match &lora {
-        Some(lora) => Some(open_base(root_url, lora).await?),
-        None => None,
-    };
-    let weights = base.as_ref().unwrap_or(checkpoint);
-    let prefix = if base.is_some() { "frozen/" } else { "params/" };
-    let mut planned = Vec::new();
-    let mut merged = Vec::new();
-    for array in &weights.manifest().arrays {
-        let Some(path) = array.name.strip_prefix(prefix) else { continue };
-        let adapters = lora.as_ref().and_then(|_| {
-            let a = format!("params/{path}.lora_a");
-            let b = format!("params/{path}.lora_b");
-            (checkpoint.manifest().array(&a).is_some() && checkpoint.manifest().array(&b).is_some())
-                .then_some((a, b))
-        });
-        if adapters.is_some() {
-            merged.push(path.to_string());
-        }
-        planned.push(Planned {
-            name: path.to_string(),
-            shape: array.shape.clone(),
-            source: array.name.clone(),
-            adapters,
-        });
-    }
-    if planned.is_empty() {
-        return Err(CheckpointError::invalid(
-            format!("checkpoint {}", checkpoint.commit().dir()),
-            format!("it holds no {prefix}* arrays to export"),
-        ));
-    }
-    if let Some(lora) = &lora {
-        let expected = lora.targets.len();
-        let found: std::collections::BTreeSet<&str> =
-            merged.iter().map(|p| p.rsplit('/').next().unwrap_or(p)).collect();
-        if found.len() != expected {
-            return Err(CheckpointError::invalid(
-                format!("checkpoint {}", checkpoint.commit().dir()),
-                format!(
-                    "its metadata names LoRA targets {:?} but adapters of {found:?} pair with the base",
-                    lora.targets
-                ),
-            ));
-        }
-    }
+    let weights = Weights::open(checkpoint, root_url).await?;
+    let tensors = weights.tensors();
 
     // The header: every tensor's dtype, shape and byte range.
     let mut header = BTreeMap::new();
     let mut offset = 0u64;
     let size = dtype.size() as u64;
-    for p in &planned {
-        let bytes = p.shape.iter().product::<u64>() * size;
+    for (path, shape) in &tensors {
+        let bytes = shape.iter().product::<u64>() * size;
         header.insert(
-            p.name.clone(),
-            serde_json::json!({"dtype": if dtype == DType::Float32 { "F32" } else { "BF16" }, "shape": p.shape, "data_offsets": [offset, offset + bytes]}),
+            path.clone(),
+            serde_json::json!({"dtype": if dtype == DType::Float32 { "F32" } else { "BF16" }, "shape": shape, "data_offsets": [offset, offset + bytes]}),
         );
         offset += bytes;
     }
     let mut meta = serde_json::Map::new();
     meta.insert("format".into(), "pt".into());
     meta.insert("podctl_checkpoint".into(), checkpoint.commit().dir().into());
-    if let Some(lora) = &lora {
+    if let Some(lora) = weights.lora() {
         meta.insert(
             "podctl_lora_merged".into(),
             format!("rank {} alpha {} into {}", lora.rank, lora.alpha, lora.base).into(),
@@ -200,22 +276,8 @@ pub async fn export_weights(
     file.write_all(&(text.len() as u64).to_le_bytes()).map_err(io)?;
     file.write_all(&text).map_err(io)?;
 
-    let mut tensors = Vec::new();
-    for p in &planned {
-        let source = weights.manifest().array(&p.source).expect("planned from the manifest");
-        let mut values = read_f32(weights, &p.source, source.dtype, &p.shape).await?;
-        if let (Some((a, b)), Some(lora)) = (&p.adapters, &lora) {
-            let a_shape = &checkpoint.manifest().array(a).expect("checked").shape;
-            let b_shape = &checkpoint.manifest().array(b).expect("checked").shape;
-            let a_values =
-                read_f32(checkpoint, a, checkpoint.manifest().array(a).expect("checked").dtype, a_shape)
-                    .await?;
-            let b_values =
-                read_f32(checkpoint, b, checkpoint.manifest().array(b).expect("checked").dtype, b_shape)
-                    .await?;
-            merge(&mut values, &p.shape, &a_values, a_shape, &b_values, b_shape, lora.scale() as f32)
-                .map_err(|reason| CheckpointError::invalid(format!("adapters of {}", p.name), reason))?;
-        }
+    for (path, _) in &tensors {
+        let values = weights.read(path, None).await?;
         match dtype {
             DType::Float32 => {
                 for v in &values {
@@ -228,16 +290,20 @@ pub async fn export_weights(
                 }
             }
         }
-        tensors.push((p.name.clone(), p.shape.clone()));
     }
     file.into_inner().map_err(|e| io(e.into_error()))?.sync_all().map_err(io)?;
     std::fs::rename(&tmp, out).map_err(io)?;
-    Ok(ExportReport { tensors, bytes: 8 + text.len() as u64 + offset, merged })
+    Ok(ExportReport { tensors, bytes: 8 + text.len() as u64 + offset, merged: weights.merged() })
 }
 
-/// The whole array `name` of `checkpoint` as float32.
-async fn read_f32(checkpoint: &Checkpoint, name: &str, dtype: DType, shape: &[u64]) -> Result<Vec<f32>> {
-    let bytes = checkpoint.read_region(name, &Region::full(shape)).await?;
+/// `region` of array `name` of `checkpoint` as float32.
+async fn read_f32(checkpoint: &Checkpoint, name: &str, region: &Region) -> Result<Vec<f32>> {
+    let dtype =
+        checkpoint.manifest().array(name).map(|a| a.dtype).ok_or_else(|| CheckpointError::NotFound {
+            what: format!("array '{name}' in checkpoint {}", checkpoint.commit().dir()),
+            hint: "list the arrays with `podctl ckpt show`".into(),
+        })?;
+    let bytes = checkpoint.read_region(name, region).await?;
     match dtype {
         DType::Float32 => {
             Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())

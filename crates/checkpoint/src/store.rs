@@ -222,6 +222,22 @@ impl Storage {
         &self.store
     }
 
+    /// The size of object `name` directly under the root, or `None` when there is none (a
+    /// model directory's files, read by the Hugging Face import).
+    pub async fn object_size(&self, name: &str) -> Result<Option<u64>> {
+        let key = self.root.clone().join(name);
+        match self.store.head(&key).await {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(CheckpointError::store("head", &key, e)),
+        }
+    }
+
+    /// Bytes `range` of object `name` directly under the root, exactly that many.
+    pub async fn read_object_range(&self, name: &str, range: Range<u64>) -> Result<Bytes> {
+        self.get_range(&self.root.clone().join(name), range).await
+    }
+
     /// The root prefix.
     pub(crate) fn root(&self) -> &Path {
         &self.root

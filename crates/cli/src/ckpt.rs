@@ -1,6 +1,7 @@
 //! `podctl ckpt`: list, show, verify, digest, export and remove the checkpoints under a root (`file://`, a plain
-//! path, `s3://`, `gs://`). Commits are read from the `COMMITTED` markers, which the job writes
-//! after recording each commit, whether it ran locally or under the coordinator.
+//! path, `s3://`, `gs://`), and import a Hugging Face model as one. Commits are read from the
+//! `COMMITTED` markers, which the job writes after recording each commit, whether it ran
+//! locally or under the coordinator.
 
 use anyhow::{Context, Result, bail};
 use checkpoint::{
@@ -35,16 +36,44 @@ pub enum CkptCommand {
         /// A checkpoint directory, <root>/<step:012>-<save_id>.
         uri: String,
     },
-    /// Writes a checkpoint's model weights to one safetensors file (tensors named `embed`,
-    /// `layers/q_proj`, ...). A LoRA checkpoint's adapters are merged into its frozen base:
-    /// W + alpha/rank x A @ B for every target projection.
+    /// Writes a checkpoint's model weights. With --hf, a Hugging Face directory that
+    /// transformers' from_pretrained loads (config.json, safetensors shards of at most 5 GB with
+    /// their index, generation_config.json, the tokenizer files of the model the job started
+    /// from); without, one safetensors file of podctl's names (`embed`, `layers/q_proj`, ...). A
+    /// LoRA checkpoint's adapters are merged into its frozen base: W + alpha/rank x A @ B for
+    /// every target projection.
     Export {
         /// A checkpoint directory, or a root (its newest committed checkpoint).
         uri: String,
-        /// The file to write, e.g. model.safetensors.
+        /// The file to write (model.safetensors), or with --hf a new directory.
         #[arg(long)]
         out: PathBuf,
-        /// float32 or bfloat16 (rounded to nearest even).
+        /// Write a Hugging Face model directory.
+        #[arg(long)]
+        hf: bool,
+        /// With --hf: the Hugging Face directory the job started from (its config.json,
+        /// generation_config.json and tokenizer files are carried over); by default the one a
+        /// `podctl ckpt import` recorded, else config.json is made from the checkpoint's model.
+        #[arg(long, requires = "hf")]
+        from: Option<String>,
+        /// float32 or bfloat16 (rounded to nearest even); bfloat16 with --hf, float32 without.
+        #[arg(long)]
+        dtype: Option<String>,
+        /// With --hf: the largest shard, in bytes of tensor data (transformers' 5 GB).
+        #[arg(long, requires = "hf", default_value_t = hf::export::DEFAULT_SHARD_BYTES)]
+        max_shard_bytes: u64,
+    },
+    /// Converts a Hugging Face model directory (a local path, file://, s3://, gs://) into a
+    /// podctl checkpoint at step 0 under a root: parameters in the job's dtype and zero AdamW
+    /// moments, what a job starting from the model holds, so restarts and replacements restore
+    /// it in podctl's format instead of converting the safetensors again.
+    Import {
+        /// The model directory (config.json and model.safetensors or sharded safetensors with
+        /// model.safetensors.index.json).
+        model: String,
+        /// The checkpoint root to write to, e.g. runs/qwen3/checkpoints or gs://bucket/ckpt.
+        root: String,
+        /// The parameters' dtype: the job's train.param_dtype (float32 or bfloat16).
         #[arg(long, default_value = "float32")]
         dtype: String,
     },
@@ -63,7 +92,11 @@ pub fn run(command: CkptCommand) -> Result<()> {
             CkptCommand::Show { uri } => show(&uri).await,
             CkptCommand::Verify { uri } => verify(&uri).await,
             CkptCommand::Digest { uri } => digest(&uri).await,
-            CkptCommand::Export { uri, out, dtype } => export(&uri, &out, &dtype).await,
+            CkptCommand::Export { uri, out, hf, from, dtype, max_shard_bytes } => match hf {
+                true => export_hf(&uri, &out, from.as_deref(), dtype.as_deref(), max_shard_bytes).await,
+                false => export(&uri, &out, dtype.as_deref().unwrap_or("float32")).await,
+            },
+            CkptCommand::Import { model, root, dtype } => import(&model, &root, &dtype).await,
             CkptCommand::Rm { uri } => rm(&uri).await,
         }
     })
@@ -181,12 +214,16 @@ async fn verify(uri: &str) -> Result<()> {
     Ok(())
 }
 
-async fn export(uri: &str, out: &std::path::Path, dtype: &str) -> Result<()> {
-    let dtype = match dtype {
-        "float32" => mesh::DType::Float32,
-        "bfloat16" => mesh::DType::Bfloat16,
+fn float_dtype(dtype: &str) -> Result<mesh::DType> {
+    match dtype {
+        "float32" => Ok(mesh::DType::Float32),
+        "bfloat16" => Ok(mesh::DType::Bfloat16),
         other => bail!("--dtype {other}: write float32 or bfloat16"),
-    };
+    }
+}
+
+/// The checkpoint `uri` names, or the newest committed one under the root it names.
+async fn named_or_newest(uri: &str) -> Result<(Storage, Checkpoint)> {
     let (storage, log, dir) = open(uri)?;
     let commit = match dir {
         Some(_) => commit_of(uri, &log, dir).await?,
@@ -197,6 +234,13 @@ async fn export(uri: &str, out: &std::path::Path, dtype: &str) -> Result<()> {
             .with_context(|| format!("no committed checkpoint under {uri} to export"))?,
     };
     let checkpoint = Checkpoint::open(&storage, &commit, &Limits::default()).await?;
+    Ok((storage, checkpoint))
+}
+
+async fn export(uri: &str, out: &std::path::Path, dtype: &str) -> Result<()> {
+    let dtype = float_dtype(dtype)?;
+    let (storage, checkpoint) = named_or_newest(uri).await?;
+    let commit = checkpoint.commit().clone();
     let report = checkpoint::export::export_weights(&checkpoint, storage.url(), out, dtype).await?;
     let merged = match report.merged.len() {
         0 => String::new(),
@@ -209,6 +253,65 @@ async fn export(uri: &str, out: &std::path::Path, dtype: &str) -> Result<()> {
         out.display(),
         report.bytes
     );
+    Ok(())
+}
+
+async fn export_hf(
+    uri: &str,
+    out: &std::path::Path,
+    from: Option<&str>,
+    dtype: Option<&str>,
+    max_shard_bytes: u64,
+) -> Result<()> {
+    let dtype = float_dtype(dtype.unwrap_or("bfloat16"))?;
+    let (storage, checkpoint) = named_or_newest(uri).await?;
+    let from = from.map(String::from).or_else(|| hf::export::recorded_source(&checkpoint));
+    let source = match &from {
+        Some(dir) => Some(hf::Location::parse(dir, &StoreOptions::default()).with_context(|| {
+            format!("the model directory to take config.json and the tokenizer from ({dir})")
+        })?),
+        None => None,
+    };
+    let options = hf::export::ExportOptions { dtype, max_shard_bytes };
+    let report =
+        hf::export::export_checkpoint(&checkpoint, storage.url(), out, source.as_ref(), &options).await?;
+    let bytes: u64 = report.files.iter().map(|(_, b)| b).sum();
+    let merged = match report.merged.len() {
+        0 => String::new(),
+        n => format!(", LoRA adapters merged into {n} weights"),
+    };
+    println!(
+        "wrote {} ({} tensors of step {} in {} file(s), {bytes} bytes, {dtype}{merged}); copied {} from {}",
+        out.display(),
+        report.tensors,
+        checkpoint.commit().step,
+        report.files.len(),
+        if report.copied.is_empty() { "nothing".to_string() } else { report.copied.join(", ") },
+        from.as_deref().unwrap_or("no source directory (config.json made from the checkpoint's model)")
+    );
+    Ok(())
+}
+
+async fn import(model: &str, root: &str, dtype: &str) -> Result<()> {
+    let dtype = float_dtype(dtype)?;
+    let model = hf::HfModel::open(model, &StoreOptions::default()).await?;
+    let storage = Storage::open(root, &StoreOptions::default())?;
+    let report =
+        hf::import::import_checkpoint(&model, &storage, &hf::import::ImportOptions { dtype }).await?;
+    let at = format!("{}/{}", storage.url().trim_end_matches('/'), report.dir);
+    if report.already {
+        println!("{} is already imported at {at}", model.location().uri());
+    } else {
+        println!(
+            "imported {} ({} parameters, {}) into {at}: {} arrays, {} bytes of parameters, written as {} shards",
+            model.location().uri(),
+            model.model().num_params(),
+            dtype,
+            report.arrays,
+            report.param_bytes,
+            report.writers
+        );
+    }
     Ok(())
 }
 

@@ -26,8 +26,14 @@ pub fn export_args(job: &JobSpec, platform: &str) -> Vec<String> {
             ("--lora-base-dtype", lora.base_dtype.to_string()),
         ]);
     }
+    // A preset by name, a Hugging Face model's shape as the manifest's model object. A loaded
+    // spec always has its model's dimensions; without them the exporter refuses the name.
+    let [model_flag, model] = match job.model_config() {
+        Ok(config) => config.exporter_args(),
+        Err(_) => ["--preset".to_string(), job.model.name()],
+    };
     let mut args = vec![
-        ("--preset", job.model.clone()),
+        (model_flag.as_str(), model),
         ("--mesh", format!("fsdp={},tp={}", job.mesh.ici.fsdp, job.mesh.ici.tp)),
         ("--micro-batch", job.batch.micro.to_string()),
     ];

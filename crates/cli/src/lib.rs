@@ -16,6 +16,7 @@ mod init_from;
 mod launch;
 mod local;
 mod logs;
+mod models;
 mod plan;
 mod progress;
 mod single;
@@ -76,7 +77,7 @@ pub enum Command {
     },
     /// Run a worker process for a job under a coordinator (one per host).
     Worker(worker::WorkerArgs),
-    /// Inspect and manage checkpoints: list, show, verify, rm.
+    /// Inspect and manage checkpoints: list, show, verify, digest, export, import, rm.
     Ckpt {
         /// What to do with them.
         #[command(subcommand)]

@@ -42,7 +42,7 @@ pub struct PlanArgs {
 
 pub fn run(args: &PlanArgs) -> Result<()> {
     let started = Instant::now();
-    let job = JobSpec::load(&args.job)?;
+    let job = JobSpec::load_with(&args.job, &crate::models::HfReader)?;
     let workload = job.workload()?;
     let accelerator = match &args.target {
         Some(name) => {

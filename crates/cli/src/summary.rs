@@ -68,7 +68,7 @@ pub fn finish(record: &RunRecord, launched: &Launched<'_>, summary: &RunSummary)
     let job = launched.job;
     record.summary(&Summary {
         job: &job.name,
-        model: &job.model,
+        model: &job.model.name(),
         parameters: launched.parameters,
         mesh: job.ici_mesh().to_string(),
         bundle: launched.bundle.id(),

@@ -16,12 +16,14 @@
 mod eval;
 mod grpo;
 mod mesh_spec;
+mod model;
 mod planning;
 mod schedule;
 
 pub use eval::EvalSpec;
 pub use grpo::GrpoSpec;
 pub use mesh_spec::{IciSpec, MeshRequest, MeshSpec};
+pub use model::{HfModelSpec, ModelReader, ModelSpec};
 pub use planning::{DEFAULT_DEVICE_MEMORY, MemorySize};
 pub use schedule::{OptimizerSpec, Schedule};
 
@@ -68,8 +70,8 @@ pub enum JobError {
 pub struct JobSpec {
     /// The job's name: lowercase letters, digits and `-` (it names pods and run directories).
     pub name: String,
-    /// The model preset, e.g. `tiny` or `qwen3-1.7b`.
-    pub model: String,
+    /// The model: a preset (`tiny`, `qwen3-1.7b`) or `{ hf: <Hugging Face model directory> }`.
+    pub model: ModelSpec,
     /// How devices are arranged.
     pub mesh: MeshSpec,
     /// Rows per optimizer step and per device call.
@@ -252,13 +254,31 @@ impl JobSpec {
         Self::from_yaml(&read(path)?, path)
     }
 
-    /// Parses, resolves and validates spec text; `path` only labels errors.
+    /// Parses, resolves and validates spec text; `path` only labels errors. A Hugging Face
+    /// model must carry its dimensions (a spec loaded before with [`JobSpec::from_yaml_with`]).
     pub fn from_yaml(text: &str, path: &Path) -> Result<Self, JobError> {
+        Self::from_yaml_with(text, path, &model::NoReader)
+    }
+
+    /// Reads, parses, resolves and validates a spec file, reading a Hugging Face model's
+    /// dimensions with `reader`.
+    pub fn load_with(path: &Path, reader: &dyn ModelReader) -> Result<Self, JobError> {
+        Self::from_yaml_with(&read(path)?, path, reader)
+    }
+
+    /// [`JobSpec::from_yaml`], reading a Hugging Face model's dimensions with `reader`.
+    pub fn from_yaml_with(text: &str, path: &Path, reader: &dyn ModelReader) -> Result<Self, JobError> {
         let mut spec: JobSpec = serde_saphyr::from_str(text)
             .map_err(|e| JobError::Yaml { path: path.into(), message: e.to_string() })?;
+        spec.model.resolve(reader)?;
         spec.resolve()?;
         spec.validate()?;
         Ok(spec)
+    }
+
+    /// The model's dimensions (a preset's, or its Hugging Face `config.json`'s).
+    pub fn model_config(&self) -> Result<bundle::ModelConfig, JobError> {
+        self.model.config()
     }
 
     /// Fills in what the spec leaves to podctl: a GRPO row's length and its default evaluation,
@@ -346,9 +366,7 @@ impl JobSpec {
                 ),
             );
         }
-        if let Err(reason) = bundle::preset(&self.model) {
-            return invalid("model", reason);
-        }
+        self.model_config()?;
         if self.batch.global == 0 {
             return invalid("batch.global", "is 0; train on at least one row per step".into());
         }
@@ -447,8 +465,7 @@ impl JobSpec {
     /// The checks of a resolved mesh against the model, the hosts and the batch.
     fn check_layout(&self) -> Result<(), JobError> {
         let invalid = |field, reason: String| Err(JobError::Invalid { field, reason });
-        let model =
-            bundle::preset(&self.model).map_err(|reason| JobError::Invalid { field: "model", reason })?;
+        let model = self.model_config()?;
         let MeshSpec { dcn, ici: IciSpec { fsdp, tp }, .. } = self.mesh;
         for (field, value) in [("mesh.dcn", dcn), ("mesh.ici.fsdp", fsdp), ("mesh.ici.tp", tp)] {
             if value == 0 {

@@ -216,7 +216,7 @@ impl JobSpec {
 
     /// What the planner plans: the model, SFT or GRPO shapes, the batch and the dtypes.
     pub fn workload(&self) -> Result<Workload, JobError> {
-        let model = bundle::preset(&self.model).map_err(|reason| invalid("model", reason))?;
+        let model = self.model_config()?;
         let kind = match &self.grpo {
             Some(g) => Kind::Grpo {
                 prompt_len: g.prompt_len,
@@ -263,7 +263,7 @@ impl JobSpec {
     /// The layout in words (the mesh explained), then which device of which host holds which
     /// shard of each parameter.
     pub fn describe_layout(&self) -> Result<String, JobError> {
-        let model = bundle::preset(&self.model).map_err(|reason| invalid("model", reason))?;
+        let model = self.model_config()?;
         let shards =
             planner::render_layout(&self.layout(), &planner::param_shapes(&model), self.train.param_dtype);
         Ok(format!("{}\n{shards}", self.mesh.explain()))

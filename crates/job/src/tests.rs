@@ -426,3 +426,58 @@ fn with_line(spec: &str, line: &str) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+/// A reader that knows one directory: Qwen3-1.7B's dimensions under another name.
+struct Reader;
+
+impl ModelReader for Reader {
+    fn read_config(&self, uri: &str) -> Result<bundle::ModelConfig, String> {
+        match uri {
+            "gs://models/Qwen3-1.7B" => Ok(bundle::ModelConfig {
+                preset: "hf:Qwen3-1.7B".into(),
+                ..bundle::preset("qwen3-1.7b").unwrap()
+            }),
+            other => Err(format!("{other}/config.json: missing")),
+        }
+    }
+}
+
+fn parse_with(yaml: &str) -> Result<JobSpec, String> {
+    JobSpec::from_yaml_with(yaml, Path::new("job.yaml"), &Reader).map_err(|e| e.to_string())
+}
+
+#[test]
+fn a_hugging_face_model_takes_its_shape_from_the_reader_and_carries_it() {
+    let spec = parse_with(&with("model: { hf: gs://models/Qwen3-1.7B }")).unwrap();
+    assert_eq!(spec.model.name(), "hf:gs://models/Qwen3-1.7B");
+    assert_eq!(spec.model.hf_dir(), Some("gs://models/Qwen3-1.7B"));
+    assert_eq!(spec.model_config().unwrap().num_params(), 1_720_574_976);
+    assert_eq!(spec.workload().unwrap().model.preset, "hf:Qwen3-1.7B");
+    // Passed on, the spec needs no reader: it carries the dimensions.
+    let again = JobSpec::from_yaml(&spec.to_yaml(), Path::new("again.yaml")).unwrap();
+    assert_eq!(again, spec);
+    assert_eq!(parse(TINY).unwrap().model, ModelSpec::from("tiny"));
+}
+
+#[test]
+fn a_hugging_face_model_that_cannot_be_read_names_the_field() {
+    let hf = "model: { hf: gs://models/Qwen3-1.7B }";
+    let e = parse(&with(hf)).unwrap_err();
+    let want = "`model.hf`: 'gs://models/Qwen3-1.7B' is a Hugging Face model whose config.json this command does not read";
+    assert!(e.contains(want), "{e}");
+    let wide = with(hf).replace("mesh: { ici: { fsdp: 2, tp: 2 } }", "mesh: { ici: { fsdp: 1, tp: 16 } }");
+    for (yaml, want) in [
+        (with("model: { hf: gs://models/none }"), "`model.hf`: gs://models/none/config.json: missing"),
+        (with("model: { hf: 'ftp://host/m' }"), "`model.hf`: 'ftp://host/m' is not a model directory"),
+        (with("model: { hf: '' }"), "`model.hf`: is empty"),
+        (with("model: { hf: x, revision: main }"), "unknown field `revision`"),
+        (
+            with("model: [tiny]"),
+            "a preset name (tiny, small, qwen3-0.6b, qwen3-1.7b) or { hf: <model directory> }",
+        ),
+        (wide, "`mesh.ici.tp`: 16 does not divide the key/value heads of hf:gs://models/Qwen3-1.7B"),
+    ] {
+        let e = parse_with(&yaml).unwrap_err();
+        assert!(e.contains(want), "{yaml}: {e}");
+    }
+}

@@ -425,7 +425,15 @@ pub fn estimate(workload: &Workload, candidate: &Candidate, accelerator: &Accele
         Some((_, base_layers, _)) => cast(*base_layers, d.weights) + cast(layer_params, pdtype),
     };
 
-    // The local shard of the embedding cast to the compute dtype (before it is gathered).
+    // The output head (the logits' matmul): the embedding, or an untied model's `lm_head` of the
+    // same shape and sharding. Its gradient over the loss chunks is the f32 accumulator below;
+    // an untied embedding's own gradient (the lookup's, after the layer scan) is no larger than
+    // what the loss backward holds, so it never sets the peak.
+    let (head, head_gradient) = match m.tie_embeddings {
+        true => ("embedding", "embedding gradient"),
+        false => ("lm_head", "lm_head gradient"),
+    };
+    // The local shard of the head cast to the compute dtype (before it is gathered).
     let embedding_copy = if workload.compute_dtype == d.weights {
         0
     } else {
@@ -501,15 +509,13 @@ pub fn estimate(workload: &Workload, candidate: &Candidate, accelerator: &Accele
         if in_scan >= copy {
             let what = match frozen {
                 None => format!(
-                    "loss backward: {partial_sums}, the embedding gathered in {}",
+                    "loss backward: {partial_sums}, the {head} gathered in {}",
                     workload.compute_dtype
                 ),
-                Some(_) => {
-                    format!("loss backward: the frozen embedding gathered in {}", workload.compute_dtype)
-                }
+                Some(_) => format!("loss backward: the frozen {head} gathered in {}", workload.compute_dtype),
             };
             train.push(term(
-                "embedding gradient",
+                head_gradient,
                 format!("{what} {instead}"),
                 TermKind::Temporary,
                 accumulator + d.gathered_embedding(),
@@ -522,7 +528,7 @@ pub fn estimate(workload: &Workload, candidate: &Candidate, accelerator: &Accele
             ));
         } else {
             train.push(term(
-                "embedding gradient",
+                head_gradient,
                 format!(
                     "after the loss backward: {partial_sums} and their {} copy for the reduction {instead}",
                     workload.compute_dtype
@@ -590,7 +596,7 @@ pub fn estimate(workload: &Workload, candidate: &Candidate, accelerator: &Accele
         rollout.push(term(
             "decode logits",
             format!(
-                "f32 [{} x {}] per step, the embedding cast to {} and gathered",
+                "f32 [{} x {}] per step, the {head} cast to {} and gathered",
                 d.b, d.vocab, workload.compute_dtype
             ),
             TermKind::Temporary,
@@ -632,4 +638,40 @@ pub fn estimate(workload: &Workload, candidate: &Candidate, accelerator: &Accele
     programs.push(ProgramEstimate { program: "apply_step".into(), terms: apply });
 
     MemoryEstimate { programs }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::{Kind, Layout};
+
+    #[test]
+    fn an_untied_head_costs_its_shard_in_every_copy_of_the_state() {
+        let tied = Workload {
+            model: bundle::preset("qwen3-1.7b").unwrap(),
+            kind: Kind::Grpo { prompt_len: 256, max_new_tokens: 512, generations: 8 },
+            global_batch: 64,
+            param_dtype: DType::Float32,
+            compute_dtype: DType::Bfloat16,
+            loss_chunk: 256,
+            lora: None,
+            attention_block: 512,
+        };
+        let untied = Workload {
+            model: bundle::ModelConfig { tie_embeddings: false, ..tied.model.clone() },
+            ..tied.clone()
+        };
+        let candidate = Candidate::new(Layout { dcn: 1, fsdp: 4, tp: 2 }, 16, Remat::Dots);
+        let accelerator = Accelerator::v6e_8();
+        let (a, b) = (estimate(&tied, &candidate, &accelerator), estimate(&untied, &candidate, &accelerator));
+        let shard = laid_out_bytes(&[151_936 / 2, 2048 / 4], DType::Float32, Platform::Tpu);
+        // Parameters, gradients, mu, nu and the GRPO reference model.
+        for program in ["grpo_grad_step", "apply_step", "rollout"] {
+            let grown = b.program(program).unwrap().bytes() - a.program(program).unwrap().bytes();
+            assert_eq!(grown, 5 * shard, "{program}");
+        }
+        let names: Vec<&str> =
+            b.program("grpo_grad_step").unwrap().terms.iter().map(|t| t.name.as_str()).collect();
+        assert!(names.contains(&"lm_head gradient") || names.contains(&"layer gradients"), "{names:?}");
+    }
 }

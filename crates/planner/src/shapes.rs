@@ -1,67 +1,18 @@
 //! The arrays a step keeps on each device, from the model's dimensions alone: the parameters
-//! (mirroring `qwen3.param_specs` in models/, checked against exported manifests by tests) and
-//! how many bytes one device's shard of an array takes once the compiler has laid it out.
+//! (the bundle crate's mirror of `qwen3.param_specs` in models/, checked against exported
+//! manifests by tests) and how many bytes one device's shard of an array takes once the
+//! compiler has laid it out.
 
 use crate::hardware::Platform;
 use crate::workload::{Layout, LoraShape};
 use bundle::ModelConfig;
+pub use bundle::ParamShape;
 use mesh::{DType, IciMesh, Sharding};
 
-/// One parameter: its name under `params/`, global shape and sharding over `(fsdp, tp)`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParamShape {
-    /// The path, e.g. `layers/q_proj`.
-    pub path: &'static str,
-    /// The global shape.
-    pub shape: Vec<u64>,
-    /// The sharding.
-    pub sharding: Sharding,
-    /// Whether it is stacked over layers (scanned over), as opposed to the embedding and final norm.
-    pub per_layer: bool,
-}
-
-fn spec(axes: &[Option<&str>]) -> Sharding {
-    Sharding::new(axes.iter().map(|a| a.map(|name| vec![name.to_string()]).unwrap_or_default()).collect())
-}
-
-/// The parameters in canonical order: the manifest's `params`.
+/// The parameters in canonical order: the manifest's `params` (an untied model's `lm_head`
+/// last). One definition for every Rust side: [`bundle::ModelConfig::params`].
 pub fn param_shapes(model: &ModelConfig) -> Vec<ParamShape> {
-    let (l, h, i) = (model.num_layers, model.hidden_size, model.intermediate_size);
-    let q_out = model.num_heads * model.head_dim;
-    let kv_out = model.num_kv_heads * model.head_dim;
-    let (f, t) = (Some("fsdp"), Some("tp"));
-    let matrix = |path, fan_in, fan_out, a, b| ParamShape {
-        path,
-        shape: vec![l, fan_in, fan_out],
-        sharding: spec(&[None, a, b]),
-        per_layer: true,
-    };
-    let norm = |path, size| ParamShape {
-        path,
-        shape: vec![l, size],
-        sharding: spec(&[None, None]),
-        per_layer: true,
-    };
-    vec![
-        ParamShape {
-            path: "embed",
-            shape: vec![model.vocab_size, h],
-            sharding: spec(&[t, f]),
-            per_layer: false,
-        },
-        norm("layers/input_norm", h),
-        matrix("layers/q_proj", h, q_out, f, t),
-        matrix("layers/k_proj", h, kv_out, f, t),
-        matrix("layers/v_proj", h, kv_out, f, t),
-        norm("layers/q_norm", model.head_dim),
-        norm("layers/k_norm", model.head_dim),
-        matrix("layers/o_proj", q_out, h, t, f),
-        norm("layers/post_norm", h),
-        matrix("layers/gate_proj", h, i, f, t),
-        matrix("layers/up_proj", h, i, f, t),
-        matrix("layers/down_proj", i, h, t, f),
-        ParamShape { path: "final_norm", shape: vec![h], sharding: spec(&[None]), per_layer: false },
-    ]
+    model.params()
 }
 
 /// Bytes of one device's piece of an array of `local_shape` (already divided by its shards)
@@ -172,6 +123,13 @@ mod tests {
             let total: u64 = param_shapes(&model).iter().map(|p| p.shape.iter().product::<u64>()).sum();
             assert_eq!(total, model.num_params(), "{name}");
         }
+        // An untied head is one more [vocab, hidden] parameter, split like the embedding.
+        let untied = ModelConfig { tie_embeddings: false, ..bundle::preset("qwen3-0.6b").unwrap() };
+        let layout = Layout { dcn: 1, fsdp: 4, tp: 2 };
+        let tied = bundle::preset("qwen3-0.6b").unwrap();
+        let (all, layers) = param_bytes(&untied, &layout, DType::Bfloat16, Platform::Cpu);
+        let (all_tied, layers_tied) = param_bytes(&tied, &layout, DType::Bfloat16, Platform::Cpu);
+        assert_eq!((all - all_tied, layers), (151_936 * 1024 * 2 / 8, layers_tied));
     }
 
     #[test]

@@ -40,15 +40,19 @@ pub fn step_time(workload: &Workload, candidate: &Candidate, target: &Target) ->
     let (f, t) = (layout.fsdp as f64, layout.tp as f64);
     let devices = layout.devices_per_slice() as f64;
     let n = m.num_params() as f64;
-    let embed = (m.vocab_size * m.hidden_size) as f64;
-    let layer_params = n - embed;
+    // The output head: the embedding when tied, else `lm_head`.
+    let head = (m.vocab_size * m.hidden_size) as f64;
+    // The weights that multiply activations: every parameter but an untied model's embedding,
+    // which is only looked up (a tied embedding is also the head, the logits' matmul).
+    let matmul = if m.tie_embeddings { n } else { n - head };
+    let layer_params = matmul - head;
     let seq = workload.seq_len() as f64;
     let attn_width = (m.num_heads * m.head_dim) as f64;
     let layers = m.num_layers as f64;
     let c = workload.compute_dtype.size() as f64;
     let p = workload.param_dtype.size() as f64;
 
-    // Per token: 2 FLOPs per weight (the tied embedding's only matmul is the logits), plus the
+    // Per token: 2 FLOPs per matmul weight (the head's only matmul is the logits), plus the
     // two S x S attention matmuls. Plain and blockwise attention compute the full (masked)
     // square; the Pallas kernel skips the key blocks above the diagonal (about half). Blockwise
     // and Pallas recompute the scores in the backward (flash attention's backward).
@@ -59,20 +63,21 @@ pub fn step_time(workload: &Workload, candidate: &Candidate, target: &Target) ->
         Attention::Pallas => (0.5, 0.5),
     };
     let attention = attention_share * attention_per_token;
-    let forward_per_token = 2.0 * n + attention;
+    let forward_per_token = 2.0 * matmul + attention;
     let recompute_per_token = match candidate.remat {
         Remat::None => 0.0,
         Remat::Dots => attention,
         Remat::Full => 2.0 * layer_params + attention,
     } + backward_recompute * attention
-        + 2.0 * embed; // the chunked loss recomputes each chunk's logits
+        + 2.0 * head; // the chunked loss recomputes each chunk's logits
     // The backward computes each weight matmul's input gradient (2 FLOPs per weight) and its
     // weight gradient (2 more); LoRA's frozen weights need only the first, the adapters both.
-    let trained = match &workload.lora {
-        None => n,
-        Some(lora) => lora_params(m, lora) as f64,
+    let (trained, trained_matmul) = match &workload.lora {
+        None => (n, matmul),
+        Some(lora) => (lora_params(m, lora) as f64, lora_params(m, lora) as f64),
     };
-    let train_per_token = 3.0 * attention + 2.0 * n + 2.0 * n + 2.0 * trained + recompute_per_token;
+    let train_per_token =
+        3.0 * attention + 2.0 * matmul + 2.0 * matmul + 2.0 * trained_matmul + recompute_per_token;
     let rows = workload.global_batch as f64;
     let tokens = rows * seq;
     let mut flops = tokens * train_per_token;
@@ -102,10 +107,10 @@ pub fn step_time(workload: &Workload, candidate: &Candidate, target: &Target) ->
     let rollout = match workload.kind {
         Kind::Grpo { prompt_len, max_new_tokens, .. } => {
             let prefill =
-                rows * prompt_len as f64 * 2.0 * n / (slices * devices) / (acc.peak_flops * target.mfu);
+                rows * prompt_len as f64 * 2.0 * matmul / (slices * devices) / (acc.peak_flops * target.mfu);
             // Each decode step reads this device's weights and its KV cache (half full on
             // average) from memory, and gathers the FSDP-split weights over ICI.
-            let weights = n * p / devices;
+            let weights = matmul * p / devices;
             let kv_width = (m.num_kv_heads * m.head_dim) as f64 / t;
             let kv = 2.0
                 * layers
@@ -174,6 +179,23 @@ mod tests {
         let full = step_time(&w, &candidate(1, 4, 2, 16, Remat::Full), &target);
         assert!(full.train > none.train);
         assert_eq!((none.rollout, none.dcn, none.dcn_bytes), (0.0, 0.0, 0));
+    }
+
+    #[test]
+    fn an_untied_head_adds_its_logits_matmul_and_nothing_for_the_lookup() {
+        let tied = sft("qwen3-1.7b", 64);
+        let mut untied = tied.clone();
+        untied.model.tie_embeddings = false;
+        let target = Target::new(Accelerator::v6e_8(), 1);
+        let c = candidate(1, 4, 2, 16, Remat::None);
+        let (a, b) = (step_time(&tied, &c, &target), step_time(&untied, &c, &target));
+        // The same matmuls (the head is lm_head instead of the embedding), a gradient one
+        // embedding larger.
+        assert_eq!(a.flops, b.flops);
+        let target = Target::new(Accelerator::v6e_8(), 2);
+        let c = candidate(2, 4, 2, 16, Remat::None);
+        let (a, b) = (step_time(&tied, &c, &target), step_time(&untied, &c, &target));
+        assert_eq!(b.dcn_bytes - a.dcn_bytes, 151_936 * 2048 * 4);
     }
 
     #[test]

@@ -86,7 +86,7 @@ impl GrpoTask {
         let seq_len = job.seq_len as usize;
         let prompts =
             Loader::from_config(&job.data, BatchSpec::new(prompts_per_step as usize, 1, seq_len)?, job.seed)?;
-        prompts.check_model_vocab(manifest.model.vocab_size, &job.model)?;
+        prompts.check_model_vocab(manifest.model.vocab_size, &job.model.name())?;
         let held_out = match job.evaluation() {
             Some(eval) => data::held_out_examples(&job.data, eval.problems, job.seed)?,
             None => Vec::new(),

@@ -24,6 +24,7 @@
 //!   reports, decisions.
 //! - [`peer`]: state transfer from a live peer to a replacement.
 //! - [`metrics`]: the agent's Prometheus page.
+//! - [`hf`]: a Hugging Face model's weights onto the devices, each device reading its regions.
 //!
 //! **Architecture Invariant:** the worker never interprets StableHLO; everything it knows about a
 //! program comes from the bundle manifest. Buffers stay on device between steps; the host sees
@@ -37,6 +38,7 @@ pub mod compile_cache;
 pub mod driver;
 pub mod grpo;
 pub mod grpo_stats;
+pub mod hf;
 pub mod metrics;
 pub mod objective;
 pub mod peer;
@@ -75,6 +77,9 @@ pub enum WorkerError {
     /// A checkpoint could not be saved, committed or restored.
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] checkpoint::CheckpointError),
+    /// A Hugging Face model directory could not be read, or does not fit the bundle.
+    #[error("Hugging Face model: {0}")]
+    Hf(#[from] ::hf::HfError),
     /// The all-reduce between slices failed (a peer vanished, the generation changed, ...).
     #[error("all-reduce: {0}")]
     Collective(#[from] collective::Error),

@@ -19,7 +19,7 @@ impl Sft {
         let batch =
             BatchSpec::new(job.batch.global as usize, job.batch.micro as usize, job.seq_len as usize)?;
         let loader = Loader::from_config(&job.data, batch, job.seed)?;
-        loader.check_model_vocab(trainer.manifest().model.vocab_size, &job.model)?;
+        loader.check_model_vocab(trainer.manifest().model.vocab_size, &job.model.name())?;
         Ok(Self::from_loader(loader))
     }
 

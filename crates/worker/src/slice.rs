@@ -241,6 +241,48 @@ impl Slice {
         Ok(DeviceArray { shards: buffers })
     }
 
+    /// Places a global array one device at a time: `shard(device, region)` gives the device's
+    /// region of the array (row-major, under the spec's sharding), and each is uploaded before
+    /// the next is asked for, so the host holds one shard at a time (a replica whose region
+    /// repeats the previous device's reuses its bytes). Each buffer is handed back to `done`
+    /// once uploaded, for the caller to reuse.
+    pub fn upload_each(
+        &self,
+        spec: &TensorSpec,
+        mut shard: impl FnMut(usize, &Region) -> Result<Vec<u8>, WorkerError>,
+        mut done: impl FnMut(Vec<u8>),
+    ) -> Result<DeviceArray, WorkerError> {
+        let ty = element_type(spec.dtype);
+        let mut buffers = Vec::with_capacity(self.devices.len());
+        let mut last: Option<(Region, Vec<u8>)> = None;
+        for (d, device) in self.devices.iter().enumerate() {
+            let region = spec.sharding.shard_region(&spec.shape, &self.mesh, d);
+            if last.as_ref().is_none_or(|(r, _)| *r != region) {
+                let piece = shard(d, &region)?;
+                let want = region.num_elements() * spec.dtype.size() as u64;
+                if piece.len() as u64 != want {
+                    return Err(WorkerError::Mismatch(format!(
+                        "shard of '{}' for device {d} has {} bytes, its region {:?} needs {want}",
+                        spec.name,
+                        piece.len(),
+                        region.ranges()
+                    )));
+                }
+                if let Some((_, previous)) = last.replace((region.clone(), piece)) {
+                    done(previous);
+                }
+            }
+            let piece = &last.as_ref().expect("just filled").1;
+            let dims: Vec<i64> = region.shape().iter().map(|&s| s as i64).collect();
+            let buffer = self.client.buffer_from_host(piece, ty, &dims, device);
+            buffers.push(buffer.context(|| format!("uploading '{}' to device {d}", spec.name))?);
+        }
+        if let Some((_, piece)) = last {
+            done(piece);
+        }
+        Ok(DeviceArray { shards: buffers })
+    }
+
     /// Reads a replicated scalar `float32[]` result.
     pub fn read_f32(&self, array: &DeviceArray) -> Result<f32, WorkerError> {
         let mut bytes = [0u8; 4];

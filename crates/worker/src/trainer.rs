@@ -357,6 +357,43 @@ impl Trainer {
         Ok(())
     }
 
+    /// The parameters on the devices, in the manifest's `params` order (to run a program of the
+    /// bundle with them, e.g. the optional `logits`).
+    pub fn params(&self) -> Result<&[DeviceArray], WorkerError> {
+        Ok(&self.state.as_ref().ok_or_else(not_initialized)?.params)
+    }
+
+    /// LoRA's frozen base on the devices (empty for full fine-tuning).
+    pub fn frozen(&self) -> &[DeviceArray] {
+        &self.frozen
+    }
+
+    /// Starts the train state from parameters already on the slice (in the order of
+    /// [`Trainer::state_specs`]' parameters: a Hugging Face model's, `crate::hf`), with AdamW's
+    /// moments and the gradients zero: what `init` leaves, without its draw.
+    pub fn start_from_params(&mut self, params: Vec<DeviceArray>) -> Result<(), WorkerError> {
+        if self.manifest.train.optimizer_offload {
+            return Err(WorkerError::Mismatch(
+                "this bundle keeps AdamW state in host memory (train.optimizer_offload), and placing \
+                 parameters loaded from files there is not supported yet; load without optimizer offload"
+                    .into(),
+            ));
+        }
+        let n = self.manifest.params.len();
+        if params.len() != n {
+            return Err(WorkerError::Mismatch(format!(
+                "{} parameters do not fit the bundle's {n}",
+                params.len()
+            )));
+        }
+        // The moments and the accumulator have the parameters' shapes, dtypes and shardings.
+        let mu = self.zero_grads.run(vec![])?;
+        let nu = self.zero_grads.run(vec![])?;
+        let grads = self.zero_grads.run(vec![])?;
+        self.state = Some(State { params, mu, nu, grads, pending: Vec::new() });
+        Ok(())
+    }
+
     /// The parameters `init(seed)` makes, on the devices, apart from the train state.
     pub fn init_params(&self, seed: u32) -> Result<Vec<DeviceArray>, WorkerError> {
         let seed = self.slice.scalar(&self.init.spec().inputs[0], seed.to_le_bytes())?;

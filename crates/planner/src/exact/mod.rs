@@ -147,8 +147,9 @@ impl BundleRequest {
     pub fn exporter_args(&self) -> Vec<String> {
         let w = &self.workload;
         let c = &self.candidate;
+        let [model_flag, model] = w.model.exporter_args();
         let mut args = vec![
-            ("--preset", w.model.preset.clone()),
+            (model_flag.as_str(), model),
             ("--mesh", format!("fsdp={},tp={}", c.layout.fsdp, c.layout.tp)),
             ("--micro-batch", c.micro_batch.to_string()),
             ("--remat", c.remat.to_string()),

@@ -52,6 +52,11 @@ fn save_spec(
         .map(|t| ArraySpec::new(t.name.clone(), t.shape.clone(), t.dtype, t.sharding.clone()))
         .collect();
     let mut metadata = std::collections::BTreeMap::new();
+    // The model's dimensions, for exports (`podctl ckpt export --hf` writes config.json from it).
+    metadata.insert(
+        "model".to_string(),
+        serde_json::to_value(&trainer.manifest().model).expect("model configs serialize"),
+    );
     if !layout.identity.is_null() {
         metadata.insert(IDENTITY_KEY.to_string(), layout.identity.clone());
     }

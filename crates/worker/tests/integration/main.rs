@@ -6,6 +6,7 @@ extern crate podctl_worker as worker;
 mod ckpt;
 mod determinism;
 mod grpo;
+mod huggingface;
 mod lineage;
 mod lora;
 mod members;
