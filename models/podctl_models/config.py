@@ -140,11 +140,7 @@ class TrainConfig:
         if self.kind == "grpo":
             self._validate_grpo()
         else:
-            for field in ("prompt_len", "max_new_tokens", "logprob_chunk"):
-                if getattr(self, field):
-                    raise ConfigError(
-                        f"train.{field} = {getattr(self, field)!r}: only grpo bundles have it; "
-                        f"set train.kind = 'grpo' or leave it 0")
+            self._validate_sft_decoding()
         for field in ("micro_batch", "seq_len", "loss_chunk"):
             value = getattr(self, field)
             if not isinstance(value, int) or value <= 0:
@@ -188,6 +184,27 @@ class TrainConfig:
             raise ConfigError(f"train.lora_base_dtype = {self.lora_base_dtype!r}: choose one of "
                               f"{', '.join(DTYPES)}")
 
+    def _validate_sft_decoding(self) -> None:
+        """An SFT bundle decodes only for held-out evaluation: both rollout buffers or neither."""
+        if self.logprob_chunk:
+            raise ConfigError(f"train.logprob_chunk = {self.logprob_chunk!r}: only grpo bundles "
+                              f"have it; set train.kind = 'grpo' or leave it 0")
+        if bool(self.prompt_len) != bool(self.max_new_tokens):
+            raise ConfigError("train.prompt_len and train.max_new_tokens: an sft bundle's rollout "
+                              "(held-out evaluation) needs both buffers, or neither")
+        for field in ("prompt_len", "max_new_tokens"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 0:
+                raise ConfigError(f"train.{field} = {value!r}: must be a positive integer")
+        if self.prompt_len and self.lora_rank:
+            raise ConfigError("train.prompt_len: held-out evaluation of a LoRA bundle is not "
+                              "supported yet; drop the rollout buffers or lora_rank")
+
+    @property
+    def decodes(self) -> bool:
+        """Whether the bundle has a `rollout` program (GRPO's sampling, SFT's evaluation)."""
+        return self.prompt_len > 0
+
     def _validate_grpo(self) -> None:
         for field in ("prompt_len", "max_new_tokens"):
             value = getattr(self, field)
@@ -227,6 +244,8 @@ class TrainConfig:
         if self.kind == "grpo":
             document.update(prompt_len=self.prompt_len, max_new_tokens=self.max_new_tokens,
                             logprob_chunk=self.logprob_chunk)
+        elif self.decodes:
+            document.update(prompt_len=self.prompt_len, max_new_tokens=self.max_new_tokens)
         return document
 
 

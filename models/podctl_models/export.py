@@ -39,8 +39,8 @@ from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
 from . import __version__, attention, qwen3
 from .config import (ConfigError, MeshConfig, ModelConfig, OptimizerConfig, TrainConfig,
                      check_mesh_fits, parse_mesh, preset)
-from .programs import (OPTIONAL_PROGRAMS, PROGRAM_NAMES, Program, TensorSpec, build_programs,
-                       frozen_tensors, trainable_specs)
+from .programs import (OPTIONAL_PROGRAMS, Program, TensorSpec, build_programs, frozen_tensors,
+                       program_names, trainable_specs)
 
 FORMAT = "podctl-bundle/1"
 PLATFORMS = ("cpu", "tpu")
@@ -175,7 +175,7 @@ def export_programs(cfg: BundleConfig) -> dict[str, ExportedProgram]:
     mesh = abstract_mesh(cfg.mesh)
     programs = build_programs(cfg.model, cfg.train, cfg.optimizer, mesh, cfg.optional)
     result = {}
-    for name in PROGRAM_NAMES[cfg.train.kind] + cfg.optional:
+    for name in program_names(cfg.train, cfg.optional):
         program = programs[name]
         with reproducible_locations():
             exported = lower(program, mesh, cfg.platform)
@@ -287,9 +287,11 @@ def parse_args(argv: list[str] | None) -> tuple[BundleConfig, Path]:
                         help="sft: time steps per loss chunk (default: min("
                              f"{defaults_train.loss_chunk}, seq-len)); grpo: from --logprob-chunk")
     parser.add_argument("--prompt-len", type=int, default=None,
-                        help="grpo: tokens of the left-padded prompt buffer")
+                        help="grpo, or sft with held-out evaluation: tokens of the left-padded "
+                             "prompt buffer of `rollout`")
     parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help="grpo: tokens of the completion buffer")
+                        help="grpo, or sft with held-out evaluation: tokens of the completion "
+                             "buffer of `rollout`")
     parser.add_argument("--logprob-chunk", type=int, default=None,
                         help="grpo: time steps per log-prob chunk, 0 = unchunked (default: "
                              "min(64, prompt-len + max-new-tokens))")
@@ -324,12 +326,11 @@ def parse_args(argv: list[str] | None) -> tuple[BundleConfig, Path]:
     if args.kind == "grpo":
         train = _grpo_train(args, common)
     else:
-        for flag, field in (("prompt_len", "prompt_len"), ("max_new_tokens", "max_new_tokens"),
-                            ("logprob_chunk", "logprob_chunk")):
-            if getattr(args, flag) is not None:
-                raise ConfigError(
-                    f"train.{field} = {getattr(args, flag)!r}: only grpo bundles have it; add "
-                    f"--kind grpo or drop --{flag.replace('_', '-')}")
+        if args.logprob_chunk is not None:
+            raise ConfigError(f"train.logprob_chunk = {args.logprob_chunk!r}: only grpo bundles "
+                              f"have it; add --kind grpo or drop --logprob-chunk")
+        # An sft bundle with both rollout buffers also gets `rollout`, for held-out evaluation.
+        common.update(prompt_len=args.prompt_len or 0, max_new_tokens=args.max_new_tokens or 0)
         seq_len = defaults_train.seq_len if args.seq_len is None else args.seq_len
         loss_chunk = args.loss_chunk
         if loss_chunk is None:

@@ -2,8 +2,9 @@
 
 Each program takes and returns flat positional arrays in the manifest's order, so the exported
 module's arguments are exactly the manifest's inputs. SFT bundles have `init`, `zero_grads`,
-`grad_step`, `apply_step`; GRPO bundles share `init`, `zero_grads`, `apply_step` and add
-`rollout`, `logprobs`, `grpo_grad_step`. Either kind may carry the optional `logits` program
+`grad_step`, `apply_step`, and `rollout` when they have decode buffers (held-out evaluation);
+GRPO bundles share `init`, `zero_grads`, `apply_step` and add `rollout`, `logprobs`,
+`grpo_grad_step`. Either kind may carry the optional `logits` program
 (full float32 logits of a batch, for parity tests against other implementations); only a bundle
 exported with it asks for it, so training bundles never compile it.
 """
@@ -29,6 +30,14 @@ PROGRAM_NAMES = {
 }
 # Programs a bundle carries only when the exporter is asked for them (`--with-logits`).
 OPTIONAL_PROGRAMS = ("logits",)
+
+
+def program_names(train: TrainConfig, optional: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The programs a bundle of `train` carries, in the order the exporter writes them."""
+    names = PROGRAM_NAMES[train.kind]
+    if train.kind == "sft" and train.decodes:
+        names += ("rollout",)
+    return names + tuple(optional)
 
 
 @dataclass(frozen=True)
@@ -152,9 +161,11 @@ def build_programs(model: ModelConfig, train: TrainConfig, opt: OptimizerConfig,
         build = _sft_programs if train.kind == "sft" else _grpo_programs
         extra = build(model, train, mesh, params, grads, as_dict)
     programs = {**common, **extra}
+    if train.kind == "sft" and train.decodes:
+        programs["rollout"] = _rollout_program(model, train, mesh, params, as_dict)
     if "logits" in optional:
         programs["logits"] = _logits_program(model, train, mesh, frozen, params, as_dict)
-    return {name: programs[name] for name in PROGRAM_NAMES[train.kind] + tuple(optional)}
+    return {name: programs[name] for name in program_names(train, optional)}
 
 
 def _logits_program(model, train, mesh, frozen, params, as_dict) -> Program:
@@ -278,6 +289,26 @@ def _sft_programs(model, train, mesh, params, grads, as_dict) -> dict[str, Progr
         frozenset(range(n, 2 * n)))}
 
 
+def _rollout_program(model, train, mesh, params, as_dict) -> Program:
+    """Sampling `max_new_tokens` after left-padded prompts of `prompt_len` (GRPO's rollouts;
+    greedy at temperature 0, held-out evaluation of either kind)."""
+    n, rows = len(params), train.micro_batch
+
+    def rollout_fn(*args):
+        return rollout.generate(as_dict(args[:n]), *args[n:], model, train, mesh)
+
+    inputs = (_rows("prompt/tokens", "int32", rows, train.prompt_len),
+              _rows("prompt/lengths", "int32", rows),
+              _rows("sample/seeds", "uint32", rows), _scalar("sample/temperature", "float32"),
+              _scalar("sample/top_p", "float32"),
+              TensorSpec("sample/stop_ids", (rollout.STOP_IDS,), "int32", (None,)),
+              _scalar("sample/pad_id", "int32"))
+    outputs = (_rows("completion/tokens", "int32", rows, train.max_new_tokens),
+               _rows("completion/lengths", "int32", rows),
+               _rows("completion/logprobs", "float32", rows, train.max_new_tokens))
+    return Program("rollout", rollout_fn, params + inputs, outputs, frozenset())
+
+
 def _grpo_programs(model, train, mesh, params, grads, as_dict) -> dict[str, Program]:
     n = len(params)
     rows, seq = train.micro_batch, train.seq_len
@@ -289,10 +320,6 @@ def _grpo_programs(model, train, mesh, params, grads, as_dict) -> dict[str, Prog
         hidden = qwen3.hidden_states(p, tokens, model, train, mesh, start=start)
         head = qwen3.output_head(p).astype(hidden.dtype)
         return grpo.token_logprobs(hidden, head, targets, temperature, train.logprob_chunk, shard)
-
-    def rollout_fn(*args):
-        p = as_dict(args[:n])
-        return rollout.generate(p, *args[n:], model, train, mesh)
 
     def logprobs_fn(*args):
         return (policy_logprobs(as_dict(args[:n]), *args[n:]),)
@@ -316,15 +343,6 @@ def _grpo_programs(model, train, mesh, params, grads, as_dict) -> dict[str, Prog
                 _rows("batch/targets", "int32", rows, seq),
                 _rows("batch/prompt_lengths", "int32", rows))
     temperature = _scalar("sample/temperature", "float32")
-    rollout_inputs = (_rows("prompt/tokens", "int32", rows, prompt_len),
-                      _rows("prompt/lengths", "int32", rows),
-                      _rows("sample/seeds", "uint32", rows), temperature,
-                      _scalar("sample/top_p", "float32"),
-                      TensorSpec("sample/stop_ids", (rollout.STOP_IDS,), "int32", (None,)),
-                      _scalar("sample/pad_id", "int32"))
-    rollout_outputs = (_rows("completion/tokens", "int32", rows, new_tokens),
-                       _rows("completion/lengths", "int32", rows),
-                       _rows("completion/logprobs", "float32", rows, new_tokens))
     grpo_batch = sequence + (_rows("batch/loss_mask", "float32", rows, seq),
                              _rows("batch/advantages", "float32", rows),
                              _rows("batch/old_logprobs", "float32", rows, seq),
@@ -335,8 +353,7 @@ def _grpo_programs(model, train, mesh, params, grads, as_dict) -> dict[str, Prog
     metrics = tuple(_scalar(name, "float32")
                     for name in ("loss_sum", "token_count", *grpo.METRIC_NAMES))
     return {
-        "rollout": Program("rollout", rollout_fn, params + rollout_inputs, rollout_outputs,
-                           frozenset()),
+        "rollout": _rollout_program(model, train, mesh, params, as_dict),
         "logprobs": Program("logprobs", logprobs_fn, params + sequence + (temperature,),
                             (_rows("logprobs", "float32", rows, seq),), frozenset()),
         "grpo_grad_step": Program("grpo_grad_step", grpo_grad_step, params + grads + grpo_batch,

@@ -99,10 +99,11 @@ pub struct TrainConfig {
     /// them to the device and back. TPU bundles only.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub optimizer_offload: bool,
-    /// GRPO only: tokens of the left-padded prompt buffer.
+    /// The `rollout` program's left-padded prompt buffer, in tokens: GRPO bundles, and SFT
+    /// bundles that evaluate on held-out problems.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_len: Option<u64>,
-    /// GRPO only: tokens of the completion buffer.
+    /// The `rollout` program's completion buffer, in tokens (see `prompt_len`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_new_tokens: Option<u64>,
     /// GRPO only: time steps per log-prob chunk; 0 computes all logits at once.
@@ -440,7 +441,8 @@ impl Manifest {
             self.check_signature(&format!("programs.{name}.inputs"), &program.inputs, &inputs)?;
             self.check_signature(&format!("programs.{name}.outputs"), &program.outputs, &outputs)?;
         }
-        for name in OPTIONAL_PROGRAMS {
+        let decodes = (self.train.kind == "sft" && self.train.prompt_len.is_some()).then_some("rollout");
+        for name in OPTIONAL_PROGRAMS.into_iter().chain(decodes) {
             if let Some(program) = self.programs.get(name) {
                 let (inputs, outputs) = signature(name, &shapes);
                 self.check_signature(&format!("programs.{name}.inputs"), &program.inputs, &inputs)?;
@@ -521,10 +523,24 @@ impl Manifest {
             ("logprob_chunk", t.logprob_chunk),
         ];
         if t.kind != "grpo" {
-            if let Some((field, _)) = buffers.iter().find(|(_, value)| value.is_some()) {
-                return Err((format!("train.{field}"), "only grpo bundles have it".into()));
-            }
-            return Ok(Shapes { b: [b], bs: [b, t.seq_len], bp: [b, 0], bn: [b, 0], bsv });
+            // An SFT bundle decodes only for held-out evaluation: both buffers and `rollout`, or
+            // none of them.
+            let decodes = self.programs.contains_key("rollout");
+            return match (t.prompt_len, t.max_new_tokens, t.logprob_chunk) {
+                (_, _, Some(_)) => Err(("train.logprob_chunk".into(), "only grpo bundles have it".into())),
+                (None, None, None) if !decodes => {
+                    Ok(Shapes { b: [b], bs: [b, t.seq_len], bp: [b, 0], bn: [b, 0], bsv })
+                }
+                (Some(p), Some(n), None) if decodes && p > 0 && n > 0 => {
+                    Ok(Shapes { b: [b], bs: [b, t.seq_len], bp: [b, p], bn: [b, n], bsv })
+                }
+                _ => Err((
+                    "train.prompt_len".into(),
+                    "an sft bundle has both rollout buffers (prompt_len, max_new_tokens > 0) and the \
+                     rollout program, or none of them; export it again"
+                        .into(),
+                )),
+            };
         }
         let [(_, Some(p)), (_, Some(n)), (_, Some(chunk))] = buffers else {
             let (field, _) = buffers.iter().find(|(_, value)| value.is_none()).expect("one is missing");

@@ -38,11 +38,22 @@ pub fn export_args(job: &JobSpec, platform: &str) -> Vec<String> {
         ("--micro-batch", job.batch.micro.to_string()),
     ];
     match &job.grpo {
-        None => args.extend([
-            ("--seq-len", job.seq_len.to_string()),
-            ("--remat", t.remat.clone()),
-            ("--loss-chunk", t.loss_chunk.to_string()),
-        ]),
+        None => {
+            args.extend([
+                ("--seq-len", job.seq_len.to_string()),
+                ("--remat", t.remat.clone()),
+                ("--loss-chunk", t.loss_chunk.to_string()),
+            ]);
+            // Held-out evaluation decodes through a `rollout` program with these buffers.
+            if let Some(eval) = job.evaluation() {
+                let (prompt_len, new_tokens) =
+                    (eval.prompt_len.unwrap_or(0), eval.max_new_tokens.unwrap_or(0));
+                args.extend([
+                    ("--prompt-len", prompt_len.to_string()),
+                    ("--max-new-tokens", new_tokens.to_string()),
+                ]);
+            }
+        }
         // A GRPO row is prompt + completion (seq_len derived); its log-probs are chunked as
         // SFT's loss is.
         Some(g) => args.extend([

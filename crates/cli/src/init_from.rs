@@ -35,7 +35,8 @@ pub fn resolve(job: &mut JobSpec, connect: &ConnectArgs) -> Result<InitFrom> {
                      train it, then set init_from to its checkpoint root (s3://, gs://)"
                 );
             }
-            let sft = JobSpec::load(Path::new(path)).with_context(|| format!("grpo.init_from {path}"))?;
+            let sft = JobSpec::load_with(Path::new(path), &crate::models::HfReader)
+                .with_context(|| format!("grpo.init_from {path}"))?;
             if sft.grpo.is_some() || sft.model != job.model {
                 bail!(
                     "grpo.init_from {path}: expected an SFT job of model {}, found a {} job of model {}",

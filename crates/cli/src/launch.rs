@@ -20,7 +20,7 @@ pub fn run(
     connect: &ConnectArgs,
     node: &dyn crate::StartNode,
 ) -> Result<()> {
-    let mut job = JobSpec::load(job_path)?;
+    let mut job = JobSpec::load_with(job_path, &crate::models::HfReader)?;
     if out.is_some() {
         job.output = out;
     }
@@ -114,7 +114,7 @@ pub fn run(
 /// `podctl launch --render`: the job as a declaration (a ConfigMap) for the install `release`,
 /// its bundle uploaded under the job's checkpoint root first. Only the manifest goes to stdout.
 pub fn render(job_path: &Path, release: &str) -> Result<()> {
-    let job = JobSpec::load(job_path)?;
+    let job = JobSpec::load_with(job_path, &crate::models::HfReader)?;
     let tools = Toolchain::discover()?;
     let bundle = resolve_bundle(&tools, &job)?;
     let bundle_uri = crate::status::runtime()?.block_on(crate::local::publish_bundle(&job, &bundle, true))?;

@@ -147,6 +147,9 @@ impl Sink for Progress {
             "correct": report.correct,
             "problems": report.problems,
             "reward": report.reward,
+            "samples": report.samples.iter().map(|(prompt, completion, answer)| {
+                serde_json::json!({ "prompt": prompt, "completion": completion, "answer": answer })
+            }).collect::<Vec<_>>(),
         });
         let written = self.record.event("eval", step, detail);
         self.keep_first_error(written);

@@ -22,6 +22,8 @@ pub fn run(
     let (mut trainer, compile_seconds) = compile_trainer(job, bundle, plugin)?;
     if let Some(from) = worker::start::init_from(job) {
         println!("policy and reference start from {from}");
+    } else if let Some(model) = worker::start::hf_weights(job) {
+        println!("weights from the Hugging Face model {model}");
     }
     let record = RunRecord::create(job.output_dir())?;
     let mut progress = Progress::new(record, job.steps);

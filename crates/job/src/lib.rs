@@ -454,6 +454,14 @@ impl JobSpec {
         if let Some(eval) = &self.eval {
             eval.validate(&self.data, self.grpo.is_some())?;
         }
+        if self.evaluation().is_some() && self.train.lora.is_some() {
+            return Err(JobError::Invalid {
+                field: "eval",
+                reason: "held-out evaluation of a LoRA job is not supported yet; set eval.problems: 0 or \
+                         drop train.lora"
+                    .into(),
+            });
+        }
         Ok(())
     }
 

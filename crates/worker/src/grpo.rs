@@ -26,12 +26,13 @@
 //! so the ratio starts at 1 (to float rounding) and clipping matters only for off-policy steps.
 
 use crate::WorkerError;
+use crate::eval::{Completions, Decoding, HeldOut, PromptBatch};
 use crate::grpo_stats::{GrpoMetrics, Tally, advantages};
 use crate::objective::{EvalReport, Objective, RankShare, RankStep};
 use crate::phases::Phases;
 use crate::slice::{Arg, DeviceArray};
 use crate::trainer::{GrpoPrograms, Trainer, not_initialized};
-use data::{BatchSpec, Example, Loader, Prompter, Reward};
+use data::{BatchSpec, Example, Loader, Reward};
 use job::{GrpoSpec, JobSpec};
 use std::collections::BTreeMap;
 
@@ -45,14 +46,13 @@ pub struct GrpoTask {
     /// One prompt per "row" of a step of `prompts_per_step` rows: the loader's addressing of the
     /// data (and its epochs and permutations) applies to prompts.
     prompts: Loader,
-    /// The held-out problems `evaluate` scores (empty: evaluation is off), and how often.
-    held_out: Vec<Example>,
-    eval_every: u64,
+    /// The rollout's buffers, stop and pad ids.
+    decoding: Decoding,
+    /// The held-out problems `evaluate` scores, if evaluation is on.
+    held_out: Option<HeldOut>,
     micro: usize,
     prompt_len: usize,
     max_new: usize,
-    /// The rollout's `sample/stop_ids`: the tokenizer's stop ids, unused slots -1.
-    stop_ids: Vec<i32>,
     pad: i32,
     bfloat16_compute: bool,
 }
@@ -87,32 +87,12 @@ impl GrpoTask {
         let prompts =
             Loader::from_config(&job.data, BatchSpec::new(prompts_per_step as usize, 1, seq_len)?, job.seed)?;
         prompts.check_model_vocab(manifest.model.vocab_size, &job.model.name())?;
-        let held_out = match job.evaluation() {
-            Some(eval) => data::held_out_examples(&job.data, eval.problems, job.seed)?,
-            None => Vec::new(),
-        };
-        let tokenizer =
-            prompts.tokenizer().ok_or(data::DataError::NotAnExampleSource { operation: "GRPO" })?;
-        let slots = manifest
-            .programs
-            .get("rollout")
-            .and_then(|p| p.inputs.iter().find(|t| t.name == "sample/stop_ids"));
-        let slots = slots.map_or(bundle::STOP_IDS as usize, |t| t.shape.iter().product::<u64>() as usize);
-        if tokenizer.stop_ids().len() > slots {
-            return Err(WorkerError::Mismatch(format!(
-                "the tokenizer stops at {} ids ({:?}), but the bundle's rollout takes at most {slots}",
-                tokenizer.stop_ids().len(),
-                tokenizer.stop_ids()
-            )));
-        }
-        let mut stop_ids = vec![-1; slots];
-        for (slot, &id) in stop_ids.iter_mut().zip(tokenizer.stop_ids()) {
-            *slot = id as i32;
-        }
+        let prompter = prompts.prompter().ok_or(data::DataError::NotAnExampleSource { operation: "GRPO" })?;
+        let decoding = Decoding::new(manifest, prompter.clone())?;
+        let held_out = HeldOut::new(job, manifest, Some(prompter), spec.reward.clone())?;
         Ok(Self {
-            stop_ids,
-            pad: tokenizer.pad_id() as i32,
-            eval_every: job.evaluation().map_or(0, |eval| eval.every),
+            pad: decoding.pad,
+            decoding,
             spec,
             seed: job.seed,
             prompts,
@@ -129,51 +109,13 @@ impl GrpoTask {
         &self.spec
     }
 
-    fn prompter(&self) -> &Prompter {
-        self.prompts.prompter().expect("checked in new")
-    }
-
     fn seq_len(&self) -> usize {
         self.prompt_len + self.max_new
-    }
-
-    /// The prompt's ids ([`Prompter::prompt_ids`]), its last `prompt_len` tokens when longer
-    /// (the question is at the end), and whether it was cut.
-    fn encode_prompt(&self, text: &str) -> Result<(Vec<i32>, bool), WorkerError> {
-        let mut tokens: Vec<i32> =
-            self.prompter().prompt_ids(text)?.into_iter().map(|id| id as i32).collect();
-        let cut = tokens.len() > self.prompt_len;
-        if cut {
-            tokens.drain(..tokens.len() - self.prompt_len);
-        }
-        Ok((tokens, cut))
-    }
-
-    /// The text of a completion's tokens before its stop id ([`Prompter::completion_text`]).
-    fn decode(&self, tokens: &[i32]) -> String {
-        let ids: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
-        self.prompter().completion_text(&ids)
     }
 
     /// The sampling seed of generation `generation` of global prompt `prompt` of `step`.
     fn sample_seed(&self, step: u64, prompt: u64, generation: u64) -> u32 {
         data::hash_words(&[DOMAIN_SAMPLE, self.seed, step, prompt, generation]) as u32
-    }
-
-    /// Lays prompts out as `rollout` takes them: left-padded, with lengths and seeds.
-    fn prompt_batch(&self, rows: &[(&[i32], u32)]) -> PromptBatch {
-        let p = self.prompt_len;
-        let mut batch = PromptBatch {
-            tokens: vec![self.pad; rows.len() * p],
-            lengths: Vec::with_capacity(rows.len()),
-            seeds: Vec::with_capacity(rows.len()),
-        };
-        for (row, (tokens, seed)) in rows.iter().enumerate() {
-            batch.tokens[row * p + p - tokens.len()..(row + 1) * p].copy_from_slice(tokens);
-            batch.lengths.push(tokens.len() as i32);
-            batch.seeds.push(*seed);
-        }
-        batch
     }
 
     /// Full rows (prompt buffer, then completion buffer) and what `grpo_grad_step` needs of them.
@@ -213,20 +155,6 @@ impl GrpoTask {
     }
 }
 
-/// Prompts laid out for `rollout`.
-struct PromptBatch {
-    tokens: Vec<i32>,
-    lengths: Vec<i32>,
-    seeds: Vec<u32>,
-}
-
-/// One micro-batch's completions, on the host.
-struct Completions {
-    tokens: Vec<i32>,
-    lengths: Vec<i32>,
-    logprobs: Vec<f32>,
-}
-
 /// One micro-batch as `grpo_grad_step` takes it (reference log-probs apart).
 struct TrainBatch {
     tokens: Vec<i32>,
@@ -252,43 +180,6 @@ impl Trainer {
 
     fn upload_input(&self, spec: &bundle::TensorSpec, host: &[u8]) -> Result<DeviceArray, WorkerError> {
         self.slice().upload(spec, host)
-    }
-
-    /// Samples one micro-batch's completions with the policy. Phases: `transfers` (prompts up,
-    /// completions down) and `rollout` (the program: prefill and decode).
-    fn rollout(
-        &self,
-        prompts: &PromptBatch,
-        temperature: f32,
-        task: &GrpoTask,
-        phases: &mut Phases,
-    ) -> Result<Completions, WorkerError> {
-        let program = &self.grpo_programs()?.rollout;
-        let inputs = &program.spec().inputs;
-        let n = self.manifest().params.len();
-        let uploaded = phases.time("transfers", || -> Result<_, WorkerError> {
-            Ok([
-                self.upload_input(&inputs[n], bytemuck::cast_slice(&prompts.tokens))?,
-                self.upload_input(&inputs[n + 1], bytemuck::cast_slice(&prompts.lengths))?,
-                self.upload_input(&inputs[n + 2], bytemuck::cast_slice(&prompts.seeds))?,
-                self.slice().scalar(&inputs[n + 3], temperature.to_le_bytes())?,
-                self.slice().scalar(&inputs[n + 4], task.spec.top_p.to_le_bytes())?,
-                self.upload_input(&inputs[n + 5], bytemuck::cast_slice(&task.stop_ids))?,
-                self.slice().scalar(&inputs[n + 6], task.pad.to_le_bytes())?,
-            ])
-        })?;
-        let mut args: Vec<Arg<'_>> = self.policy()?.iter().map(Arg::Borrow).collect();
-        args.extend(uploaded.iter().map(Arg::Borrow));
-        let out = phases.time("rollout", || program.run(args))?;
-        let outputs = &program.spec().outputs;
-        let download = |i: usize| self.slice().download(&outputs[i], &out[i]);
-        phases.time("transfers", || {
-            Ok(Completions {
-                tokens: bytemuck::pod_collect_to_vec(&download(0)?),
-                lengths: bytemuck::pod_collect_to_vec(&download(1)?),
-                logprobs: bytemuck::pod_collect_to_vec(&download(2)?),
-            })
-        })
     }
 
     /// Per-target log-probs of full rows under `params` (the policy's when `None`). Phases:
@@ -388,7 +279,7 @@ fn rank_step(
         let examples = task.examples(step, first_prompt, rows / g)?;
         let mut encoded = Vec::with_capacity(examples.len());
         for example in &examples {
-            let (tokens, cut) = task.encode_prompt(&example.prompt)?;
+            let (tokens, cut) = task.decoding.encode_prompt(&example.prompt)?;
             tally.truncated_prompts += if cut { 1.0 } else { 0.0 };
             encoded.push(tokens);
         }
@@ -404,9 +295,10 @@ fn rank_step(
     for m in 0..accum {
         let prompts = phases.time("prompts", || {
             let inputs: Vec<_> = (m * micro..(m + 1) * micro).map(row_input).collect();
-            task.prompt_batch(&inputs)
+            task.decoding.prompt_batch(&inputs)
         });
-        let completions = trainer.rollout(&prompts, task.spec.temperature, task, phases)?;
+        let completions =
+            trainer.rollout(&prompts, (task.spec.temperature, task.spec.top_p), &task.decoding, phases)?;
         sampled.push((prompts, completions));
     }
     let n = task.max_new;
@@ -415,11 +307,10 @@ fn rank_step(
         for (m, (_, completions)) in sampled.iter().enumerate() {
             for row in 0..task.micro {
                 let r = m as u64 * micro + row as u64;
-                let length = completions.lengths[row].clamp(0, n as i32);
-                let tokens = &completions.tokens[row * n..row * n + length as usize];
-                let text = task.decode(tokens);
+                let tokens = task.decoding.completion(completions, row);
+                let text = task.decoding.decode(tokens);
                 let reward = Reward::score(&text, &examples[(r / g) as usize].answer, &task.spec.reward);
-                tally.count_row(&reward, length, n);
+                tally.count_row(&reward, tokens.len() as i32, n);
                 rewards.push(reward.total);
             }
         }
@@ -452,35 +343,7 @@ fn rank_step(
 /// Scores the policy with greedy decoding on the job's held-out problems (`eval.problems`);
 /// `None` when evaluation is off.
 pub fn evaluate(trainer: &Trainer, task: &GrpoTask) -> Result<Option<EvalReport>, WorkerError> {
-    if task.held_out.is_empty() {
-        return Ok(None);
-    }
-    let examples = &task.held_out;
-    let problems = examples.len() as u64;
-    let encoded: Vec<Vec<i32>> =
-        examples.iter().map(|e| Ok(task.encode_prompt(&e.prompt)?.0)).collect::<Result<_, WorkerError>>()?;
-    let mut report = EvalReport { problems, correct: 0, reward: 0.0, samples: Vec::new() };
-    let n = task.max_new;
-    for first in (0..encoded.len()).step_by(task.micro) {
-        // The last batch is filled up with the first problem; those rows are not scored.
-        let rows: Vec<(&[i32], u32)> = (first..first + task.micro)
-            .map(|i| (encoded.get(i).unwrap_or(&encoded[0]).as_slice(), 0))
-            .collect();
-        let completions = trainer.rollout(&task.prompt_batch(&rows), 0.0, task, &mut Phases::new())?;
-        for (row, example) in examples.iter().enumerate().skip(first).take(task.micro) {
-            let row = row - first;
-            let length = completions.lengths[row].clamp(0, n as i32) as usize;
-            let tokens = &completions.tokens[row * n..row * n + length];
-            let text = task.decode(tokens);
-            let reward = Reward::score(&text, &example.answer, &task.spec.reward);
-            report.correct += reward.exact_match as u64;
-            report.reward += reward.total as f64 / problems as f64;
-            if report.samples.len() < 3 {
-                report.samples.push((example.prompt.clone(), text, example.answer.clone()));
-            }
-        }
-    }
-    Ok(Some(report))
+    task.held_out.as_ref().map(|held_out| held_out.evaluate(trainer)).transpose()
 }
 
 /// GRPO's objective: the job's prompts, rewards and settings, and the frozen reference.
@@ -567,6 +430,6 @@ impl Objective for Grpo {
     }
 
     fn eval_every(&self) -> u64 {
-        self.task.eval_every
+        self.task.held_out.as_ref().map_or(0, HeldOut::every)
     }
 }

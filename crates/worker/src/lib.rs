@@ -15,6 +15,7 @@
 //! - [`step`]: one global step of any objective over the data-parallel ranks this worker
 //!   hosts: every rank's gradient, the reduction between workers, apply.
 //! - [`phases`]: where a step's time went, by named phase, returned with every step.
+//! - [`eval`]: held-out evaluation of either objective through the bundle's `rollout`.
 //! - [`driver`]: the one training loop (steps, evaluation, reports, saves), whoever runs it.
 //! - [`start`]: where a fresh run's state comes from, and an objective's frozen reference.
 //! - [`ckpt`]: checkpoints of the train state: a host's share saved in the background, restore
@@ -36,6 +37,7 @@ pub mod agent;
 pub mod ckpt;
 pub mod compile_cache;
 pub mod driver;
+pub mod eval;
 pub mod grpo;
 pub mod grpo_stats;
 pub mod hf;

@@ -1,7 +1,8 @@
 //! Supervised fine-tuning: the loss of the data's targets under the model.
 
 use crate::WorkerError;
-use crate::objective::{Objective, RankShare, RankStep};
+use crate::eval::HeldOut;
+use crate::objective::{EvalReport, Objective, RankShare, RankStep};
 use crate::trainer::Trainer;
 use data::{BatchSpec, Loader};
 use job::JobSpec;
@@ -10,22 +11,25 @@ use job::JobSpec;
 /// `r * A .. (r + 1) * A`, each a pure function of (seed, step, micro-batch).
 pub struct Sft {
     loader: Loader,
+    held_out: Option<HeldOut>,
 }
 
 impl Sft {
-    /// The objective of `job`'s data and batch shape; refuses a tokenizer whose ids the model
-    /// cannot embed.
+    /// The objective of `job`'s data and batch shape, with its held-out evaluation; refuses a
+    /// tokenizer whose ids the model cannot embed.
     pub fn new(trainer: &Trainer, job: &JobSpec) -> Result<Self, WorkerError> {
         let batch =
             BatchSpec::new(job.batch.global as usize, job.batch.micro as usize, job.seq_len as usize)?;
         let loader = Loader::from_config(&job.data, batch, job.seed)?;
-        loader.check_model_vocab(trainer.manifest().model.vocab_size, &job.model.name())?;
-        Ok(Self::from_loader(loader))
+        let manifest = trainer.manifest();
+        loader.check_model_vocab(manifest.model.vocab_size, &job.model.name())?;
+        let held_out = HeldOut::new(job, manifest, loader.prompter(), Default::default())?;
+        Ok(Self { loader, held_out })
     }
 
-    /// The objective of `loader`'s batches.
+    /// The objective of `loader`'s batches, without evaluation.
     pub fn from_loader(loader: Loader) -> Self {
-        Self { loader }
+        Self { loader, held_out: None }
     }
 }
 
@@ -51,5 +55,13 @@ impl Objective for Sft {
             ))),
             tokens => Ok(1.0 / tokens as f32),
         }
+    }
+
+    fn evaluate(&self, trainer: &Trainer) -> Result<Option<EvalReport>, WorkerError> {
+        self.held_out.as_ref().map(|held_out| held_out.evaluate(trainer)).transpose()
+    }
+
+    fn eval_every(&self) -> u64 {
+        self.held_out.as_ref().map_or(0, HeldOut::every)
     }
 }

@@ -60,11 +60,10 @@ pub fn run(
         (Some(spec), Some(uri)) => Some((spec, Storage::open(&uri, &StoreOptions::default())?)),
         _ => None,
     };
-    let identity = job.checkpoint_identity();
     let found = match (resume, &root) {
         (Resume::Newest, Some((_, storage))) => {
             let log = StoreCommitLog::new(storage.clone());
-            handle.block_on(restore_newest(trainer, storage, &log, Some(&identity)))?
+            handle.block_on(restore_newest(trainer, storage, &log, Some(&job.checkpoint_identity())))?
         }
         (Resume::From(uri), _) => restore_from(trainer, uri, handle)?,
         (Resume::Newest | Resume::StartOver, _) => (None, Vec::new()),
@@ -91,7 +90,7 @@ pub fn run(
     };
     let mut checkpoints = match &root {
         Some((spec, storage)) => {
-            let layout = SaveLayout { dcn: 1, slice: 0, seed: job.seed, identity };
+            let layout = SaveLayout::for_job(job, 1, 0);
             let commit = Box::new(StoreCommit::new(storage.clone(), spec, &line, handle.clone()));
             let save_id = save_id(&line, &format!("l{:x}", unix_millis()));
             let mut checkpoints =

@@ -41,7 +41,9 @@ pub struct Trainer {
     /// first, the accumulator plus scalar metrics out.
     pub(crate) grad_step: Program,
     apply_step: Program,
-    /// GRPO's sampling and scoring programs.
+    /// Sampling (GRPO's rollouts, held-out evaluation of either kind), when the bundle has it.
+    pub(crate) rollout: Option<Program>,
+    /// GRPO's scoring program.
     pub(crate) grpo: Option<GrpoPrograms>,
     pub(crate) state: Option<State>,
     /// LoRA's frozen base, in the manifest's `frozen` order; empty for full fine-tuning (and
@@ -49,9 +51,8 @@ pub struct Trainer {
     frozen: Vec<DeviceArray>,
 }
 
-/// The programs a GRPO bundle adds.
+/// The program a GRPO bundle adds besides `rollout`.
 pub(crate) struct GrpoPrograms {
-    pub(crate) rollout: Program,
     pub(crate) logprobs: Program,
 }
 
@@ -68,13 +69,16 @@ pub(crate) struct State {
 
 impl Trainer {
     /// Compiles the bundle's training programs for the slice (in parallel: compiles dominate
-    /// start-up): SFT's four, or GRPO's six.
+    /// start-up): SFT's four (and `rollout` when it evaluates), or GRPO's six.
     pub fn new(slice: Slice, bundle: &Bundle) -> Result<Self, WorkerError> {
-        let names: &[&str] = if bundle.manifest().train.kind == "grpo" {
-            &bundle::GRPO_PROGRAMS
+        let mut names: Vec<&str> = if bundle.manifest().train.kind == "grpo" {
+            bundle::GRPO_PROGRAMS.to_vec()
         } else {
-            &bundle::TRAIN_PROGRAMS
+            bundle::TRAIN_PROGRAMS.to_vec()
         };
+        if bundle.manifest().programs.contains_key("rollout") && !names.contains(&"rollout") {
+            names.push("rollout");
+        }
         let compiled: Vec<Result<Program, WorkerError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = names
                 .iter()
@@ -90,12 +94,10 @@ impl Trainer {
             programs.insert(name, program?);
         }
         let is_grpo = programs.contains_key("grpo_grad_step");
+        let rollout = programs.remove("rollout");
         let mut take = |name: &str| programs.remove(name).expect("compiled above");
         let (grad_step, grpo) = match is_grpo {
-            true => (
-                take("grpo_grad_step"),
-                Some(GrpoPrograms { rollout: take("rollout"), logprobs: take("logprobs") }),
-            ),
+            true => (take("grpo_grad_step"), Some(GrpoPrograms { logprobs: take("logprobs") })),
             false => (take("grad_step"), None),
         };
         Ok(Self {
@@ -105,6 +107,7 @@ impl Trainer {
             zero_grads: take("zero_grads"),
             apply_step: take("apply_step"),
             grad_step,
+            rollout,
             grpo,
             slice,
             state: None,

@@ -364,8 +364,7 @@ impl TrainerSide {
         let slice = a.peers.iter().position(|p| p.worker_id == self.worker_id).ok_or_else(|| {
             AssignmentError(format!("this worker ({}) is not among the generation's peers", self.worker_id))
         })?;
-        let layout =
-            SaveLayout { dcn: a.peers.len(), slice, seed: spec.seed, identity: spec.checkpoint_identity() };
+        let layout = SaveLayout::for_job(spec, a.peers.len(), slice);
         let storage = Storage::open(&a.checkpoint_uri, &StoreOptions::default())
             .map_err(|e| AssignmentError(format!("checkpoint root {}: {e}", a.checkpoint_uri)))?;
         let commit = Box::new(CoordinatorCommit::new(self, a.generation));

@@ -29,6 +29,22 @@ pub struct SaveLayout {
     /// What a run must match to resume from the save (`JobSpec::checkpoint_identity`), recorded
     /// in its metadata under `checkpoint::lineage::IDENTITY_KEY`; `Null` records nothing.
     pub identity: serde_json::Value,
+    /// The Hugging Face model the job's weights came from (`model: { hf }`), recorded as
+    /// `metadata.hf.source` so that `podctl ckpt export --hf` carries its tokenizer files over.
+    pub hf_source: Option<String>,
+}
+
+impl SaveLayout {
+    /// Slice `slice` of `dcn` of `job`'s saves.
+    pub fn for_job(job: &job::JobSpec, dcn: usize, slice: usize) -> Self {
+        Self {
+            dcn,
+            slice,
+            seed: job.seed,
+            identity: job.checkpoint_identity(),
+            hf_source: job.model.hf_dir().map(String::from),
+        }
+    }
 }
 
 /// The save spec of `trainer`'s state after `step` steps: a function of the bundle, the layout
@@ -57,6 +73,9 @@ fn save_spec(
         "model".to_string(),
         serde_json::to_value(&trainer.manifest().model).expect("model configs serialize"),
     );
+    if let Some(source) = &layout.hf_source {
+        metadata.insert("hf".to_string(), serde_json::json!({ "source": source }));
+    }
     if !layout.identity.is_null() {
         metadata.insert(IDENTITY_KEY.to_string(), layout.identity.clone());
     }

@@ -100,7 +100,13 @@ fn save_slice(bundle: &Path, group: &GroupSpec, root: &str, out: &Path) {
         run_step(&mut trainer, &sft, step, &group.local_ranks(), accum, 2e-3, Reduce::Ring(&ring)).unwrap();
     }
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let layout = SaveLayout { dcn: 2, slice: group.me, seed: SEED, identity: serde_json::Value::Null };
+    let layout = SaveLayout {
+        dcn: 2,
+        slice: group.me,
+        seed: SEED,
+        identity: serde_json::Value::Null,
+        hf_source: None,
+    };
     if group.me == 0 {
         refuses_to_stack(&trainer, layout.clone(), runtime.handle(), &out.join("throttled"));
     }

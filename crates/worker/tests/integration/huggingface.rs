@@ -169,7 +169,7 @@ fn trainer_logits(trainer: &Trainer, program: &worker::Program, tokens: &[Vec<i3
 fn save(runtime: &tokio::runtime::Runtime, trainer: &Trainer, root: &Path) -> (Checkpoint, String) {
     let url = format!("file://{}", root.display());
     let storage = Storage::open(&url, &StoreOptions::default()).unwrap();
-    let layout = SaveLayout { dcn: 1, slice: 0, seed: 0, identity: serde_json::Value::Null };
+    let layout = SaveLayout { dcn: 1, slice: 0, seed: 0, identity: serde_json::Value::Null, hf_source: None };
     let saver =
         StateSaver::new(storage.clone(), SaveOptions::default(), layout, runtime.handle().clone()).unwrap();
     let saved = saver.start(trainer, 0, "hf").unwrap().wait().unwrap();
