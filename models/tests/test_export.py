@@ -35,9 +35,11 @@ def validate_manifest(bundle_dir) -> dict:
                                "rms_norm_eps", "tie_embeddings"}
     kind = m["train"]["kind"]
     assert kind in ("sft", "grpo")
+    # An sft bundle that evaluates has the rollout's buffers (and the rollout program).
+    decode_keys = GRPO_TRAIN_KEYS if kind == "grpo" else GRPO_TRAIN_KEYS - {"logprob_chunk"}
     assert set(m["train"]) == {"kind", "micro_batch", "seq_len", "param_dtype", "compute_dtype",
-                               "remat", "loss_chunk", "attention"} | (GRPO_TRAIN_KEYS
-                                                                      if kind == "grpo" else set())
+                               "remat", "loss_chunk", "attention"} | (
+        decode_keys if kind == "grpo" or "rollout" in m["programs"] else set())
     assert m["train"]["remat"] in ("none", "dots", "full")
     assert m["optimizer"]["name"] == "adamw"
     assert set(m["optimizer"]) == {"name", "b1", "b2", "eps", "weight_decay", "max_grad_norm"}
@@ -95,20 +97,10 @@ def validate_manifest(bundle_dir) -> dict:
                        group("params/") + group("opt/mu/") + group("opt/nu/") + group("grads/")
                        + [scalar("grad_norm", "float32")]),
     }
-    if kind == "sft":
-        batch = [per_row(f"batch/{n}", d, seq, donated=False)
-                 for n, d in (("tokens", "int32"), ("targets", "int32"), ("loss_mask", "float32"))]
-        want["grad_step"] = (group("params/", False) + group("grads/", True) + batch,
-                             group("grads/") + [scalar("loss_sum", "float32"),
-                                                scalar("token_count", "float32")])
-    else:
+    temperature = scalar("sample/temperature", "float32", False)
+    if kind == "grpo" or "rollout" in m["programs"]:
         prompt, new = train["prompt_len"], train["max_new_tokens"]
-        assert prompt > 0 and new > 0 and seq == prompt + new
-        assert train["loss_chunk"] == (train["logprob_chunk"] or seq)
-        temperature = scalar("sample/temperature", "float32", False)
-        sequence = [per_row("batch/tokens", "int32", seq, donated=False),
-                    per_row("batch/targets", "int32", seq, donated=False),
-                    per_row("batch/prompt_lengths", "int32", donated=False)]
+        assert prompt > 0 and new > 0
         want["rollout"] = (
             group("params/", False)
             + [per_row("prompt/tokens", "int32", prompt, donated=False),
@@ -120,6 +112,18 @@ def validate_manifest(bundle_dir) -> dict:
                scalar("sample/pad_id", "int32", False)],
             [per_row("completion/tokens", "int32", new), per_row("completion/lengths", "int32"),
              per_row("completion/logprobs", "float32", new)])
+    if kind == "sft":
+        batch = [per_row(f"batch/{n}", d, seq, donated=False)
+                 for n, d in (("tokens", "int32"), ("targets", "int32"), ("loss_mask", "float32"))]
+        want["grad_step"] = (group("params/", False) + group("grads/", True) + batch,
+                             group("grads/") + [scalar("loss_sum", "float32"),
+                                                scalar("token_count", "float32")])
+    else:
+        assert seq == prompt + new
+        assert train["loss_chunk"] == (train["logprob_chunk"] or seq)
+        sequence = [per_row("batch/tokens", "int32", seq, donated=False),
+                    per_row("batch/targets", "int32", seq, donated=False),
+                    per_row("batch/prompt_lengths", "int32", donated=False)]
         want["logprobs"] = (group("params/", False) + sequence + [temperature],
                             [per_row("logprobs", "float32", seq)])
         want["grpo_grad_step"] = (
@@ -203,6 +207,18 @@ def test_cli_writes_an_unchunked_grpo_bundle(tmp_path, capsys):
     assert (train["seq_len"], train["loss_chunk"], train["logprob_chunk"]) == (16, 16, 0)
 
 
+def test_an_sft_bundle_that_evaluates_carries_a_rollout(tmp_path, capsys):
+    code = main(["--preset", "tiny", "--micro-batch", "4", "--seq-len", "32", "--prompt-len", "6",
+                 "--max-new-tokens", "4", "--out", str(tmp_path)])
+    assert code == 0
+    m = validate_manifest(tmp_path)
+    assert list(m["programs"]) == ["init", "zero_grads", "grad_step", "apply_step", "rollout"]
+    assert (m["train"]["prompt_len"], m["train"]["max_new_tokens"]) == (6, 4)
+    assert "logprob_chunk" not in m["train"]
+    outputs = {t["name"]: t["shape"] for t in m["programs"]["rollout"]["outputs"]}
+    assert outputs["completion/tokens"] == [4, 4]
+
+
 def test_cli_writes_a_valid_bundle_and_prints_a_summary(tmp_path, capsys):
     code = main(["--preset", "tiny", "--mesh", "tp=2", "--micro-batch", "4", "--seq-len", "32",
                  "--remat", "dots", "--loss-chunk", "16", "--weight-decay", "0.05",
@@ -281,6 +297,8 @@ def test_export_is_bitwise_reproducible_from_any_caller(bundle_single, tmp_path)
     (["--preset", "tiny", "--max-grad-norm", "0"], "optimizer.max_grad_norm"),
     (["--preset", "tiny", "--kind", "rl"], "train.kind"),
     (["--preset", "tiny", "--prompt-len", "8"], "train.prompt_len"),
+    (["--preset", "tiny", "--prompt-len", "8", "--max-new-tokens", "8", "--lora-rank", "4"],
+     "train.prompt_len"),
     (["--preset", "tiny", "--logprob-chunk", "8"], "train.logprob_chunk"),
     (["--preset", "tiny", "--kind", "grpo", "--max-new-tokens", "8"], "train.prompt_len"),
     (["--preset", "tiny", "--kind", "grpo", "--prompt-len", "8"], "train.max_new_tokens"),

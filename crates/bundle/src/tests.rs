@@ -286,9 +286,12 @@ fn grpo_checks_name_the_broken_field() {
     m["programs"].as_object_mut().unwrap().remove("logprobs");
     assert!(load_err(&m).contains("programs.logprobs: missing; every grpo bundle has it"));
 
+    // An SFT bundle decodes (held-out evaluation) with both buffers and `rollout`, or not at all.
     let mut sft = manifest();
     sft["train"]["prompt_len"] = json!(4);
-    assert!(load_err(&sft).contains("train.prompt_len: only grpo bundles have it"));
+    assert!(load_err(&sft).contains("train.prompt_len: an sft bundle has both rollout buffers"));
+    sft["train"]["logprob_chunk"] = json!(4);
+    assert!(load_err(&sft).contains("train.logprob_chunk: only grpo bundles have it"));
 }
 
 /// A LoRA bundle of the same shape as `manifest()`: a bf16 frozen base of `embed` and one

@@ -349,6 +349,11 @@ pub fn render_job(s: &JobStatus, cluster: Option<&ClusterInfo>, now_unix: f64) -
         progress.push_str(&format!("  eta {}", duration((s.total_steps - s.step) as f64 * s.step_seconds)));
     }
     lines.push(progress);
+    if let Some(accuracy) = s.metrics.get("eval_accuracy") {
+        let before = s.metrics.get("eval_accuracy_initial");
+        let before = before.map(|b| format!(" (before training {:.1}%)", 100.0 * b)).unwrap_or_default();
+        lines.push(format!("held-out accuracy {:.1}%{before}", 100.0 * accuracy));
+    }
     if !s.message.is_empty() {
         lines.push(format!("message: {}", s.message));
     }

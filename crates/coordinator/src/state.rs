@@ -261,9 +261,17 @@ impl Job {
     }
 
     /// Commits `commit` if it is the next step; false when it is not.
-    fn commit_step(&mut self, commit: StepCommit, unix: f64) -> bool {
+    fn commit_step(&mut self, mut commit: StepCommit, unix: f64) -> bool {
         if commit.step != self.committed_step + 1 {
             return false;
+        }
+        // Held-out accuracy is measured every few steps: the latest stays in view until the next.
+        if let Some(previous) = &self.last_step {
+            for key in ["eval_accuracy_initial", "eval_accuracy", "eval_reward"] {
+                if let (false, Some(&value)) = (commit.metrics.contains_key(key), previous.metrics.get(key)) {
+                    commit.metrics.insert(key.to_string(), value);
+                }
+            }
         }
         self.committed_step = commit.step;
         self.last_step = Some(commit);

@@ -126,7 +126,8 @@ fn a_hugging_face_model_fine_tunes_on_gsm8k_then_grpo_then_exports() {
     let out = run(&["launch", grpo.to_str().unwrap()]);
     println!("{out}");
     let sft_checkpoints = sft_run.join("checkpoints");
-    let started = out.lines().find_map(|l| l.strip_prefix("policy and reference start from ")).unwrap_or_default();
+    let started =
+        out.lines().find_map(|l| l.strip_prefix("policy and reference start from ")).unwrap_or_default();
     assert!(started.contains(&format!("{}/000000000012-", sft_checkpoints.display())), "{out}");
     assert!(out.contains("held-out accuracy (greedy, 8 problems)"), "{out}");
     let evals = evaluations(&grpo_run);

@@ -225,15 +225,7 @@ impl Slice {
         let mut buffers = Vec::with_capacity(shards.len());
         for (d, (device, piece)) in self.devices.iter().zip(shards).enumerate() {
             let region = spec.sharding.shard_region(&spec.shape, &self.mesh, d);
-            let want = region.num_elements() * spec.dtype.size() as u64;
-            if piece.len() as u64 != want {
-                return Err(WorkerError::Mismatch(format!(
-                    "shard of '{}' for device {d} has {} bytes, its region {:?} needs {want}",
-                    spec.name,
-                    piece.len(),
-                    region.ranges()
-                )));
-            }
+            check_shard(spec, d, &region, piece)?;
             let dims: Vec<i64> = region.shape().iter().map(|&s| s as i64).collect();
             let buffer = self.client.buffer_from_host(piece, ty, &dims, device);
             buffers.push(buffer.context(|| format!("uploading '{}' to device {d}", spec.name))?);
@@ -259,15 +251,7 @@ impl Slice {
             let region = spec.sharding.shard_region(&spec.shape, &self.mesh, d);
             if last.as_ref().is_none_or(|(r, _)| *r != region) {
                 let piece = shard(d, &region)?;
-                let want = region.num_elements() * spec.dtype.size() as u64;
-                if piece.len() as u64 != want {
-                    return Err(WorkerError::Mismatch(format!(
-                        "shard of '{}' for device {d} has {} bytes, its region {:?} needs {want}",
-                        spec.name,
-                        piece.len(),
-                        region.ranges()
-                    )));
-                }
+                check_shard(spec, d, &region, &piece)?;
                 if let Some((_, previous)) = last.replace((region.clone(), piece)) {
                     done(previous);
                 }
@@ -381,4 +365,18 @@ fn element_type(dtype: DType) -> ElementType {
         DType::Uint32 => ElementType::U32,
         DType::Bool => ElementType::Pred,
     }
+}
+
+/// Refuses a shard whose size is not that of device `d`'s region of `spec`.
+fn check_shard(spec: &TensorSpec, d: usize, region: &Region, piece: &[u8]) -> Result<(), WorkerError> {
+    let want = region.num_elements() * spec.dtype.size() as u64;
+    if piece.len() as u64 != want {
+        return Err(WorkerError::Mismatch(format!(
+            "shard of '{}' for device {d} has {} bytes, its region {:?} needs {want}",
+            spec.name,
+            piece.len(),
+            region.ranges()
+        )));
+    }
+    Ok(())
 }
