@@ -22,10 +22,10 @@ extern crate podctl_coordinator as coordinator;
 #[path = "integration/common.rs"]
 mod common;
 
+use client::ClientTls;
+use client::{Client, ClientConfig};
 use common::*;
-use coordinator::client::{Client, ClientConfig};
 use coordinator::store::{LogStore, StateMachine, StateMachineStore, open_database};
-use coordinator::tls::ClientTls;
 use openraft::RaftLogReader;
 use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use std::collections::BTreeMap;
@@ -45,7 +45,7 @@ const WRITES_AFTER_RESTART: usize = 5;
 const SNAPSHOT_EVERY: &str = "25";
 
 /// Asks `addr` alone about the cluster, once.
-async fn info_of(addr: &str, tls: &ClientTls) -> Option<proto::v1::ClusterInfo> {
+async fn info_of(addr: &str, tls: &ClientTls) -> Option<client::ClusterInfo> {
     let mut config = ClientConfig::new(vec![addr.into()], ADMIN, Some(tls.clone()));
     config.retry_for = Duration::ZERO;
     config.call_timeout = Duration::from_secs(5);
@@ -84,8 +84,8 @@ async fn crash_and_restart(victim: u64, victim_leads: bool, failpoints: &str) {
     let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let (tls, files) = tls_dir(dir.path());
-    let ca = ClientTls::ca_only(&files.ca).unwrap();
-    let mtls = ClientTls::with_identity(&files).unwrap();
+    let ca = ClientTls::read(&files.ca, None).unwrap();
+    let mtls = ClientTls::read(&files.ca, Some((&files.client_cert, &files.client_key))).unwrap();
     let peers: Vec<(u64, u16)> = (1..=3).map(|id| (id, free_port())).collect();
     let extra = ["--snapshot-every", SNAPSHOT_EVERY];
     let mut nodes: BTreeMap<u64, Proc> = peers
@@ -109,7 +109,7 @@ async fn crash_and_restart(victim: u64, victim_leads: bool, failpoints: &str) {
     );
 
     let admin = client(addrs.clone(), ADMIN, Some(ca.clone()));
-    let job = admin.submit(submit_request(spec("fp", 1, 10, None, dir.path()))).await.unwrap();
+    let job = admin.submit(&submit_request(spec("fp", 1, 10, None, dir.path()))).await.unwrap();
     let writer = client(addrs.clone(), &job.job_token, Some(mtls.clone()));
     let mut acked: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     let write = |i: usize| {
