@@ -353,9 +353,9 @@ impl TrainerSide {
 
     /// This generation's saves, when the job saves checkpoints: the members of the generation
     /// are the save's hosts, each writing its share of the replica they all hold, and the leader
-    /// commits once every member's report is in. Saves are named by the generation: every member
-    /// names a save alike, and a later generation saving the same step writes a directory of its
-    /// own.
+    /// commits once every member's report is in. Saves are named as the assignment says
+    /// (`<line>.s<nonce>g<generation>`): every member names a save alike, and neither a later
+    /// generation nor a later submission saving the same step writes into its directory.
     fn checkpoints(&self, a: &Assignment, spec: &JobSpec) -> Result<Option<Checkpoints>, AssignmentError> {
         let Some(every) = spec.checkpoint.as_ref().map(|c| c.every) else { return Ok(None) };
         if a.checkpoint_uri.is_empty() {
@@ -368,8 +368,13 @@ impl TrainerSide {
             SaveLayout { dcn: a.peers.len(), slice, seed: spec.seed, identity: spec.checkpoint_identity() };
         let storage = Storage::open(&a.checkpoint_uri, &StoreOptions::default())
             .map_err(|e| AssignmentError(format!("checkpoint root {}: {e}", a.checkpoint_uri)))?;
+        if a.save_id.is_empty() {
+            return Err(AssignmentError(
+                "the assignment names no save id: the coordinator is older than this worker; upgrade it".into(),
+            ));
+        }
         let commit = Box::new(CoordinatorCommit::new(self, a.generation));
-        Checkpoints::new(storage, layout, every, format!("g{}", a.generation), commit, self.runtime.clone())
+        Checkpoints::new(storage, layout, every, a.save_id.clone(), commit, self.runtime.clone())
             .map(Some)
             .map_err(|e| AssignmentError(e.to_string()))
     }
