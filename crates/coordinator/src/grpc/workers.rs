@@ -290,10 +290,20 @@ impl Workers for WorkersService {
                     }
                     (Ok(directives), Ok(())) => {
                         for d in directives {
-                            if tx.try_send(d).is_err() {
-                                tracing::warn!(worker_id, "session does not keep up; closing it");
-                                ctx.leader.with(|m| m.close_session(&worker_id, session_id));
-                                return;
+                            match tx.try_send(d) {
+                                Ok(()) => {}
+                                Err(mpsc::error::TrySendError::Full(_)) => {
+                                    tracing::warn!(worker_id, "session does not keep up; closing it");
+                                    ctx.leader.with(|m| m.close_session(&worker_id, session_id));
+                                    return;
+                                }
+                                // The worker hung up (it left once told the job is done): nothing
+                                // is wrong, the session just ends.
+                                Err(mpsc::error::TrySendError::Closed(_)) => {
+                                    tracing::debug!(worker_id, "the worker closed its session");
+                                    ctx.leader.with(|m| m.close_session(&worker_id, session_id));
+                                    return;
+                                }
                             }
                         }
                     }
