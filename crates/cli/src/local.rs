@@ -374,7 +374,8 @@ async fn follow(
     }
     let mut ctrl_c = std::pin::pin!(tokio::signal::ctrl_c());
     let mut events_after = 0f64;
-    let mut last_printed = 0u64;
+    // The step the job starts at (a resumed job's is its checkpoint's), then the last printed.
+    let mut last_printed: Option<u64> = None;
     loop {
         tokio::select! {
             _ = &mut ctrl_c => {
@@ -398,7 +399,8 @@ async fn follow(
             status.generation,
             status.state
         ));
-        if bar.is_hidden() && status.step >= last_printed + (total / 20).max(1) {
+        let last = *last_printed.get_or_insert(status.step);
+        if bar.is_hidden() && status.step >= last + (total / 20).max(1) {
             eprintln!(
                 "step {}/{} loss {:.4} {}",
                 status.step,
@@ -406,7 +408,7 @@ async fn follow(
                 status.loss,
                 human_rate(status.tokens_per_second)
             );
-            last_printed = status.step;
+            last_printed = Some(status.step);
         }
         if status.state.is_terminal() {
             bar.finish_and_clear();
