@@ -395,7 +395,7 @@ impl Cluster {
             }
             printed.push_str(&line);
         }
-        let job_id = printed.lines().find(|l| l.starts_with("job ")).unwrap().split_whitespace().nth(1).unwrap();
+        let job_id = printed.lines().find(|l| l.starts_with("job ") && l.contains(" submitted")).unwrap().split_whitespace().nth(1).unwrap();
         assert!(line.contains(&format!("--job {job_id}")) && line.contains(&coordinators), "{line}");
         self.jobs.lock().unwrap().insert(spec.to_path_buf(), job_id.to_string());
         let workers = (0..2)
