@@ -57,7 +57,12 @@ pub fn run(job: &JobSpec, bundle: &Bundle, cluster: Cluster, start_over: bool) -
 
 /// Submits the job to a cluster and follows it; the job token goes to `<run>/job-token` (mode
 /// 0600) for the workers.
-async fn submit_remote(job: &JobSpec, bundle: &Bundle, connect: &ConnectArgs, start_over: bool) -> Result<()> {
+async fn submit_remote(
+    job: &JobSpec,
+    bundle: &Bundle,
+    connect: &ConnectArgs,
+    start_over: bool,
+) -> Result<()> {
     let run_dir = std::path::absolute(job.output_dir())?;
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     let connection = connect.connect().await?;
@@ -431,7 +436,10 @@ mod tests {
             event_line(0, "generation", "generation 1 from step 0 (2 workers)"),
             "step 0: generation 1 from step 0 (2 workers)"
         );
-        assert_eq!(event_line(50, "resume", "resuming from step 50"), "step 50: resume resuming from step 50");
+        assert_eq!(
+            event_line(50, "resume", "resuming from step 50"),
+            "step 50: resume resuming from step 50"
+        );
         assert_eq!(event_line(3, "generations", "generation"), "step 3: generations generation");
     }
 

@@ -107,7 +107,10 @@ async fn find_resume(
 ) -> Result<crate::resume::Found, JobError> {
     let now_ms = (unix_now() * 1000.0) as u64;
     if spec.checkpoint.is_none() || checkpoint_uri.is_empty() {
-        return Ok(crate::resume::Found { line: checkpoint::lineage::new_line(now_ms), ..Default::default() });
+        return Ok(crate::resume::Found {
+            line: checkpoint::lineage::new_line(now_ms),
+            ..Default::default()
+        });
     }
     let storage = checkpoint::Storage::open(checkpoint_uri, &ctx.config.store_options)
         .map_err(|e| JobError::InvalidSpec(format!("checkpoint root {checkpoint_uri}: {e}")))?;
@@ -123,7 +126,9 @@ async fn find_resume(
     });
     match find.await.map_err(|e| JobError::Internal(format!("the resume rule stopped: {e}")))? {
         Ok(Ok(found)) => Ok(found),
-        Ok(Err(e @ crate::resume::ResumeError::ForeignRoot { .. })) => Err(JobError::ForeignRoot(e.to_string())),
+        Ok(Err(e @ crate::resume::ResumeError::ForeignRoot { .. })) => {
+            Err(JobError::ForeignRoot(e.to_string()))
+        }
         Ok(Err(e)) => Err(JobError::Resume(e.to_string())),
         Err(_) => Err(JobError::Resume(format!(
             "verifying the checkpoints under {checkpoint_uri} took over {RESUME_SCAN_TIMEOUT:?}"

@@ -424,6 +424,18 @@ pub enum Command {
         /// Its save id.
         save_id: String,
     },
+    /// A worker's restore of a checkpoint failed its integrity check: the checkpoint leaves the
+    /// catalog, and the next generation plans from an older one.
+    PassOverCheckpoint {
+        /// The job.
+        job_id: String,
+        /// The checkpoint's directory.
+        uri: String,
+        /// Why (the worker's error: the object, chunk and CRCs).
+        reason: String,
+        /// When.
+        unix: f64,
+    },
     /// A user stopped the job.
     StopJob {
         /// The job.
@@ -473,6 +485,7 @@ impl Command {
             | Self::CommitStep { job_id, .. }
             | Self::CommitCheckpoint { job_id, .. }
             | Self::ForgetCheckpoint { job_id, .. }
+            | Self::PassOverCheckpoint { job_id, .. }
             | Self::StopJob { job_id, .. }
             | Self::CompleteJob { job_id, .. }
             | Self::FailJob { job_id, .. }
@@ -664,6 +677,18 @@ impl ClusterState {
             }
             Command::ForgetCheckpoint { step, save_id, .. } => {
                 job.checkpoints.retain(|c| !(c.record.step == step && c.record.save_id == save_id));
+                Response::Applied
+            }
+            Command::PassOverCheckpoint { uri, reason, unix, .. } => {
+                // Every member that restored it reports it; the first one counts.
+                if let Some(at) = job.checkpoints.iter().position(|c| c.uri == uri) {
+                    let passed = job.checkpoints.remove(at);
+                    job.event(
+                        unix,
+                        "passed_over",
+                        format!("checkpoint of step {} ({uri}): {reason}", passed.record.step),
+                    );
+                }
                 Response::Applied
             }
             Command::StopJob { unix, .. } => {
@@ -951,7 +976,8 @@ pub(crate) mod tests {
             committed_unix: 0.0,
             bytes: 1,
         };
-        let passed = PassedOver { step: 60, uri: "file:///c/000000000060-r1.s1g1".into(), reason: "crc".into() };
+        let passed =
+            PassedOver { step: 60, uri: "file:///c/000000000060-r1.s1g1".into(), reason: "crc".into() };
         let submit = SubmitJob {
             shape: shape(2, 70),
             spec_yaml: String::new(),

@@ -9,9 +9,9 @@
 
 use client::{Client, ClientConfig};
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::io::Read;
 use std::process::{Child, ChildStdout, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -55,7 +55,8 @@ fn grpo(name: &str, steps: u64, seed: u64) -> String {
 /// Writes `body` plus the checkpoint section and the run directory as `<dir>/<name>.yaml`.
 fn write_spec(dir: &Path, name: &str, body: &str, every: u64) -> PathBuf {
     let path = dir.join(format!("{name}.yaml"));
-    let text = format!("{body}checkpoint: {{ every: {every}, keep: 3 }}\noutput: {}\n", dir.join(name).display());
+    let text =
+        format!("{body}checkpoint: {{ every: {every}, keep: 3 }}\noutput: {}\n", dir.join(name).display());
     std::fs::write(&path, text).unwrap();
     path
 }
@@ -97,7 +98,10 @@ fn committed(root: &Path) -> Vec<PathBuf> {
 /// The committed checkpoints of `step` under `root`.
 fn of_step(root: &Path, step: u64) -> Vec<PathBuf> {
     let prefix = format!("{step:012}-");
-    committed(root).into_iter().filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(&prefix)).collect()
+    committed(root)
+        .into_iter()
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(&prefix))
+        .collect()
 }
 
 fn digest(dir: &Path) -> String {
@@ -295,7 +299,8 @@ fn a_relaunch_of_two_slices_resumes_from_the_newest_checkpoint_that_verifies() {
     let digests: BTreeMap<PathBuf, String> =
         committed(&root).into_iter().filter(|d| d != &corrupt).map(|d| (d.clone(), digest(&d))).collect();
     let other = write_spec(dir, "killed", &sft("killed", 20, 4), 10);
-    let refused = Place::Local.launch(&other, &[]).expect_err("another seed's launch into the root is refused");
+    let refused =
+        Place::Local.launch(&other, &[]).expect_err("another seed's launch into the root is refused");
     assert!(refused.contains("another job's checkpoints") && refused.contains("--start-over"), "{refused}");
     // Starting over trains beside them and leaves their bits alone.
     let started = Instant::now();
@@ -305,6 +310,45 @@ fn a_relaunch_of_two_slices_resumes_from_the_newest_checkpoint_that_verifies() {
     for (dir, digest_before) in &digests {
         assert_eq!(&digest(dir), digest_before, "{} changed", dir.display());
     }
+    verify_all_but(&root, Some(&corrupt));
+}
+
+#[test]
+fn workers_that_find_their_checkpoint_corrupt_make_the_job_restore_an_older_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let calm = write_spec(dir, "calm", &sft("calm", 30, 9), 10);
+    Place::Local.launch(&calm, &[]).unwrap_or_else(|e| panic!("the calm run failed:\n{e}"));
+    // Every worker lost after step 25 (so none holds the state), and the step-20 checkpoint
+    // corrupted while they are down: the launcher's replacements are told to restore it, find
+    // a chunk's CRC wrong and say so; the leader passes over it and plans from step 10.
+    let started = Instant::now();
+    let spec = write_spec(dir, "lost", &sft("lost", 30, 9), 10);
+    let run = Place::Local.start(&spec, &[]);
+    wait_for("step 25", || Place::Local.step(&spec) >= 25);
+    let pids: Vec<u32> = (0..2)
+        .map(|s| std::fs::read_to_string(run_dir(&spec).join(format!("workers/slice-{s}.pid"))).unwrap())
+        .map(|p| p.trim().parse().unwrap())
+        .collect();
+    for &pid in &pids {
+        signal(pid, "STOP");
+    }
+    let root = checkpoints(&spec);
+    assert!(of_step(&root, 30).is_empty(), "the workers were stopped too late: step 30 is saved");
+    let corrupt = of_step(&root, 20).pop().unwrap();
+    flip_a_byte(&corrupt);
+    for &pid in &pids {
+        signal(pid, "KILL");
+    }
+    let out = run.finish().unwrap_or_else(|e| panic!("the run failed:\n{e}"));
+    println!("all workers lost, a checkpoint corrupted, recovered: {:.1}s", started.elapsed().as_secs_f64());
+    let name = corrupt.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        out.lines().any(|l| l.contains("passed_over") && l.contains(&name) && l.contains("crc32c")),
+        "the corrupt checkpoint is reported:\n{out}"
+    );
+    assert!(out.contains("generation") && out.contains("from step 10"), "{out}");
+    assert_eq!(digest_of_step(&root, 30), digest_of_step(&checkpoints(&calm), 30));
     verify_all_but(&root, Some(&corrupt));
 }
 
@@ -344,7 +388,15 @@ impl Cluster {
             .map(|i| {
                 let log = std::fs::File::create(dir.join(format!("node{i}.log"))).unwrap();
                 let mut child = podctl()
-                    .args(["coordinator", "--id", &i.to_string(), "--listen", &addrs[i - 1], "--peers", &peers])
+                    .args([
+                        "coordinator",
+                        "--id",
+                        &i.to_string(),
+                        "--listen",
+                        &addrs[i - 1],
+                        "--peers",
+                        &peers,
+                    ])
                     .arg("--data-dir")
                     .arg(dir.join(format!("node{i}")))
                     .arg("--tls-dir")
@@ -366,7 +418,17 @@ impl Cluster {
         config.retry_for = Duration::from_secs(30);
         let admin = runtime.block_on(async { Client::new(config) }).unwrap();
         let (ca, cert, key) = (files.ca.clone(), files.client_cert.clone(), files.client_key.clone());
-        Cluster { nodes, addrs, ca, cert, key, dir: dir.to_path_buf(), admin, runtime, jobs: Default::default() }
+        Cluster {
+            nodes,
+            addrs,
+            ca,
+            cert,
+            key,
+            dir: dir.to_path_buf(),
+            admin,
+            runtime,
+            jobs: Default::default(),
+        }
     }
 
     fn start(&self, spec: &Path, flags: &[&str]) -> Run {
@@ -395,12 +457,19 @@ impl Cluster {
             }
             printed.push_str(&line);
         }
-        let job_id = printed.lines().find(|l| l.starts_with("job ") && l.contains(" submitted")).unwrap().split_whitespace().nth(1).unwrap();
+        let job_id = printed
+            .lines()
+            .find(|l| l.starts_with("job ") && l.contains(" submitted"))
+            .unwrap()
+            .split_whitespace()
+            .nth(1)
+            .unwrap();
         assert!(line.contains(&format!("--job {job_id}")) && line.contains(&coordinators), "{line}");
         self.jobs.lock().unwrap().insert(spec.to_path_buf(), job_id.to_string());
         let workers = (0..2)
             .map(|slice| {
-                let log = std::fs::File::create(self.dir.join(format!("{job_id}-worker{slice}.log"))).unwrap();
+                let log =
+                    std::fs::File::create(self.dir.join(format!("{job_id}-worker{slice}.log"))).unwrap();
                 podctl()
                     .args(["--log", "info", "worker", "--coordinator", &coordinators, "--job", job_id])
                     .args(["--slice", &slice.to_string(), "--plugin"])

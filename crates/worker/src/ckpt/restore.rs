@@ -115,7 +115,9 @@ pub async fn restore_newest(
                 continue;
             }
         };
-        if let Some(difference) = identity.and_then(|wanted| identity_difference(checkpoint.manifest(), wanted)) {
+        if let Some(difference) =
+            identity.and_then(|wanted| identity_difference(checkpoint.manifest(), wanted))
+        {
             if newest_line.as_deref() == Some(line_of(&commit.save_id)) {
                 return Err(WorkerError::ForeignRoot {
                     root: storage.url().to_string(),
