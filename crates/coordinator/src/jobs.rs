@@ -293,7 +293,8 @@ async fn finalize(ctx: &Arc<Ctx>, job: &Job, save: PendingSave) -> Result<String
     let retention = checkpoint::Retention {
         keep_last: job.shape.keep_last as usize,
         keep_every: job.shape.keep_every,
-        line: Some(job.line.clone()),
+        // Scoped to the job's line through the log: the catalog holds the line's checkpoints up
+        // to the one resumed from and the job's own saves, never another line's.
         ..Default::default()
     };
     if let Err(e) = checkpoint::gc(&storage, &log, &retention, &active).await {
