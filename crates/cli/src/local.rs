@@ -173,6 +173,11 @@ fn submission(job: &JobSpec, bundle: &Bundle, start_over: bool) -> Result<Submis
 
 fn ended(status: &JobStatus, run_dir: &Path) -> Result<()> {
     match status.state {
+        // Relaunched after its end: no step ran, so there is no loss to show.
+        JobState::Completed if status.loss.is_nan() => {
+            println!("done: {}; metrics, events and plots in {}", status.message, run_dir.display());
+            Ok(())
+        }
         JobState::Completed => {
             println!(
                 "done: {} steps, final loss {:.4}; metrics, events and plots in {}",
@@ -320,6 +325,17 @@ async fn launch(
         std::fs::write(run_dir.join("coordinator.metrics-addr"), metrics.to_string())?;
     }
     let client = Client::new(ClientConfig::new(vec![address.clone()], admin, None))?;
+    // A launch killed before its job ended left that job in the coordinator's log: stop it, so
+    // that it neither waits for workers nor writes to the run record beside this launch's job.
+    for earlier in client.list_jobs().await? {
+        if !earlier.state.is_terminal() {
+            client.stop_job(&earlier.job_id).await?;
+            eprintln!(
+                "stopped job {}, left running by an earlier launch of this run directory",
+                earlier.job_id
+            );
+        }
+    }
     let submitted = match client.submit(&submission(&job, bundle, start_over)?).await {
         Ok(submitted) => submitted,
         Err(e) => {

@@ -770,6 +770,14 @@ impl ClusterState {
             None => format!("starting at step 0, line {}", job.line),
         };
         job.event(submit.unix, "resume", start);
+        if let Some(last) = job.checkpoints.last()
+            && last.record.step >= job.shape.total_steps
+        {
+            // Relaunched after its end: the checkpoint is the final state, nothing is left to do.
+            let message =
+                format!("all {} steps were done: {} is the final state", job.shape.total_steps, last.uri);
+            job.complete(submit.unix, message);
+        }
         self.jobs.insert(id.clone(), job);
         Response::JobSubmitted { job_id: id }
     }
@@ -992,6 +1000,7 @@ pub(crate) mod tests {
             catalog: vec![entry(40, "r1.s1g1"), entry(50, "r1.s1g1")],
             passed_over: vec![passed],
         };
+        let submit_again = submit.clone();
         let Response::JobSubmitted { job_id } = state.apply(Command::SubmitJob(Box::new(submit))) else {
             panic!("not submitted")
         };
@@ -1006,6 +1015,15 @@ pub(crate) mod tests {
         let w = register(&mut state, &job_id, "i1");
         form(&mut state, &job_id, 1, vec![member(&w, vec![0, 1])]);
         assert_eq!(state.jobs[&job_id].save_id(), "r1.s2g1");
+
+        // Relaunched once its last step is saved: done at once, nothing written.
+        let mut done = SubmitJob { catalog: vec![entry(70, "r1.s2g1")], passed_over: vec![], ..submit_again };
+        done.attempt = "s3".into();
+        let Response::JobSubmitted { job_id } = state.apply(Command::SubmitJob(Box::new(done))) else {
+            panic!("not submitted")
+        };
+        assert_eq!(state.jobs[&job_id].state, JobState::Completed);
+        assert!(state.jobs[&job_id].message.contains("final state"), "{}", state.jobs[&job_id].message);
     }
 
     #[test]
