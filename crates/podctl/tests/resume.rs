@@ -236,10 +236,9 @@ impl Run {
 }
 
 /// The scenario of issue 20: an uninterrupted run of `steps`; the same job killed once `kill_at`
-/// steps are committed (before its last save), the newest checkpoint (`steps - every`... the one
-/// before the kill) corrupted, then launched again: it resumes from the one before, reports the
-/// corrupt one and ends bitwise equal. Returns the interrupted job's spec and its corrupt
-/// checkpoint.
+/// steps are committed (before its last save), its newest checkpoint then corrupted, and the job
+/// launched again: it resumes from the checkpoint before, reports the corrupt one and ends
+/// bitwise equal. Returns the interrupted job's spec and its corrupt checkpoint.
 fn killed_corrupted_and_resumed(
     place: &Place,
     dir: &Path,
@@ -257,10 +256,13 @@ fn killed_corrupted_and_resumed(
     let started = Instant::now();
     let spec = write_spec(dir, "killed", &body("killed", steps), every);
     let run = place.start(&spec, &[]);
-    wait_for(&format!("step {kill_at}"), || place.step(&spec) >= kill_at);
-    run.kill();
     let root = checkpoints(&spec);
     let newest = kill_at / every * every;
+    // A save commits in the background, a step or two after its step.
+    wait_for(&format!("step {kill_at} and the checkpoint of step {newest}"), || {
+        place.step(&spec) >= kill_at && !of_step(&root, newest).is_empty()
+    });
+    run.kill();
     assert!(of_step(&root, steps).is_empty(), "the kill came too late: step {steps} is saved");
     let corrupt = of_step(&root, newest).pop().unwrap_or_else(|| panic!("no checkpoint of step {newest}"));
     flip_a_byte(&corrupt);
@@ -325,7 +327,9 @@ fn workers_that_find_their_checkpoint_corrupt_make_the_job_restore_an_older_one(
     let started = Instant::now();
     let spec = write_spec(dir, "lost", &sft("lost", 30, 9), 10);
     let run = Place::Local.start(&spec, &[]);
-    wait_for("step 25", || Place::Local.step(&spec) >= 25);
+    wait_for("step 25 and the checkpoint of step 20", || {
+        Place::Local.step(&spec) >= 25 && !of_step(&checkpoints(&spec), 20).is_empty()
+    });
     let pids: Vec<u32> = (0..2)
         .map(|s| std::fs::read_to_string(run_dir(&spec).join(format!("workers/slice-{s}.pid"))).unwrap())
         .map(|p| p.trim().parse().unwrap())
@@ -356,7 +360,7 @@ fn workers_that_find_their_checkpoint_corrupt_make_the_job_restore_an_older_one(
 fn a_grpo_relaunch_resumes_from_the_newest_checkpoint_that_verifies() {
     let dir = tempfile::tempdir().unwrap();
     let body = |name: &str, steps: u64| grpo(name, steps, 5);
-    killed_corrupted_and_resumed(&Place::Local, dir.path(), &body, 8, 2, 7);
+    killed_corrupted_and_resumed(&Place::Local, dir.path(), &body, 10, 2, 7);
 }
 
 const ADMIN: &str = "resume-test-admin-token-0123456789";
