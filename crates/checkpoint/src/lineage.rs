@@ -33,6 +33,31 @@ pub fn line_of(save_id: &str) -> &str {
     save_id.split_once('.').map_or("", |(line, _)| line)
 }
 
+/// How a checkpoint's manifest differs from the identity a job records in its saves (under
+/// [`IDENTITY_KEY`]), if it does: the checkpoint is then another job's. A checkpoint written
+/// before saves recorded an identity is compared by its data order's seed alone.
+pub fn identity_difference(manifest: &crate::Manifest, wanted: &serde_json::Value) -> Option<String> {
+    let Some(recorded) = manifest.metadata.get(IDENTITY_KEY) else {
+        let seed = manifest.data_position.seed;
+        return (wanted.get("seed").and_then(|s| s.as_u64()) != Some(seed)).then(|| {
+            format!("seed {seed}, this job's {}", wanted.get("seed").unwrap_or(&serde_json::Value::Null))
+        });
+    };
+    let (Some(recorded), Some(wanted)) = (recorded.as_object(), wanted.as_object()) else {
+        return (recorded != wanted).then(|| format!("{recorded}, this job's {wanted}"));
+    };
+    let keys: std::collections::BTreeSet<&String> = recorded.keys().chain(wanted.keys()).collect();
+    let null = serde_json::Value::Null;
+    let differences: Vec<String> = keys
+        .into_iter()
+        .filter_map(|k| {
+            let (r, w) = (recorded.get(k).unwrap_or(&null), wanted.get(k).unwrap_or(&null));
+            (r != w).then(|| format!("{k} {r}, this job's {w}"))
+        })
+        .collect();
+    (!differences.is_empty()).then(|| differences.join("; "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -105,7 +105,7 @@ pub fn run(
                 node,
             },
         };
-        return crate::local::run(&job, &bundle, cluster);
+        return crate::local::run(&job, &bundle, cluster, resume == Resume::StartOver);
     }
     let plugin = plugin.expect("loaded above: not remote");
     crate::single::run(&job, &bundle, plugin, resume, parameters)

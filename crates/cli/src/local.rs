@@ -37,7 +37,9 @@ pub enum Cluster<'a> {
     Remote(ConnectArgs),
 }
 
-pub fn run(job: &JobSpec, bundle: &Bundle, cluster: Cluster) -> Result<()> {
+/// Runs `job` where `cluster` says; `start_over` begins a new line of checkpoints beside what
+/// the job's root holds instead of resuming (the coordinator applies the resume rule).
+pub fn run(job: &JobSpec, bundle: &Bundle, cluster: Cluster, start_over: bool) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -46,16 +48,21 @@ pub fn run(job: &JobSpec, bundle: &Bundle, cluster: Cluster) -> Result<()> {
     runtime.block_on(async {
         match cluster {
             Cluster::Local { plugin, compile_cache, node } => {
-                launch(job, bundle, &plugin, &compile_cache, node).await
+                launch(job, bundle, &plugin, &compile_cache, node, start_over).await
             }
-            Cluster::Remote(connect) => submit_remote(job, bundle, &connect).await,
+            Cluster::Remote(connect) => submit_remote(job, bundle, &connect, start_over).await,
         }
     })
 }
 
 /// Submits the job to a cluster and follows it; the job token goes to `<run>/job-token` (mode
 /// 0600) for the workers.
-async fn submit_remote(job: &JobSpec, bundle: &Bundle, connect: &ConnectArgs) -> Result<()> {
+async fn submit_remote(
+    job: &JobSpec,
+    bundle: &Bundle,
+    connect: &ConnectArgs,
+    start_over: bool,
+) -> Result<()> {
     let run_dir = std::path::absolute(job.output_dir())?;
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     let connection = connect.connect().await?;
@@ -64,14 +71,54 @@ async fn submit_remote(job: &JobSpec, bundle: &Bundle, connect: &ConnectArgs) ->
     // checkpoint root from it.
     let mut job = job.clone();
     job.output = Some(run_dir.clone());
-    let mut submission = submission(&job, bundle)?;
+    let mut submission = submission(&job, bundle, start_over)?;
     submission.bundle_uri = publish_bundle(&job, bundle, connect.kube_context.is_some()).await?;
     let submitted = client.submit(&submission).await?;
     let token_path = run_dir.join("job-token");
     write_private(&token_path, &submitted.job_token)?;
     println!("job {} submitted; its workers' token is in {}", submitted.job_id, token_path.display());
+    if connect.kube_context.is_none() {
+        println!("start one worker on each of its {} hosts (slice 0 to {}):", job.mesh.dcn, job.mesh.dcn - 1);
+        println!("  {}", worker_command(&submitted.job_id, connect, &token_path));
+    }
     let status = follow(&client, &submitted.job_id, None, job.steps).await?;
     ended(&status, &run_dir)
+}
+
+/// The `podctl worker` command a host of a cluster runs for `job_id`, with the addresses and
+/// TLS flags of this launch filled in; what only the host knows is left as `<...>`.
+fn worker_command(job_id: &str, connect: &ConnectArgs, token_file: &Path) -> String {
+    let mut words = vec![
+        "podctl worker".to_string(),
+        format!("--job {job_id}"),
+        format!("--coordinator {}", connect.coordinator.join(",")),
+    ];
+    let path = |p: &Path| p.display().to_string();
+    match (&connect.tls_dir, &connect.ca) {
+        _ if connect.insecure_plaintext => words.push("--insecure-plaintext".into()),
+        (Some(dir), _) => words.push(format!("--tls-dir {}", path(dir))),
+        (None, ca) => {
+            words.push(format!("--ca {}", ca.as_deref().map_or("<ca.pem>".into(), path)));
+            // A worker needs a client certificate when the coordinators ask for mutual TLS.
+            let cert = connect.cert.as_deref().map_or("<client.pem>".into(), path);
+            let key = connect.key.as_deref().map_or("<client.key>".into(), path);
+            words.push(format!("--cert {cert} --key {key}"));
+        }
+    }
+    words.push(format!("--token-file {}", path(token_file)));
+    words.push("--slice <0..> --plugin <PJRT plugin .so>".into());
+    words.join(" ")
+}
+
+/// A job event as the launch prints it: `step S: kind detail`, without the kind when the detail
+/// already begins with it (`generation 1 from step 0 ...`) and without a trailing space.
+fn event_line(step: u64, kind: &str, detail: &str) -> String {
+    let starts_with_kind = detail.strip_prefix(kind).is_some_and(|rest| rest.starts_with(' '));
+    match detail {
+        "" => format!("step {step}: {kind}"),
+        _ if starts_with_kind => format!("step {step}: {detail}"),
+        _ => format!("step {step}: {kind} {detail}"),
+    }
 }
 
 fn write_private(path: &Path, text: &str) -> Result<()> {
@@ -115,16 +162,22 @@ pub async fn publish_bundle(job: &JobSpec, bundle: &Bundle, kubernetes: bool) ->
 }
 
 /// The job with its bundle on this machine; the coordinator decides its checkpoint root.
-fn submission(job: &JobSpec, bundle: &Bundle) -> Result<Submission> {
+fn submission(job: &JobSpec, bundle: &Bundle, start_over: bool) -> Result<Submission> {
     Ok(Submission {
         spec_yaml: job.to_yaml(),
         bundle_uri: format!("file://{}", std::path::absolute(bundle.dir())?.display()),
         bundle_id: bundle.id().to_string(),
+        start_over,
     })
 }
 
 fn ended(status: &JobStatus, run_dir: &Path) -> Result<()> {
     match status.state {
+        // Relaunched after its end: no step ran, so there is no loss to show.
+        JobState::Completed if status.loss.is_nan() => {
+            println!("done: {}; metrics, events and plots in {}", status.message, run_dir.display());
+            Ok(())
+        }
         JobState::Completed => {
             println!(
                 "done: {} steps, final loss {:.4}; metrics, events and plots in {}",
@@ -250,6 +303,7 @@ async fn launch(
     plugin: &Path,
     compile_cache: &Path,
     node: &dyn StartNode,
+    start_over: bool,
 ) -> Result<()> {
     let run_dir = std::path::absolute(job.output_dir())?;
     let logs = run_dir.join("workers");
@@ -271,7 +325,24 @@ async fn launch(
         std::fs::write(run_dir.join("coordinator.metrics-addr"), metrics.to_string())?;
     }
     let client = Client::new(ClientConfig::new(vec![address.clone()], admin, None))?;
-    let submitted = client.submit(&submission(&job, bundle)?).await?;
+    // A launch killed before its job ended left that job in the coordinator's log: stop it, so
+    // that it neither waits for workers nor writes to the run record beside this launch's job.
+    for earlier in client.list_jobs().await? {
+        if !earlier.state.is_terminal() {
+            client.stop_job(&earlier.job_id).await?;
+            eprintln!(
+                "stopped job {}, left running by an earlier launch of this run directory",
+                earlier.job_id
+            );
+        }
+    }
+    let submitted = match client.submit(&submission(&job, bundle, start_over)?).await {
+        Ok(submitted) => submitted,
+        Err(e) => {
+            node.stop().await.context("stopping the embedded coordinator")?;
+            return Err(e.into());
+        }
+    };
     write_private(&run_dir.join("job-token"), &submitted.job_token)?;
     println!("coordinator {address}, job {}, run directory {}", submitted.job_id, run_dir.display());
     println!(
@@ -324,7 +395,8 @@ async fn follow(
     }
     let mut ctrl_c = std::pin::pin!(tokio::signal::ctrl_c());
     let mut events_after = 0f64;
-    let mut last_printed = 0u64;
+    // The step the job starts at (a resumed job's is its checkpoint's), then the last printed.
+    let mut last_printed: Option<u64> = None;
     loop {
         tokio::select! {
             _ = &mut ctrl_c => {
@@ -337,7 +409,7 @@ async fn follow(
         // Events arrive most recent last (the last 50): print the ones not seen yet.
         let seen = events_after;
         for event in status.events.iter().filter(|e| e.unix_seconds > seen) {
-            bar.suspend(|| eprintln!("step {}: {} {}", event.step, event.kind, event.detail));
+            bar.suspend(|| eprintln!("{}", event_line(event.step, &event.kind, &event.detail)));
             events_after = event.unix_seconds;
         }
         bar.set_position(status.step);
@@ -348,7 +420,8 @@ async fn follow(
             status.generation,
             status.state
         ));
-        if bar.is_hidden() && status.step >= last_printed + (total / 20).max(1) {
+        let last = *last_printed.get_or_insert(status.step);
+        if bar.is_hidden() && status.step >= last + (total / 20).max(1) {
             eprintln!(
                 "step {}/{} loss {:.4} {}",
                 status.step,
@@ -356,7 +429,7 @@ async fn follow(
                 status.loss,
                 human_rate(status.tokens_per_second)
             );
-            last_printed = status.step;
+            last_printed = Some(status.step);
         }
         if status.state.is_terminal() {
             bar.finish_and_clear();
@@ -365,5 +438,52 @@ async fn follow(
         if let Some(workers) = workers.as_deref_mut() {
             tokio::task::block_in_place(|| workers.supervise(&bar))?;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_print_without_a_repeated_kind_or_a_trailing_space() {
+        assert_eq!(event_line(0, "submitted", ""), "step 0: submitted");
+        assert_eq!(
+            event_line(0, "generation", "generation 1 from step 0 (2 workers)"),
+            "step 0: generation 1 from step 0 (2 workers)"
+        );
+        assert_eq!(
+            event_line(50, "resume", "resuming from step 50"),
+            "step 50: resume resuming from step 50"
+        );
+        assert_eq!(event_line(3, "generations", "generation"), "step 3: generations generation");
+    }
+
+    #[test]
+    fn the_worker_command_carries_the_launch_s_addresses_and_tls() {
+        let mut connect = ConnectArgs {
+            coordinator: vec!["10.0.0.1:7001".into(), "10.0.0.2:7001".into()],
+            kube_context: None,
+            kube_namespace: None,
+            token: None,
+            token_file: None,
+            ca: Some("/tls/ca.pem".into()),
+            cert: None,
+            key: None,
+            tls_dir: None,
+            insecure_plaintext: false,
+        };
+        let token = Path::new("/runs/j/job-token");
+        let command = worker_command("j-1", &connect, token);
+        assert_eq!(
+            command,
+            "podctl worker --job j-1 --coordinator 10.0.0.1:7001,10.0.0.2:7001 --ca /tls/ca.pem \
+             --cert <client.pem> --key <client.key> --token-file /runs/j/job-token --slice <0..> \
+             --plugin <PJRT plugin .so>"
+        );
+        connect.tls_dir = Some("/tls".into());
+        assert!(worker_command("j-1", &connect, token).contains(" --tls-dir /tls --token-file"));
+        connect.insecure_plaintext = true;
+        assert!(worker_command("j-1", &connect, token).contains(" --insecure-plaintext --token-file"));
     }
 }

@@ -9,6 +9,10 @@ use futures::stream::{BoxStream, StreamExt};
 use proto::v1::{self, cluster_client::ClusterClient};
 use std::collections::BTreeMap;
 
+/// How long a submission may take: the leader lists the job's checkpoint root and reads every
+/// chunk of the checkpoint the job resumes from before it answers.
+const SUBMIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// Where a job is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum JobState {
@@ -199,6 +203,9 @@ pub struct Submission {
     pub bundle_uri: String,
     /// The bundle's identity (hex SHA-256), checked by workers.
     pub bundle_id: String,
+    /// Begin a new line of checkpoints beside what the job's root holds instead of resuming
+    /// from its newest verified checkpoint.
+    pub start_over: bool,
 }
 
 /// A submitted job.
@@ -331,11 +338,13 @@ impl From<v1::ClusterInfo> for ClusterInfo {
 impl Client {
     /// Submits a job (admin token). Retried only when the refusal shows nothing was done.
     pub async fn submit(&self, job: &Submission) -> Result<Submitted, ClientError> {
-        let t = self.timeout();
+        // The leader verifies the checkpoint it resumes from (every chunk) before it answers.
+        let t = SUBMIT_TIMEOUT.max(self.timeout());
         let request = v1::SubmitJobRequest {
             spec_yaml: job.spec_yaml.clone(),
             bundle_uri: job.bundle_uri.clone(),
             bundle_id: job.bundle_id.clone(),
+            start_over: job.start_over,
         };
         let answer = self
             .call("Jobs.Submit", false, t, |c| {

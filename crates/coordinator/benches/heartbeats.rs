@@ -84,7 +84,12 @@ async fn run(n: usize, window: Duration, dir: &Path, addrs: &[String], nodes: &[
         dir.join("run").display()
     );
     let job = admin
-        .submit(&client::Submission { spec_yaml: spec, bundle_uri: String::new(), bundle_id: "00".into() })
+        .submit(&client::Submission {
+            spec_yaml: spec,
+            bundle_uri: String::new(),
+            bundle_id: "00".into(),
+            start_over: false,
+        })
         .await
         .expect("submits");
     let clients: Vec<Client> = (0..n.div_ceil(SESSIONS_PER_CONNECTION))

@@ -21,6 +21,9 @@ use std::time::Duration;
 
 /// Longest time one checkpoint finalization may take (manifest write, commit, marker, GC).
 const FINALIZE_TIMEOUT: Duration = Duration::from_secs(120);
+/// Longest time the resume rule may take at submission (listing the root, reading every chunk
+/// of the checkpoint resumed from). The client's submission waits longer.
+const RESUME_SCAN_TIMEOUT: Duration = Duration::from_secs(240);
 
 /// Why a job operation did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +34,12 @@ pub enum JobError {
     /// The submitted spec is not valid.
     #[error("{0}")]
     InvalidSpec(String),
+    /// The checkpoint root's newest line is another job's (the message names `--start-over`).
+    #[error("{0}")]
+    ForeignRoot(String),
+    /// The checkpoint root could not be read to decide where the job resumes.
+    #[error("{0}")]
+    Resume(String),
     /// The cluster holds as many jobs as it may.
     #[error("{0}")]
     Full(String),
@@ -81,6 +90,52 @@ fn new_token() -> Result<String, JobError> {
     Ok(hex::encode(bytes))
 }
 
+/// Eight hex digits, unique per submission in practice: the attempt part of its save ids.
+fn new_nonce() -> Result<String, JobError> {
+    let mut bytes = [0u8; 4];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| JobError::Internal(format!("no randomness for a save id: {e}")))?;
+    Ok(hex::encode(bytes))
+}
+
+/// The resume rule over the job's root (nothing to find without checkpoints), bounded in time.
+async fn find_resume(
+    ctx: &Ctx,
+    spec: &job::JobSpec,
+    checkpoint_uri: &str,
+    start_over: bool,
+) -> Result<crate::resume::Found, JobError> {
+    let now_ms = (unix_now() * 1000.0) as u64;
+    if spec.checkpoint.is_none() || checkpoint_uri.is_empty() {
+        return Ok(crate::resume::Found {
+            line: checkpoint::lineage::new_line(now_ms),
+            ..Default::default()
+        });
+    }
+    let storage = checkpoint::Storage::open(checkpoint_uri, &ctx.config.store_options)
+        .map_err(|e| JobError::InvalidSpec(format!("checkpoint root {checkpoint_uri}: {e}")))?;
+    let identity = spec.checkpoint_identity();
+    // On a blocking thread of its own: the checkpoint crate's verification future is not `Send`
+    // (a closure over borrowed read jobs), which a gRPC handler's future must be.
+    let runtime = tokio::runtime::Handle::current();
+    let find = tokio::task::spawn_blocking(move || {
+        runtime.block_on(async {
+            let find = crate::resume::find(&storage, &identity, start_over, now_ms);
+            tokio::time::timeout(RESUME_SCAN_TIMEOUT, find).await
+        })
+    });
+    match find.await.map_err(|e| JobError::Internal(format!("the resume rule stopped: {e}")))? {
+        Ok(Ok(found)) => Ok(found),
+        Ok(Err(e @ crate::resume::ResumeError::ForeignRoot { .. })) => {
+            Err(JobError::ForeignRoot(e.to_string()))
+        }
+        Ok(Err(e)) => Err(JobError::Resume(e.to_string())),
+        Err(_) => Err(JobError::Resume(format!(
+            "verifying the checkpoints under {checkpoint_uri} took over {RESUME_SCAN_TIMEOUT:?}"
+        ))),
+    }
+}
+
 /// A submitted job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Submitted {
@@ -90,28 +145,53 @@ pub struct Submitted {
     pub token: String,
 }
 
+/// What is submitted.
+#[derive(Debug, Clone, Default)]
+pub struct Submission {
+    /// The job spec as written.
+    pub spec_yaml: String,
+    /// Where workers find the bundle.
+    pub bundle_uri: String,
+    /// The bundle's identity.
+    pub bundle_id: String,
+    /// The Kubernetes declaration it comes from (empty through the API).
+    pub source: String,
+    /// Begin a new line of checkpoints beside what the root holds instead of resuming.
+    pub start_over: bool,
+}
+
 /// Submits a job on the leader: checks the spec, derives its shape and its checkpoint root,
-/// proposes it. `source` is the Kubernetes declaration it comes from (empty through the API);
-/// the state machine keeps one job per declaration.
-pub async fn submit(
-    ctx: &Ctx,
-    spec_yaml: String,
-    bundle_uri: String,
-    bundle_id: String,
-    source: String,
-) -> Result<Submitted, JobError> {
+/// applies the resume rule to the root ([`crate::resume`]), proposes it. The state machine
+/// keeps one job per Kubernetes declaration.
+pub async fn submit(ctx: &Ctx, submission: Submission) -> Result<Submitted, JobError> {
+    let Submission { spec_yaml, bundle_uri, bundle_id, source, start_over } = submission;
     let spec = job::JobSpec::from_yaml(&spec_yaml, std::path::Path::new("<submitted spec>"))
         .map_err(|e| JobError::InvalidSpec(e.to_string()))?;
+    let checkpoint_uri = spec.checkpoint_uri().unwrap_or_default();
+    let found = find_resume(ctx, &spec, &checkpoint_uri, start_over).await?;
+    if let Some(resumed) = found.resumed()
+        && resumed.record.step > spec.steps
+    {
+        return Err(JobError::InvalidSpec(format!(
+            "checkpoint {} is at step {}, past the job's {} steps; raise `steps`, or launch with \
+             --start-over to train afresh beside it",
+            resumed.uri, resumed.record.step, spec.steps
+        )));
+    }
     let token = new_token()?;
     let submit = SubmitJob {
         shape: shape_of(&spec)?,
-        checkpoint_uri: spec.checkpoint_uri().unwrap_or_default(),
+        checkpoint_uri,
         spec_yaml,
         bundle_uri,
         bundle_id,
         token_sha256: hex::encode(Sha256::digest(token.as_bytes())),
         unix: unix_now(),
         source,
+        line: found.line,
+        attempt: format!("s{}", new_nonce()?),
+        catalog: found.catalog,
+        passed_over: found.passed_over,
     };
     match ctx.propose(Command::SubmitJob(Box::new(submit))).await? {
         Response::JobSubmitted { job_id } => Ok(Submitted { job_id, token }),
@@ -213,6 +293,8 @@ async fn finalize(ctx: &Arc<Ctx>, job: &Job, save: PendingSave) -> Result<String
     let retention = checkpoint::Retention {
         keep_last: job.shape.keep_last as usize,
         keep_every: job.shape.keep_every,
+        // Scoped to the job's line through the log: the catalog holds the line's checkpoints up
+        // to the one resumed from and the job's own saves, never another line's.
         ..Default::default()
     };
     if let Err(e) = checkpoint::gc(&storage, &log, &retention, &active).await {

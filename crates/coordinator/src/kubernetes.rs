@@ -146,7 +146,9 @@ impl ControlPlane for Plane {
         let Declaration { spec_yaml, bundle_uri, bundle_id } = declaration.clone();
         let source = source.to_string();
         async move {
-            crate::jobs::submit(&ctx, spec_yaml, bundle_uri, bundle_id, source)
+            let submission =
+                crate::jobs::Submission { spec_yaml, bundle_uri, bundle_id, source, start_over: false };
+            crate::jobs::submit(&ctx, submission)
                 .await
                 .map(|submitted| submitted.job_id)
                 .map_err(|e| e.to_string())

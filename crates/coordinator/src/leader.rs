@@ -90,6 +90,7 @@ pub fn assignment(job: &Job, member: &MemberPlan) -> v1::Assignment {
         checkpoint_uri: job.checkpoint_uri.clone(),
         start_step: job.start_step,
         resume: Some(v1::Resume { source: Some(source) }),
+        save_id: job.save_id(),
     }
 }
 

@@ -18,6 +18,8 @@
 //! - [`ctx`]: [`ctx::Ctx`], what everything below shares (Raft, the applied state, the leader's
 //!   memory, the configuration), and its typed refusal [`ctx::NotServing`].
 //! - [`leader`]: the leader loop, which turns decisions into proposals and directives.
+//! - [`resume`]: the resume rule at submission: the newest committed checkpoint under the job's
+//!   root that verifies, the line its saves continue, what was passed over and why.
 //! - [`jobs`]: submitting and stopping a job, and committing a checkpoint once every member
 //!   reported ([`jobs::RaftCommitLog`]); the checkpoint root is decided at submission. Typed
 //!   refusals ([`jobs::JobError`]).
@@ -71,6 +73,7 @@ pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod recorder;
+pub mod resume;
 pub mod state;
 pub mod store;
 pub mod tls;

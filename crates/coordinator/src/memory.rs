@@ -92,14 +92,20 @@ impl LeaderState {
         }
     }
 
-    /// Sends a directive to a worker's session, dropping the session if it does not keep up.
+    /// Sends a directive to a worker's session, dropping the session if it does not keep up or
+    /// the worker hung up (which is no fault: a worker leaves once the job is done).
     pub fn send(&mut self, worker_id: &str, directive: Directive) {
-        if let Some(session) = self.sessions.get(worker_id)
-            && session.tx.try_send(directive).is_err()
-        {
-            tracing::warn!(worker_id, "session does not keep up with directives; closing it");
-            self.sessions.remove(worker_id);
+        let Some(session) = self.sessions.get(worker_id) else { return };
+        match session.tx.try_send(directive) {
+            Ok(()) => return,
+            Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => {
+                tracing::warn!(worker_id, "session does not keep up with directives; closing it");
+            }
+            Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => {
+                tracing::debug!(worker_id, "the worker closed its session");
+            }
         }
+        self.sessions.remove(worker_id);
     }
 }
 

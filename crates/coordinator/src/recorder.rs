@@ -92,7 +92,17 @@ fn write(
     let record = records.get_mut(&job_id).expect("inserted above");
     let step = job.committed_step;
     match command {
-        Command::SubmitJob(_) => record.event("submitted", 0, json!({"job_id": job_id}))?,
+        Command::SubmitJob(submit) => {
+            record.event("submitted", step, json!({"job_id": job_id}))?;
+            for passed in &submit.passed_over {
+                record.event("passed_over", step, json!({"uri": passed.uri, "reason": passed.reason}))?;
+            }
+            let from = submit.catalog.last().map(|c| &c.uri);
+            record.event("resume", step, json!({"from": from, "line": submit.line}))?
+        }
+        Command::PassOverCheckpoint { uri, reason, .. } => {
+            record.event("passed_over", step, json!({"uri": uri, "reason": reason}))?
+        }
         Command::RegisterWorker(r) => record.event("joined", step, json!({"host": r.record.host}))?,
         Command::BeginGeneration { generation, reason, removed, .. } => {
             let kind = if reason.contains("preempted") {

@@ -151,6 +151,18 @@ pub struct CheckpointEntry {
     pub bytes: u64,
 }
 
+/// A committed checkpoint the resume rule did not take at submission, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PassedOver {
+    /// Its step.
+    pub step: u64,
+    /// Its directory.
+    pub uri: String,
+    /// Why: the error that refused it (a chunk whose CRC does not match, naming the object and
+    /// byte range), or that it is another job's.
+    pub reason: String,
+}
+
 /// Something that happened to a job, for `podctl status` and the run record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobEvent {
@@ -203,6 +215,12 @@ pub struct Job {
     /// The Kubernetes declaration it came from; empty when submitted through the API.
     #[serde(default)]
     pub source: String,
+    /// The line of checkpoints its saves continue or begin (`checkpoint::lineage`).
+    #[serde(default)]
+    pub line: String,
+    /// Its submission's part of every save id; see [`Job::save_id`].
+    #[serde(default)]
+    pub attempt: String,
     /// Where it is in its life.
     pub state: JobState,
     /// Why it failed, or what it waits for.
@@ -238,6 +256,12 @@ impl Job {
     /// Registered workers that were not removed, by id.
     pub fn active_workers(&self) -> impl Iterator<Item = (&String, &WorkerRecord)> {
         self.workers.iter().filter(|(_, w)| !w.removed)
+    }
+
+    /// The save id of the current generation's saves: `<line>.<attempt>g<generation>`, unique
+    /// per submission and generation, so no committed directory is ever written twice.
+    pub fn save_id(&self) -> String {
+        checkpoint::lineage::save_id(&self.line, &format!("{}g{}", self.attempt, self.generation))
     }
 
     /// The newest committed checkpoint.
@@ -313,6 +337,19 @@ pub struct SubmitJob {
     /// submitted through the API. At most one job per declaration.
     #[serde(default)]
     pub source: String,
+    /// The line of checkpoints the job's saves continue or begin (`checkpoint::lineage`).
+    #[serde(default)]
+    pub line: String,
+    /// This submission's part of every save id (`s<nonce>`), unique per submission.
+    #[serde(default)]
+    pub attempt: String,
+    /// The line's committed checkpoints up to the one the job resumes from (the last), oldest
+    /// first; empty for a fresh start.
+    #[serde(default)]
+    pub catalog: Vec<CheckpointEntry>,
+    /// Newer committed checkpoints the resume rule passed over, newest first.
+    #[serde(default)]
+    pub passed_over: Vec<PassedOver>,
 }
 
 /// A registration.
@@ -395,6 +432,18 @@ pub enum Command {
         /// Its save id.
         save_id: String,
     },
+    /// A worker's restore of a checkpoint failed its integrity check: the checkpoint leaves the
+    /// catalog, and the next generation plans from an older one.
+    PassOverCheckpoint {
+        /// The job.
+        job_id: String,
+        /// The checkpoint's directory.
+        uri: String,
+        /// Why (the worker's error: the object, chunk and CRCs).
+        reason: String,
+        /// When.
+        unix: f64,
+    },
     /// A user stopped the job.
     StopJob {
         /// The job.
@@ -444,6 +493,7 @@ impl Command {
             | Self::CommitStep { job_id, .. }
             | Self::CommitCheckpoint { job_id, .. }
             | Self::ForgetCheckpoint { job_id, .. }
+            | Self::PassOverCheckpoint { job_id, .. }
             | Self::StopJob { job_id, .. }
             | Self::CompleteJob { job_id, .. }
             | Self::FailJob { job_id, .. }
@@ -637,6 +687,18 @@ impl ClusterState {
                 job.checkpoints.retain(|c| !(c.record.step == step && c.record.save_id == save_id));
                 Response::Applied
             }
+            Command::PassOverCheckpoint { uri, reason, unix, .. } => {
+                // Every member that restored it reports it; the first one counts.
+                if let Some(at) = job.checkpoints.iter().position(|c| c.uri == uri) {
+                    let passed = job.checkpoints.remove(at);
+                    job.event(
+                        unix,
+                        "passed_over",
+                        format!("checkpoint of step {} ({uri}): {reason}", passed.record.step),
+                    );
+                }
+                Response::Applied
+            }
             Command::StopJob { unix, .. } => {
                 job.state = JobState::Stopped;
                 job.message = "stopped by a user".into();
@@ -683,6 +745,8 @@ impl ClusterState {
             checkpoint_uri: submit.checkpoint_uri,
             token_sha256: submit.token_sha256,
             source: submit.source.clone(),
+            line: submit.line,
+            attempt: submit.attempt,
             state: JobState::Pending,
             message: "waiting for workers".into(),
             submitted_unix: submit.unix,
@@ -691,9 +755,10 @@ impl ClusterState {
             generation: 0,
             members: Vec::new(),
             start_step: 0,
-            committed_step: 0,
+            // A resumed job has done the steps of the checkpoint it resumes from.
+            committed_step: submit.catalog.last().map_or(0, |c| c.record.step),
             last_step: None,
-            checkpoints: Vec::new(),
+            checkpoints: submit.catalog,
             events: VecDeque::new(),
         };
         let detail = match submit.source.is_empty() {
@@ -701,6 +766,26 @@ impl ClusterState {
             false => format!("declared by {}", submit.source),
         };
         job.event(submit.unix, "submitted", detail);
+        for passed in &submit.passed_over {
+            job.event(
+                submit.unix,
+                "passed_over",
+                format!("checkpoint of step {} ({}): {}", passed.step, passed.uri, passed.reason),
+            );
+        }
+        let start = match job.checkpoints.last() {
+            Some(c) => format!("resuming from step {} ({}), line {}", c.record.step, c.uri, job.line),
+            None => format!("starting at step 0, line {}", job.line),
+        };
+        job.event(submit.unix, "resume", start);
+        if let Some(last) = job.checkpoints.last()
+            && last.record.step >= job.shape.total_steps
+        {
+            // Relaunched after its end: the checkpoint is the final state, nothing is left to do.
+            let message =
+                format!("all {} steps were done: {} is the final state", job.shape.total_steps, last.uri);
+            job.complete(submit.unix, message);
+        }
         self.jobs.insert(id.clone(), job);
         Response::JobSubmitted { job_id: id }
     }
@@ -783,6 +868,10 @@ pub(crate) mod tests {
             token_sha256: "ab".into(),
             unix: 1.0,
             source: String::new(),
+            line: String::new(),
+            attempt: String::new(),
+            catalog: Vec::new(),
+            passed_over: Vec::new(),
         }));
         match state.apply(command) {
             Response::JobSubmitted { job_id } => job_id,
@@ -869,6 +958,10 @@ pub(crate) mod tests {
                 token_sha256: String::new(),
                 unix: 0.0,
                 source: source.into(),
+                line: String::new(),
+                attempt: String::new(),
+                catalog: Vec::new(),
+                passed_over: Vec::new(),
             }))
         };
         let first = state.apply(declared("configmap/a/u1"));
@@ -885,6 +978,63 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_resumed_submission_starts_at_its_checkpoint_and_names_its_saves_uniquely() {
+        let mut state = ClusterState::default();
+        let entry = |step: u64, save_id: &str| CheckpointEntry {
+            record: CommitRecord {
+                step,
+                save_id: save_id.into(),
+                bundle: "00".into(),
+                manifest_size: 1,
+                manifest_crc32c: 2,
+            },
+            uri: format!("file:///c/{step:012}-{save_id}"),
+            committed_unix: 0.0,
+            bytes: 1,
+        };
+        let passed =
+            PassedOver { step: 60, uri: "file:///c/000000000060-r1.s1g1".into(), reason: "crc".into() };
+        let submit = SubmitJob {
+            shape: shape(2, 70),
+            spec_yaml: String::new(),
+            bundle_uri: String::new(),
+            bundle_id: "00".into(),
+            checkpoint_uri: "file:///c".into(),
+            token_sha256: String::new(),
+            unix: 0.0,
+            source: String::new(),
+            line: "r1".into(),
+            attempt: "s2".into(),
+            catalog: vec![entry(40, "r1.s1g1"), entry(50, "r1.s1g1")],
+            passed_over: vec![passed],
+        };
+        let submit_again = submit.clone();
+        let Response::JobSubmitted { job_id } = state.apply(Command::SubmitJob(Box::new(submit))) else {
+            panic!("not submitted")
+        };
+        let job = &state.jobs[&job_id];
+        assert_eq!((job.committed_step, job.last_checkpoint().unwrap().record.step), (50, 50));
+        let kinds: Vec<&str> = job.events.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(kinds, ["submitted", "passed_over", "resume"]);
+        assert!(job.events[1].detail.contains("step 60") && job.events[1].detail.contains("crc"));
+        assert!(job.events[2].detail.starts_with("resuming from step 50"), "{}", job.events[2].detail);
+        // Unique per submission and generation, within the resumed line.
+        assert_eq!(job.save_id(), "r1.s2g0");
+        let w = register(&mut state, &job_id, "i1");
+        form(&mut state, &job_id, 1, vec![member(&w, vec![0, 1])]);
+        assert_eq!(state.jobs[&job_id].save_id(), "r1.s2g1");
+
+        // Relaunched once its last step is saved: done at once, nothing written.
+        let mut done = SubmitJob { catalog: vec![entry(70, "r1.s2g1")], passed_over: vec![], ..submit_again };
+        done.attempt = "s3".into();
+        let Response::JobSubmitted { job_id } = state.apply(Command::SubmitJob(Box::new(done))) else {
+            panic!("not submitted")
+        };
+        assert_eq!(state.jobs[&job_id].state, JobState::Completed);
+        assert!(state.jobs[&job_id].message.contains("final state"), "{}", state.jobs[&job_id].message);
+    }
+
+    #[test]
     fn a_checkpointing_job_completes_with_its_final_checkpoint() {
         let mut state = ClusterState::default();
         let mut submit_shape = shape(1, 2);
@@ -898,6 +1048,10 @@ pub(crate) mod tests {
             token_sha256: String::new(),
             unix: 0.0,
             source: String::new(),
+            line: String::new(),
+            attempt: String::new(),
+            catalog: Vec::new(),
+            passed_over: Vec::new(),
         }))) {
             Response::JobSubmitted { job_id } => job_id,
             other => panic!("{other:?}"),

@@ -509,8 +509,14 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
     // GitOps: the job as a manifest (its bundle is in the bucket already: nothing is uploaded),
     // valid against the Kubernetes schemas like the chart's; applied, the leader submits it once
     // and creates its pods; deleted, its job stops and the pods go.
-    let (ok, manifest, err) =
-        output(podctl(&kubeconfig, s3).arg("launch").arg(job_spec(dir, "gitops")).arg("--render"));
+    // The same job continued for 10 more steps (same root and seed: it resumes from the first
+    // job's final checkpoint; with the same steps it would be done at once, with no pods).
+    let gitops = job_spec(dir, "gitops");
+    let more = std::fs::read_to_string(&gitops)
+        .unwrap()
+        .replace(&format!("steps: {STEPS}"), &format!("steps: {}", STEPS + 10));
+    std::fs::write(&gitops, more).unwrap();
+    let (ok, manifest, err) = output(podctl(&kubeconfig, s3).arg("launch").arg(&gitops).arg("--render"));
     assert!(ok, "{err}");
     assert!(!err.contains("bundle uploaded"), "{err}");
     let report = validate(&manifest);

@@ -55,6 +55,7 @@ async fn status_logs_and_stop_against_a_local_coordinator() {
             spec_yaml: spec(dir.path()),
             bundle_uri: "file:///nowhere".into(),
             bundle_id: "00ff".into(),
+            start_over: false,
         })
         .await
         .unwrap();

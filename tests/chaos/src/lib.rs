@@ -817,8 +817,9 @@ pub fn verify(harness: &Harness, calm: &JobRun, chaos: &JobRun) -> Result<Verifi
         for (_, _, detail) in
             chaos.history.iter().filter(|(unix, kind, _)| *unix >= removed && kind == "checkpoint")
         {
+            // Save ids end in `g<generation>` (`<line>.s<nonce>g<generation>`, nonce in hex).
             let generation: u64 = detail
-                .rsplit_once("-g")
+                .rsplit_once('g')
                 .and_then(|(_, g)| g.parse().ok())
                 .with_context(|| format!("a checkpoint event without a save generation: {detail}"))?;
             if generation <= record.generation

@@ -149,8 +149,10 @@ impl Jobs for JobsService {
         let ctx = &self.0;
         caller(ctx, &request)?.require_admin("submitting a job")?;
         ctx.require_leader()?;
-        let SubmitJobRequest { spec_yaml, bundle_uri, bundle_id } = request.into_inner();
-        let submitted = crate::jobs::submit(ctx, spec_yaml, bundle_uri, bundle_id, String::new()).await?;
+        let SubmitJobRequest { spec_yaml, bundle_uri, bundle_id, start_over } = request.into_inner();
+        let submission =
+            crate::jobs::Submission { spec_yaml, bundle_uri, bundle_id, source: String::new(), start_over };
+        let submitted = crate::jobs::submit(ctx, submission).await?;
         Ok(Response::new(SubmitJobResponse { job_id: submitted.job_id, job_token: submitted.token }))
     }
 

@@ -77,7 +77,8 @@ impl From<JobError> for Status {
             JobError::NotServing(e) => e.into(),
             JobError::InvalidSpec(_) | JobError::SaveSpecDiffers { .. } => Status::invalid_argument(message),
             JobError::Full(_) => Status::resource_exhausted(message),
-            JobError::NotCommitted { .. } => Status::failed_precondition(message),
+            JobError::NotCommitted { .. } | JobError::ForeignRoot(_) => Status::failed_precondition(message),
+            JobError::Resume(_) => Status::unavailable(message),
             JobError::FinalizeTimeout(_) => Status::deadline_exceeded(message),
             JobError::Internal(_) => Status::internal(message),
         }

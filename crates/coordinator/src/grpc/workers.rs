@@ -150,33 +150,57 @@ impl WorkersService {
                     return Ok(out);
                 }
                 tracing::info!(worker_id, suspect = f.suspect_worker_id, "failed: {}", f.reason);
-                ctx.leader.with(|m| {
-                    let live = m.job_mut(&job, now);
-                    let suspect = (!f.suspect_worker_id.is_empty() && f.suspect_worker_id != worker_id)
-                        .then_some(f.suspect_worker_id.as_str())
-                        .filter(|s| live.workers.contains_key(*s));
-                    match suspect {
-                        Some(s) => {
-                            if let Some(w) = live.workers.get_mut(s) {
-                                w.out = Some(Out::Suspected {
-                                    by: worker_id.to_string(),
-                                    reason: f.reason.clone(),
-                                });
-                            }
+                if !f.corrupt_checkpoint.is_empty()
+                    && job.checkpoints.iter().any(|c| c.uri == f.corrupt_checkpoint)
+                {
+                    // The checkpoint leaves the catalog before the worker counts as failed, so the
+                    // generation planned next restores an older one.
+                    let ctx = ctx.clone();
+                    let worker_id = worker_id.to_string();
+                    tokio::spawn(async move {
+                        let command = Command::PassOverCheckpoint {
+                            job_id: job.id.clone(),
+                            uri: f.corrupt_checkpoint.clone(),
+                            reason: f.reason.clone(),
+                            unix: unix_now(),
+                        };
+                        if let Err(e) = ctx.propose(command).await {
+                            tracing::warn!(job_id = job.id, "cannot pass over {}: {e}", f.corrupt_checkpoint);
                         }
-                        None => {
-                            if let Some(w) = live.workers.get_mut(worker_id) {
-                                w.out = Some(Out::Failed(f.reason.clone()));
-                            }
-                        }
-                    }
-                });
-                ctx.leader.wake.notify_one();
+                        mark_failed(&ctx, &job, &worker_id, &f);
+                    });
+                    return Ok(out);
+                }
+                mark_failed(ctx, &job, worker_id, &f);
             }
             None => return Err(Status::invalid_argument("an empty WorkerEvent")),
         }
         Ok(out)
     }
+}
+
+/// Marks a worker that reported a failure (or the peer it suspects) out of the generation.
+fn mark_failed(ctx: &Ctx, job: &Job, worker_id: &str, f: &proto::v1::Failed) {
+    let now = Instant::now();
+    ctx.leader.with(|m| {
+        let live = m.job_mut(job, now);
+        let suspect = (!f.suspect_worker_id.is_empty() && f.suspect_worker_id != worker_id)
+            .then_some(f.suspect_worker_id.as_str())
+            .filter(|s| live.workers.contains_key(*s));
+        match suspect {
+            Some(s) => {
+                if let Some(w) = live.workers.get_mut(s) {
+                    w.out = Some(Out::Suspected { by: worker_id.to_string(), reason: f.reason.clone() });
+                }
+            }
+            None => {
+                if let Some(w) = live.workers.get_mut(worker_id) {
+                    w.out = Some(Out::Failed(f.reason.clone()));
+                }
+            }
+        }
+    });
+    ctx.leader.wake.notify_one();
 }
 
 #[tonic::async_trait]
@@ -290,10 +314,20 @@ impl Workers for WorkersService {
                     }
                     (Ok(directives), Ok(())) => {
                         for d in directives {
-                            if tx.try_send(d).is_err() {
-                                tracing::warn!(worker_id, "session does not keep up; closing it");
-                                ctx.leader.with(|m| m.close_session(&worker_id, session_id));
-                                return;
+                            match tx.try_send(d) {
+                                Ok(()) => {}
+                                Err(mpsc::error::TrySendError::Full(_)) => {
+                                    tracing::warn!(worker_id, "session does not keep up; closing it");
+                                    ctx.leader.with(|m| m.close_session(&worker_id, session_id));
+                                    return;
+                                }
+                                // The worker hung up (it left once told the job is done): nothing
+                                // is wrong, the session just ends.
+                                Err(mpsc::error::TrySendError::Closed(_)) => {
+                                    tracing::debug!(worker_id, "the worker closed its session");
+                                    ctx.leader.with(|m| m.close_session(&worker_id, session_id));
+                                    return;
+                                }
                             }
                         }
                     }

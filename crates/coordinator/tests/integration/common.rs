@@ -34,6 +34,7 @@ pub fn submit_request(spec_yaml: String) -> client::Submission {
         spec_yaml,
         bundle_uri: "file:///nowhere/bundle".into(),
         bundle_id: "00ff00ff".into(),
+        start_over: false,
     }
 }
 

@@ -118,6 +118,14 @@ pub(super) fn resume_name(a: &Assignment) -> &'static str {
     }
 }
 
+/// Whether a restore failed because the checkpoint itself is bad (a chunk whose CRC does not
+/// match, a manifest that does not check out), which the leader is told so that it passes over
+/// the checkpoint, rather than because of this worker or its devices.
+pub(super) fn fails_integrity(error: &WorkerError) -> bool {
+    use checkpoint::CheckpointError::{BadManifest, Corrupt};
+    matches!(error, WorkerError::Checkpoint(Corrupt { .. } | BadManifest { .. }))
+}
+
 /// Whom to name when a step failed with `error` in a generation of `peers`: the member the
 /// ring lost or that broke the protocol; nobody (`Some("")`) for a failure of this worker's
 /// own; `None` when a peer aborted or relayed a failure (whoever saw it first reports it).
@@ -199,6 +207,19 @@ pub(super) fn group_spec(a: &Assignment, worker_id: &str) -> Result<GroupSpec, S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_bad_checkpoint_fails_integrity() {
+        let corrupt = checkpoint::CheckpointError::Corrupt {
+            key: "c/000000000010-s/host-0.shards".into(),
+            chunk: 1,
+            bytes: 8..16,
+            expected: 1,
+            actual: 2,
+        };
+        assert!(fails_integrity(&WorkerError::Checkpoint(corrupt)));
+        assert!(!fails_integrity(&WorkerError::Mismatch("a bundle of another model".into())));
+    }
     use proto::v1::{FromPeer, Keep, Quiesce, Resume, StopWork};
 
     fn assignment(generation: u64) -> Assignment {

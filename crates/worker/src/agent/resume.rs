@@ -118,7 +118,12 @@ impl TrainerSide {
         let restored = self
             .runtime
             .block_on(ckpt::restore(&mut loaded.trainer, uri, step, &StoreOptions::default()))
-            .map_err(|e| AssignmentError(format!("restoring checkpoint {uri}: {e}")))?;
+            .map_err(|e| {
+                if decide::fails_integrity(&e) {
+                    self.corrupt_checkpoint = Some(uri.to_string());
+                }
+                AssignmentError(format!("restoring checkpoint {uri}: {e}"))
+            })?;
         self.holds_state = true;
         self.steps_done = restored.step;
         self.metrics.restores_total.add(1.0);

@@ -81,6 +81,9 @@ pub(super) struct TrainerSide {
     /// after an upload that failed half-way).
     pub(super) holds_state: bool,
     pub(super) steps_done: u64,
+    /// The checkpoint whose restore just failed its integrity check (a chunk's CRC, its
+    /// manifest): the failure report names it, so the leader passes over it.
+    pub(super) corrupt_checkpoint: Option<String>,
     /// Steps done since the last registration: a rejoin that never gets to train is fruitless.
     pub(super) steps_this_registration: u64,
     /// Registrations so far (the first one uses the configured instance id as it is).
@@ -116,6 +119,7 @@ impl TrainerSide {
             loaded: None,
             holds_state: false,
             steps_done: 0,
+            corrupt_checkpoint: None,
             steps_this_registration: 0,
             registrations: 0,
             generation: 0,
@@ -212,7 +216,8 @@ impl TrainerSide {
                         Ok(AssignmentEnd::Ready) => self.publish("ready"),
                         Err(e) => {
                             self.log("error", format!("generation {}: {e}", a.generation));
-                            self.fail(e.to_string(), String::new());
+                            let corrupt = self.corrupt_checkpoint.take().unwrap_or_default();
+                            self.fail(e.to_string(), String::new(), corrupt);
                             self.publish("ready");
                         }
                     }
@@ -248,14 +253,16 @@ impl TrainerSide {
         }
     }
 
-    /// Tells the leader this worker cannot go on in its generation, naming whom it suspects.
-    fn fail(&self, reason: String, suspect_worker_id: String) {
+    /// Tells the leader this worker cannot go on in its generation, naming whom it suspects
+    /// and the checkpoint that failed its integrity check, when either is known.
+    fn fail(&self, reason: String, suspect_worker_id: String, corrupt_checkpoint: String) {
         let event = WorkerEvent {
             event: Some(worker_event::Event::Failed(v1::Failed {
                 worker_id: self.worker_id.clone(),
                 generation: self.generation,
                 reason,
                 suspect_worker_id,
+                corrupt_checkpoint,
             })),
         };
         let _ = self.events.blocking_send(event);
@@ -344,7 +351,7 @@ impl TrainerSide {
                 self.log("warn", format!("step {} failed: {error}", step + 1));
                 self.metrics.failed_steps_total.add(1.0);
                 if let Some(suspect) = decide::suspect(&error, &a.peers) {
-                    self.fail(format!("step {}: {error}", step + 1), suspect);
+                    self.fail(format!("step {}: {error}", step + 1), suspect, String::new());
                 }
                 Ok(AssignmentEnd::Ready)
             }
@@ -353,9 +360,9 @@ impl TrainerSide {
 
     /// This generation's saves, when the job saves checkpoints: the members of the generation
     /// are the save's hosts, each writing its share of the replica they all hold, and the leader
-    /// commits once every member's report is in. Saves are named by the generation: every member
-    /// names a save alike, and a later generation saving the same step writes a directory of its
-    /// own.
+    /// commits once every member's report is in. Saves are named as the assignment says
+    /// (`<line>.s<nonce>g<generation>`): every member names a save alike, and neither a later
+    /// generation nor a later submission saving the same step writes into its directory.
     fn checkpoints(&self, a: &Assignment, spec: &JobSpec) -> Result<Option<Checkpoints>, AssignmentError> {
         let Some(every) = spec.checkpoint.as_ref().map(|c| c.every) else { return Ok(None) };
         if a.checkpoint_uri.is_empty() {
@@ -367,8 +374,14 @@ impl TrainerSide {
         let layout = SaveLayout::for_job(spec, a.peers.len(), slice);
         let storage = Storage::open(&a.checkpoint_uri, &StoreOptions::default())
             .map_err(|e| AssignmentError(format!("checkpoint root {}: {e}", a.checkpoint_uri)))?;
+        if a.save_id.is_empty() {
+            return Err(AssignmentError(
+                "the assignment names no save id: the coordinator is older than this worker; upgrade it"
+                    .into(),
+            ));
+        }
         let commit = Box::new(CoordinatorCommit::new(self, a.generation));
-        Checkpoints::new(storage, layout, every, format!("g{}", a.generation), commit, self.runtime.clone())
+        Checkpoints::new(storage, layout, every, a.save_id.clone(), commit, self.runtime.clone())
             .map(Some)
             .map_err(|e| AssignmentError(e.to_string()))
     }

@@ -6,7 +6,7 @@ use super::{dir_uri, split_uri};
 use crate::WorkerError;
 use crate::slice::DeviceArray;
 use crate::trainer::Trainer;
-use checkpoint::lineage::{IDENTITY_KEY, line_of};
+use checkpoint::lineage::{identity_difference, line_of};
 use checkpoint::{
     Checkpoint, CheckpointError, CommitLog, DataPosition, Limits, Storage, StoreCommitLog, StoreOptions,
     committed_newest_first,
@@ -115,7 +115,9 @@ pub async fn restore_newest(
                 continue;
             }
         };
-        if let Some(difference) = identity.and_then(|wanted| another_job(checkpoint.manifest(), wanted)) {
+        if let Some(difference) =
+            identity.and_then(|wanted| identity_difference(checkpoint.manifest(), wanted))
+        {
             if newest_line.as_deref() == Some(line_of(&commit.save_id)) {
                 return Err(WorkerError::ForeignRoot {
                     root: storage.url().to_string(),
@@ -140,30 +142,6 @@ pub async fn restore_newest(
         }
     }
     Ok((None, passed_over))
-}
-
-/// How a checkpoint's manifest differs from the identity a job records in its saves, if it
-/// does; a checkpoint written before saves recorded one is compared by its seed alone.
-pub fn another_job(manifest: &checkpoint::Manifest, wanted: &serde_json::Value) -> Option<String> {
-    let Some(recorded) = manifest.metadata.get(IDENTITY_KEY) else {
-        let seed = manifest.data_position.seed;
-        return (wanted.get("seed").and_then(|s| s.as_u64()) != Some(seed)).then(|| {
-            format!("seed {seed}, this job's {}", wanted.get("seed").unwrap_or(&serde_json::Value::Null))
-        });
-    };
-    let (Some(recorded), Some(wanted)) = (recorded.as_object(), wanted.as_object()) else {
-        return (recorded != wanted).then(|| format!("{recorded}, this job's {wanted}"));
-    };
-    let keys: std::collections::BTreeSet<&String> = recorded.keys().chain(wanted.keys()).collect();
-    let null = serde_json::Value::Null;
-    let differences: Vec<String> = keys
-        .into_iter()
-        .filter_map(|k| {
-            let (r, w) = (recorded.get(k).unwrap_or(&null), wanted.get(k).unwrap_or(&null));
-            (r != w).then(|| format!("{k} {r}, this job's {w}"))
-        })
-        .collect();
-    (!differences.is_empty()).then(|| differences.join("; "))
 }
 
 /// Reads every state array's target regions and places them, and a LoRA run's base; replaces
