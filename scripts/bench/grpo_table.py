@@ -15,7 +15,7 @@ from pathlib import Path
 
 # podctl's phases (worker::grpo::run_step), in step order.
 PODCTL_PHASES = ["prompts", "rollout", "rewards", "train_batches", "old_logprobs", "ref_logprobs",
-                 "gradients", "transfers", "reduce", "apply"]
+                 "gradients", "lane_sum", "transfers", "reduce", "apply"]
 TRL_PHASES = ["generate", "rewards", "logprobs", "forward", "backward", "optimizer", "other"]
 
 

@@ -36,7 +36,8 @@ if ! "$venv/bin/python" -c "import trl, torch, transformers" 2>/dev/null; then
   "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps -r scripts/requirements/trl-bench.txt
 fi
 
-nice -n 10 cargo build --release --locked -p podctl-cli -p podctl-worker --example grpo_prompts
+# One invocation, so both targets share one feature resolution (two would rebuild each other's crates).
+nice -n 10 cargo build --release --locked -p podctl -p podctl-worker --bin podctl --example grpo_prompts
 podctl=$root/target/release/podctl
 prompts_bin=$root/target/release/examples/grpo_prompts
 
@@ -49,7 +50,7 @@ shape, path, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 job = yaml.safe_load(open("examples/grpo-arith.yaml"))
 job["name"] = f"bench-grpo-{shape}"
 job["steps"] = steps
-job["grpo"]["eval"] = {"problems": 0}
+job["eval"] = {"problems": 0}
 job.pop("checkpoint", None)
 if shape == "small":
     job["model"] = "small"

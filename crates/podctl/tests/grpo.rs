@@ -71,9 +71,33 @@ fn grpo_raises_a_verifiable_reward() {
     for key in ["loss", "kl", "clip_fraction", "groups_with_spread", "ratio"] {
         assert!(series(key).iter().all(|v| v.is_finite()), "{key}: {:?}", series(key));
     }
-    for plot in ["reward.png", "loss.png", "kl.png"] {
+    for plot in ["reward.png", "loss.png", "kl.png", "step_time.png"] {
         assert!(run.join(plot).exists(), "{plot} is drawn");
     }
+    // Where each step's time went: the phases cover the step (within 5%), the programs among them.
+    for line in &lines {
+        let phases: Vec<(&str, f64)> = line
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix("phase_")?.strip_suffix("_seconds")?, v.as_f64()?)))
+            .collect();
+        let names: Vec<&str> = phases.iter().map(|&(name, _)| name).collect();
+        for phase in ["prompts", "rollout", "rewards", "gradients", "apply"] {
+            assert!(names.contains(&phase), "step {} has no {phase} phase: {names:?}", line["step"]);
+        }
+        let step_seconds = series_at(line, "step_seconds");
+        let sum: f64 = phases.iter().map(|&(_, seconds)| seconds).sum();
+        assert!(
+            (step_seconds - sum).abs() <= 0.05 * step_seconds,
+            "step {}: the phases add up to {sum:.4} s of {step_seconds:.4} s: {phases:?}",
+            line["step"]
+        );
+    }
+}
+
+fn series_at(line: &Value, key: &str) -> f64 {
+    line[key].as_f64().unwrap_or_else(|| panic!("{key} in {line}"))
 }
 
 /// The keys both run records carry per step, compared between one slice and two.

@@ -4,7 +4,8 @@
 //! <run>/metrics.jsonl   one JSON object per step ({"step": 1, "loss": ..., ...})
 //! <run>/events.jsonl    one JSON object per event (preemption, recovery, save, ...) with times
 //! <run>/loss.png        loss per step (and reward.png, step_time.png, timeline.png when there is
-//!                       something to draw)
+//!                       something to draw; step_time.png stacks the phases of each step,
+//!                       `phase_<name>_seconds`, under its `step_seconds`)
 //! <run>/summary.json    the run at a glance
 //! ```
 //!
@@ -160,7 +161,12 @@ impl RunRecord {
                 continue;
             }
             let path = self.dir.join(file);
-            plot::lines(&path, title, "step", unit, &[(key, points)], &markers)?;
+            let bands = phase_bands(&self.steps);
+            if key == "step_seconds" && !bands.is_empty() {
+                plot::stacked(&path, "Step time by phase", "seconds", &bands, (key, &points), &markers)?;
+            } else {
+                plot::lines(&path, title, "step", unit, &[(key, points)], &markers)?;
+            }
             written.push(path);
         }
         let mut held_out = series("eval_accuracy");
@@ -189,6 +195,41 @@ impl RunRecord {
     fn io_error(&self, file: &str, message: &str) -> RecordError {
         RecordError::Io { path: self.dir.join(file), source: std::io::Error::other(message.to_string()) }
     }
+}
+
+/// The phases of the steps (`phase_<name>_seconds`) as stacked bands: the phase with the most
+/// time over the run at the bottom, each band's points the running sum up to it (a step
+/// without a phase adds 0 there). Empty when no step has a phase.
+fn phase_bands(steps: &[Map<String, Value>]) -> Vec<(String, Vec<(f64, f64)>)> {
+    let phase = |key: &str| Some(key.strip_prefix("phase_")?.strip_suffix("_seconds")?.to_string());
+    let mut totals: Vec<(String, f64)> = Vec::new();
+    for (key, value) in steps.iter().flat_map(|m| m.iter()) {
+        if let (Some(name), Some(seconds)) = (phase(key), value.as_f64()) {
+            match totals.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, total)) => *total += seconds,
+                None => totals.push((name, seconds)),
+            }
+        }
+    }
+    totals.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let steps: Vec<(f64, &Map<String, Value>)> =
+        steps.iter().filter_map(|m| Some((m.get("step")?.as_f64()?, m))).collect();
+    let mut below = vec![0.0; steps.len()];
+    totals
+        .into_iter()
+        .map(|(name, _)| {
+            let key = format!("phase_{name}_seconds");
+            let points = steps
+                .iter()
+                .zip(&mut below)
+                .map(|((step, m), below)| {
+                    *below += m.get(&key).and_then(Value::as_f64).filter(|s| s.is_finite()).unwrap_or(0.0);
+                    (*step, *below)
+                })
+                .collect();
+            (name, points)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -230,6 +271,30 @@ mod tests {
         assert_eq!(events.len(), 3);
         assert_eq!((events[1].kind.as_str(), events[1].step), ("preemption", 7));
         assert!(events[2].t >= events[1].t);
+    }
+
+    #[test]
+    fn step_time_stacks_the_phases_largest_at_the_bottom() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut record = RunRecord::create(dir.path()).unwrap();
+        record
+            .step(&json!({"step": 1, "loss": 1.0, "step_seconds": 1.0,
+                "phase_rollout_seconds": 0.25, "phase_gradients_seconds": 0.75}))
+            .unwrap();
+        record
+            .step(&json!({"step": 2, "loss": 1.0, "step_seconds": 1.375,
+                "phase_gradients_seconds": 0.5, "phase_apply_seconds": 0.5, "phase_rollout_seconds": 0.375}))
+            .unwrap();
+        let bands = phase_bands(&record.steps);
+        let expected = [
+            ("gradients", vec![(1.0, 0.75), (2.0, 0.5)]),
+            ("rollout", vec![(1.0, 1.0), (2.0, 0.875)]),
+            ("apply", vec![(1.0, 1.0), (2.0, 1.375)]),
+        ];
+        assert_eq!(bands, expected.map(|(n, p)| (n.to_string(), p)));
+        let written = record.plot().unwrap();
+        assert!(written.contains(&dir.path().join("step_time.png")));
+        assert!(phase_bands(&[]).is_empty());
     }
 
     #[test]

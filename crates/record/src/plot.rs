@@ -87,6 +87,71 @@ pub(crate) fn lines(
     root.present().map_err(|e| plot_error(path, e))
 }
 
+/// Draws stacked bands against step: `bands` hold each band's top (the running sum of the
+/// layers up to it, bottom first), so band `i` fills from band `i - 1`'s top to its own; `total`
+/// is drawn as a black line over them (what the bands should add up to).
+pub(crate) fn stacked(
+    path: &Path,
+    title: &str,
+    y_label: &str,
+    bands: &[(String, Vec<(f64, f64)>)],
+    total: (&str, &[(f64, f64)]),
+    markers: &[(f64, String)],
+) -> Result<(), RecordError> {
+    ensure_font();
+    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_error(path, e))?;
+    let all = || bands.iter().flat_map(|(_, points)| points.iter()).chain(total.1.iter());
+    let (x0, x1) = range(all().map(|p| p.0));
+    let (_, y1) = range(all().map(|p| p.1));
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 26))
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x0..x1, 0.0..y1)
+        .map_err(|e| plot_error(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc(y_label)
+        .label_style(("sans-serif", 14))
+        .draw()
+        .map_err(|e| plot_error(path, e))?;
+    for (i, (name, points)) in bands.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        // The band's outline: its top left to right, then the band below's top back.
+        let below: Vec<(f64, f64)> = match i {
+            0 => points.iter().map(|&(x, _)| (x, 0.0)).collect(),
+            _ => bands[i - 1].1.clone(),
+        };
+        let outline: Vec<(f64, f64)> = points.iter().copied().chain(below.into_iter().rev()).collect();
+        chart
+            .draw_series([Polygon::new(outline, color.filled())])
+            .map_err(|e| plot_error(path, e))?
+            .label(name.as_str())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], color.filled()));
+    }
+    chart
+        .draw_series(LineSeries::new(total.1.iter().copied(), BLACK.stroke_width(2)))
+        .map_err(|e| plot_error(path, e))?
+        .label(total.0)
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.stroke_width(2)));
+    for (x, label) in markers {
+        let color = if label.contains("preempt") || label.contains("fail") { RED } else { BLUE };
+        chart
+            .draw_series(DashedLineSeries::new([(*x, 0.0), (*x, y1)], 6, 4, color.mix(0.6).stroke_width(1)))
+            .map_err(|e| plot_error(path, e))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| plot_error(path, e))?;
+    root.present().map_err(|e| plot_error(path, e))
+}
+
 /// Draws events over wall time: one row per kind, a point per event, labelled with its step.
 pub(crate) fn timeline(path: &Path, events: &[Event]) -> Result<(), RecordError> {
     ensure_font();
