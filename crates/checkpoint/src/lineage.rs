@@ -33,6 +33,23 @@ pub fn line_of(save_id: &str) -> &str {
     save_id.split_once('.').map_or("", |(line, _)| line)
 }
 
+/// A checkpoint root whose newest line is another job's: refused rather than mixed into, by the
+/// single-slice launch and by the coordinator alike.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "checkpoint root {root} holds another job's checkpoints ({checkpoint}: {difference}); launch with \
+     --start-over to train afresh beside them (nothing there is deleted or rewritten), or set \
+     checkpoint.uri to another root"
+)]
+pub struct ForeignRoot {
+    /// The root.
+    pub root: String,
+    /// Its newest checkpoint, the one that tells.
+    pub checkpoint: String,
+    /// What differs from this job ([`identity_difference`]).
+    pub difference: String,
+}
+
 /// How a checkpoint's manifest differs from the identity a job records in its saves (under
 /// [`IDENTITY_KEY`]), if it does: the checkpoint is then another job's. A checkpoint written
 /// before saves recorded an identity is compared by its data order's seed alone.

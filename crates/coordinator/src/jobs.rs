@@ -126,9 +126,7 @@ async fn find_resume(
     });
     match find.await.map_err(|e| JobError::Internal(format!("the resume rule stopped: {e}")))? {
         Ok(Ok(found)) => Ok(found),
-        Ok(Err(e @ crate::resume::ResumeError::ForeignRoot { .. })) => {
-            Err(JobError::ForeignRoot(e.to_string()))
-        }
+        Ok(Err(e @ crate::resume::ResumeError::ForeignRoot(_))) => Err(JobError::ForeignRoot(e.to_string())),
         Ok(Err(e)) => Err(JobError::Resume(e.to_string())),
         Err(_) => Err(JobError::Resume(format!(
             "verifying the checkpoints under {checkpoint_uri} took over {RESUME_SCAN_TIMEOUT:?}"

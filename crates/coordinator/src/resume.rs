@@ -13,7 +13,7 @@
 //! and go, the root stays.
 
 use crate::state::{CheckpointEntry, PassedOver};
-use checkpoint::lineage::{identity_difference, line_of, new_line};
+use checkpoint::lineage::{ForeignRoot, identity_difference, line_of, new_line};
 use checkpoint::{
     Checkpoint, CheckpointError, CommitRecord, Limits, Storage, StoreCommitLog, committed_newest_first,
 };
@@ -42,19 +42,8 @@ impl Found {
 #[derive(Debug, thiserror::Error)]
 pub enum ResumeError {
     /// The root's newest line is another job's.
-    #[error(
-        "checkpoint root {root} holds another job's checkpoints ({checkpoint}: {difference}); launch with \
-         --start-over to train afresh beside them (nothing there is deleted or rewritten), or set \
-         checkpoint.uri to another root"
-    )]
-    ForeignRoot {
-        /// The root.
-        root: String,
-        /// The checkpoint that tells.
-        checkpoint: String,
-        /// What differs from this job.
-        difference: String,
-    },
+    #[error(transparent)]
+    ForeignRoot(#[from] checkpoint::lineage::ForeignRoot),
     /// The root could not be listed.
     #[error("listing checkpoint root {root}: {source}")]
     Listing {
@@ -93,7 +82,7 @@ pub async fn find(
         };
         if let Some(difference) = identity_difference(checkpoint.manifest(), identity) {
             if newest_line.as_deref() == Some(line_of(&commit.save_id)) {
-                return Err(ResumeError::ForeignRoot { root, checkpoint: uri, difference });
+                return Err(ForeignRoot { root, checkpoint: uri, difference }.into());
             }
             let reason = format!("another job's checkpoint ({difference})");
             passed_over.push(PassedOver { step: commit.step, uri, reason });

@@ -4,17 +4,9 @@
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
-}
-
-fn podctl() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_podctl"));
-    command.env("PODCTL_HOME", root()).env("PODCTL_CACHE", root().join("target/test-cache"));
-    command
-}
+mod common;
+use common::podctl;
 
 /// Launches `spec`; returns its stdout.
 fn launch(spec: &Path) -> String {

@@ -3,19 +3,12 @@
 //! advancing, and `--json` that parses. The job is long and is stopped once everything was seen, so
 //! no observation races its end.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
-}
-
-fn podctl() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_podctl"));
-    command.env("PODCTL_HOME", root()).env("PODCTL_CACHE", root().join("target/test-cache"));
-    command
-}
+mod common;
+use common::podctl;
 
 fn wait_for<T>(what: &str, limit: Duration, mut ready: impl FnMut() -> Option<T>) -> T {
     let started = Instant::now();

@@ -12,20 +12,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+mod common;
+use common::{podctl, root};
+
 /// Prometheus scrapes every target this often; the dashboard's `$__rate_interval` becomes
 /// [`RATE_WINDOW`], ten scrapes.
 const SCRAPE_INTERVAL: &str = "500ms";
 const RATE_WINDOW: &str = "5s";
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
-}
-
-fn podctl() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_podctl"));
-    command.env("PODCTL_HOME", root()).env("PODCTL_CACHE", root().join("target/test-cache"));
-    command
-}
 
 fn wait_for<T>(what: &str, limit: Duration, mut ready: impl FnMut() -> Option<T>) -> T {
     let started = Instant::now();

@@ -15,17 +15,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{podctl, root};
+
 const LIMIT: Duration = Duration::from_secs(300);
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
-}
-
-fn podctl() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_podctl"));
-    command.env("PODCTL_HOME", root()).env("PODCTL_CACHE", root().join("target/test-cache"));
-    command
-}
 
 fn plugin() -> PathBuf {
     root().join(".venv/lib/python3.11/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")

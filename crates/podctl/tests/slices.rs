@@ -8,9 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
-}
+mod common;
+use common::podctl;
 
 /// A job of `dcn` slices of 4 CPU devices, the same global batch whatever `dcn` is, saving a
 /// checkpoint every `every` steps and after the last.
@@ -26,12 +25,6 @@ fn job(dir: &Path, name: &str, dcn: u64, ici: &str, steps: u64, every: u64) -> P
     let path = dir.join(format!("{name}.yaml"));
     std::fs::write(&path, spec).unwrap();
     path
-}
-
-fn podctl() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_podctl"));
-    command.env("PODCTL_HOME", root()).env("PODCTL_CACHE", root().join("target/test-cache"));
-    command
 }
 
 fn start(spec: &Path) -> Child {

@@ -89,19 +89,8 @@ pub enum WorkerError {
     #[error("{0}")]
     Mismatch(String),
     /// The checkpoint root's newest checkpoints are another job's.
-    #[error(
-        "checkpoint root {root} holds another job's checkpoints ({checkpoint}: {difference}); launch with \
-         --start-over to train afresh beside them (nothing there is deleted or rewritten), or set \
-         checkpoint.uri to another root"
-    )]
-    ForeignRoot {
-        /// The root.
-        root: String,
-        /// Its newest checkpoint.
-        checkpoint: String,
-        /// What differs from this job.
-        difference: String,
-    },
+    #[error(transparent)]
+    ForeignRoot(#[from] checkpoint::lineage::ForeignRoot),
 }
 
 /// Attaches what the worker was doing to a PJRT error.

@@ -119,11 +119,8 @@ pub async fn restore_newest(
             identity.and_then(|wanted| identity_difference(checkpoint.manifest(), wanted))
         {
             if newest_line.as_deref() == Some(line_of(&commit.save_id)) {
-                return Err(WorkerError::ForeignRoot {
-                    root: storage.url().to_string(),
-                    checkpoint: uri,
-                    difference,
-                });
+                let root = storage.url().to_string();
+                return Err(checkpoint::lineage::ForeignRoot { root, checkpoint: uri, difference }.into());
             }
             passed_over.push(PassedOver { uri, reason: format!("another job's checkpoint ({difference})") });
             continue;

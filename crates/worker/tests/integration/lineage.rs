@@ -81,7 +81,7 @@ fn another_jobs_root_is_refused_and_starting_over_keeps_every_earlier_checkpoint
     let refused = worker::single::run(&mut trainer, &other_seed, &mut Events::default(), &Resume::Newest)
         .expect_err("another job's root is refused");
     let message = refused.to_string();
-    assert!(matches!(refused, WorkerError::ForeignRoot { .. }), "{message}");
+    assert!(matches!(refused, WorkerError::ForeignRoot(_)), "{message}");
     assert!(message.contains("--start-over") && message.contains("seed 1, this job's 2"), "{message}");
     assert_eq!(committed_digests(&root), before, "a refused launch writes nothing");
 
