@@ -5,21 +5,10 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
-use common::podctl;
-
-fn wait_for<T>(what: &str, limit: Duration, mut ready: impl FnMut() -> Option<T>) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(value) = ready() {
-            return value;
-        }
-        assert!(started.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
+use common::{endless_two_slice_job, podctl, wait_for};
 
 /// `GET /metrics` over a plain TCP connection.
 fn scrape(addr: &str) -> Option<String> {
@@ -60,16 +49,7 @@ fn metrics_move_and_status_watches_the_step_advance() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let spec = dir.path().join("observed.yaml");
-    std::fs::write(
-        &spec,
-        format!(
-            "name: observed\nmodel: tiny\nmesh: {{ dcn: 2, ici: {{ fsdp: 2, tp: 1 }} }}\n\
-             batch: {{ global: 16, micro: 4 }}\nseq_len: 128\nsteps: 100000\n\
-             data: {{ kind: arithmetic }}\ncheckpoint: {{ every: 5, keep: 2 }}\noutput: {}\n",
-            run.display()
-        ),
-    )
-    .unwrap();
+    std::fs::write(&spec, endless_two_slice_job("observed", &run)).unwrap();
     let launch_log = dir.path().join("launch.log");
     let mut launch = podctl()
         .arg("launch")

@@ -13,23 +13,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod common;
-use common::{podctl, root};
+use common::{endless_two_slice_job, podctl, root, wait_for};
 
 /// Prometheus scrapes every target this often; the dashboard's `$__rate_interval` becomes
 /// [`RATE_WINDOW`], ten scrapes.
 const SCRAPE_INTERVAL: &str = "500ms";
 const RATE_WINDOW: &str = "5s";
-
-fn wait_for<T>(what: &str, limit: Duration, mut ready: impl FnMut() -> Option<T>) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(value) = ready() {
-            return value;
-        }
-        assert!(started.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
 
 fn read(path: &Path) -> Option<String> {
     std::fs::read_to_string(path).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
@@ -191,16 +180,7 @@ fn prometheus_scrapes_a_two_slice_run_and_every_dashboard_panel_has_data() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let spec = dir.path().join("scraped.yaml");
-    std::fs::write(
-        &spec,
-        format!(
-            "name: scraped\nmodel: tiny\nmesh: {{ dcn: 2, ici: {{ fsdp: 2, tp: 1 }} }}\n\
-             batch: {{ global: 16, micro: 4 }}\nseq_len: 128\nsteps: 100000\n\
-             data: {{ kind: arithmetic }}\ncheckpoint: {{ every: 5, keep: 2 }}\noutput: {}\n",
-            run.display()
-        ),
-    )
-    .unwrap();
+    std::fs::write(&spec, endless_two_slice_job("scraped", &run)).unwrap();
     let launch_log = dir.path().join("launch.log");
     let child = podctl()
         .arg("launch")

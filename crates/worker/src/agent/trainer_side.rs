@@ -312,13 +312,14 @@ impl TrainerSide {
         };
         self.publish("training");
         let mut loaded = self.loaded.take().expect("loaded above");
-        let ended = self.train(&mut loaded.trainer, a, &spec, group.as_ref());
+        let ended = self.drive(&mut loaded.trainer, a, &spec, group.as_ref());
         self.loaded = Some(loaded);
         ended
     }
 
-    /// Runs the job's steps from `steps_done` until the last one or an interruption.
-    fn train(
+    /// Runs the job's steps from `steps_done` until the last one or an interruption, through
+    /// the one driver.
+    fn drive(
         &mut self,
         trainer: &mut Trainer,
         a: &Assignment,
