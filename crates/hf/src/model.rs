@@ -15,7 +15,7 @@ use futures::{StreamExt, TryStreamExt};
 use mesh::{DType, Region};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::ops::Range;
+use std::ops::{DerefMut, Range};
 
 /// Source bytes handled per copy: a window of whole rows of one tensor. Bounds what a read holds
 /// beside the shards it fills (an embedding of 151,936 x 2,048 bf16 is 622 MB).
@@ -269,21 +269,22 @@ impl HfModel {
         dtype: DType,
         regions: &[Region],
     ) -> Result<Vec<Vec<u8>>> {
-        let mut out = vec![Vec::new(); regions.len()];
+        let mut out: Vec<Vec<u8>> =
+            regions.iter().map(|r| vec![0u8; r.num_elements() as usize * dtype.size()]).collect();
         self.read_regions_into(path, shape, dtype, regions, &mut out).await?;
         Ok(out)
     }
 
-    /// [`HfModel::read_regions`] into the caller's buffers (`out[i]` for `regions[i]`, resized
-    /// to fit): a load reusing its buffers from one parameter to the next touches no fresh
-    /// memory for them.
-    pub async fn read_regions_into(
+    /// [`HfModel::read_regions`] into the caller's buffers, `out[i]` for `regions[i]` and of
+    /// exactly its size: a loader gives the memory its devices will hold (e.g. host memory a
+    /// device buffer takes over), so nothing is copied again.
+    pub async fn read_regions_into<B: DerefMut<Target = [u8]>>(
         &self,
         path: &str,
         shape: &[u64],
         dtype: DType,
         regions: &[Region],
-        out: &mut [Vec<u8>],
+        out: &mut [B],
     ) -> Result<()> {
         let mapping = self.check_param(path, shape)?;
         let full = Region::full(shape);
@@ -299,41 +300,38 @@ impl HfModel {
             return Err(HfError::Mismatch(format!("{} buffers for {} regions", out.len(), regions.len())));
         }
         let size = dtype.size();
-        for (buf, region) in out.iter_mut().zip(regions) {
-            // Every byte of a region is written below, so what a reused buffer held does not
-            // matter; a new one is calloc's (pages are first touched by the copy itself).
+        for (buf, region) in out.iter().zip(regions) {
             let len = region.num_elements() as usize * size;
-            if buf.capacity() < len {
-                *buf = vec![0u8; len];
-            } else {
-                buf.truncate(len);
-                buf.resize(len, 0);
+            if buf.len() != len {
+                return Err(HfError::Mismatch(format!(
+                    "a buffer of {} bytes for region {:?} of '{path}', which takes {len}",
+                    buf.len(),
+                    region.ranges()
+                )));
             }
         }
         if !mapping.per_layer {
             let targets: Vec<(Vec<Range<u64>>, usize)> =
                 regions.iter().map(|r| (r.ranges().to_vec(), 0)).collect();
-            return self.copy_tensor(mapping, 0, &targets, out, dtype).await;
+            let mut bufs: Vec<&mut [u8]> = out.iter_mut().map(|b| &mut **b).collect();
+            return self.copy_tensor(mapping, 0, &targets, &mut bufs, dtype).await;
         }
         let first = regions.iter().map(|r| r.ranges()[0].start).min().unwrap_or(0);
         let last = regions.iter().map(|r| r.ranges()[0].end).max().unwrap_or(0);
         for layer in first..last {
-            let holders: Vec<usize> =
-                (0..regions.len()).filter(|&i| regions[i].ranges()[0].contains(&layer)).collect();
-            // The layer's block in each region: after the layers before it.
-            let targets: Vec<(Vec<Range<u64>>, usize)> = holders
+            let holds = |r: &Region| r.ranges()[0].contains(&layer);
+            // The layer's block in each region that holds it: after the layers before it.
+            let targets: Vec<(Vec<Range<u64>>, usize)> = regions
                 .iter()
-                .map(|&i| {
-                    let r = &regions[i];
+                .filter(|r| holds(r))
+                .map(|r| {
                     let block_bytes = (r.num_elements() / r.shape()[0]) as usize * size;
                     (r.ranges()[1..].to_vec(), (layer - r.ranges()[0].start) as usize * block_bytes)
                 })
                 .collect();
-            let mut bufs: Vec<Vec<u8>> = holders.iter().map(|&i| std::mem::take(&mut out[i])).collect();
+            let mut bufs: Vec<&mut [u8]> =
+                out.iter_mut().zip(regions).filter(|(_, r)| holds(r)).map(|(b, _)| &mut **b).collect();
             self.copy_tensor(mapping, layer, &targets, &mut bufs, dtype).await?;
-            for (&i, buf) in holders.iter().zip(bufs) {
-                out[i] = buf;
-            }
         }
         Ok(())
     }
@@ -346,7 +344,7 @@ impl HfModel {
         mapping: &Mapping,
         layer: u64,
         targets: &[(Vec<Range<u64>>, usize)],
-        out: &mut [Vec<u8>],
+        out: &mut [&mut [u8]],
         dtype: DType,
     ) -> Result<()> {
         let name = mapping.hf_name(layer);

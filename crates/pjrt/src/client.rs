@@ -6,6 +6,7 @@ use crate::element_type::ElementType;
 use crate::error::{Error, Result};
 use crate::executable::LoadedExecutable;
 use crate::ffi;
+use crate::host::HostBuffer;
 use crate::named_value::{NamedValue, RawNamedValues};
 use crate::plugin::{Plugin, slice_from, string_from};
 use std::sync::Arc;
@@ -162,6 +163,70 @@ impl Client {
         dims: &[i64],
         device: &Device,
     ) -> Result<Buffer> {
+        self.check_upload(data, ty, dims, device)?;
+        let plugin = self.inner.plugin;
+        let mut args = new_args!(PJRT_Client_BufferFromHostBuffer_Args);
+        args.client = self.inner.raw;
+        args.data = data.as_ptr().cast();
+        args.type_ = ty.to_raw();
+        args.dims = dims.as_ptr();
+        args.num_dims = dims.len();
+        // The plugin copies during the call, so `data` need not outlive it.
+        args.host_buffer_semantics = ffi::PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+        args.device = device.raw;
+        // SAFETY: `data` holds exactly the bytes the dims and type describe and outlives the call.
+        plugin.check(
+            unsafe { call!(plugin, PJRT_Client_BufferFromHostBuffer)(&mut args) },
+            "PJRT_Client_BufferFromHostBuffer",
+        )?;
+        let buffer = Buffer::from_raw(self.inner.clone(), args.buffer);
+        plugin.await_event(args.done_with_host_buffer, "PJRT_Client_BufferFromHostBuffer")?;
+        Ok(buffer)
+    }
+
+    /// Hands `data`, a dense row-major array, to `device`. A plugin that can alias host memory
+    /// (the CPU plugin: [`HostBuffer`]s are page-aligned) makes it the device buffer's memory
+    /// with no copy and frees it when the buffer is gone; any other copies it and frees it then.
+    ///
+    /// The plugin never writes to aliased memory: a program that takes such a buffer as a
+    /// donated argument copies it first (once, on the first donation), where a buffer from
+    /// [`Client::buffer_from_host`] would be reused in place.
+    pub fn buffer_from_host_buffer(
+        &self,
+        data: HostBuffer,
+        ty: ElementType,
+        dims: &[i64],
+        device: &Device,
+    ) -> Result<Buffer> {
+        let plugin = self.inner.plugin;
+        // Without OnReady the memory's release could not be awaited without blocking until the
+        // buffer is destroyed; and an empty mapping has no address to alias.
+        if data.is_empty() || function!(plugin, PJRT_Event_OnReady).is_err() {
+            return self.buffer_from_host(&data, ty, dims, device);
+        }
+        self.check_upload(&data, ty, dims, device)?;
+        let mut args = new_args!(PJRT_Client_BufferFromHostBuffer_Args);
+        args.client = self.inner.raw;
+        args.data = data.as_ptr().cast();
+        args.type_ = ty.to_raw();
+        args.dims = dims.as_ptr();
+        args.num_dims = dims.len();
+        args.host_buffer_semantics = ffi::PJRT_HostBufferSemantics_kImmutableZeroCopy;
+        args.device = device.raw;
+        // SAFETY: `data` holds exactly the bytes the dims and type describe; its mapping stays
+        // where it is until `release_when_done` frees it after the plugin's done event, and
+        // nothing writes to it meanwhile (this function owns it).
+        plugin.check(
+            unsafe { call!(plugin, PJRT_Client_BufferFromHostBuffer)(&mut args) },
+            "PJRT_Client_BufferFromHostBuffer",
+        )?;
+        let buffer = Buffer::from_raw(self.inner.clone(), args.buffer);
+        plugin.release_when_done(args.done_with_host_buffer, data)?;
+        Ok(buffer)
+    }
+
+    /// Refuses an upload of `data` as `ty[dims]` to `device` that the plugin could not take.
+    fn check_upload(&self, data: &[u8], ty: ElementType, dims: &[i64], device: &Device) -> Result<()> {
         if !Arc::ptr_eq(&device.client, &self.inner) {
             return Err(Error::InvalidArgument {
                 what: "device",
@@ -181,24 +246,7 @@ impl Client {
                 ),
             });
         }
-        let plugin = self.inner.plugin;
-        let mut args = new_args!(PJRT_Client_BufferFromHostBuffer_Args);
-        args.client = self.inner.raw;
-        args.data = data.as_ptr().cast();
-        args.type_ = ty.to_raw();
-        args.dims = dims.as_ptr();
-        args.num_dims = dims.len();
-        // The plugin copies during the call, so `data` need not outlive it.
-        args.host_buffer_semantics = ffi::PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
-        args.device = device.raw;
-        // SAFETY: `data` holds exactly the bytes the dims and type describe and outlives the call.
-        plugin.check(
-            unsafe { call!(plugin, PJRT_Client_BufferFromHostBuffer)(&mut args) },
-            "PJRT_Client_BufferFromHostBuffer",
-        )?;
-        let buffer = Buffer::from_raw(self.inner.clone(), args.buffer);
-        plugin.await_event(args.done_with_host_buffer, "PJRT_Client_BufferFromHostBuffer")?;
-        Ok(buffer)
+        Ok(())
     }
 }
 

@@ -52,6 +52,14 @@ pub enum Error {
         /// The header's minor version.
         minor: u32,
     },
+    /// The host could not give memory for a [`HostBuffer`](crate::HostBuffer).
+    #[error("cannot map {bytes} bytes of host memory: {source}; the host needs more free memory")]
+    HostMemory {
+        /// The size asked for.
+        bytes: usize,
+        /// The kernel's answer.
+        source: std::io::Error,
+    },
     /// The plugin's function table is too old to contain a function this crate needs.
     #[error("the PJRT plugin (API {major}.{minor}) does not provide {function}; use a newer plugin")]
     MissingFunction {

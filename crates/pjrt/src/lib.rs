@@ -17,6 +17,7 @@
 //! - `plugin`: loading a plugin once per process ([`Plugin::load`]), the function table, error
 //!   and event plumbing every call uses.
 //! - `client`: [`Client`] and [`Device`]; compiling and copying host data to a device.
+//! - `host`: [`HostBuffer`], host memory a device buffer takes over without a copy.
 //! - `buffer`: [`Buffer`], device memory and copies back to the host.
 //! - `executable`: [`LoadedExecutable::execute`] with donation, [`Executable`], [`MemoryStats`].
 //! - `topology`: [`Topology`], ahead-of-time compiles for devices this machine lacks, and
@@ -30,7 +31,8 @@
 //! **Architecture Invariant:** this is the only podctl crate with `unsafe` code or FFI. Every
 //! handle owns its PJRT object and destroys it on drop; buffers, devices and executables hold
 //! their client alive; every `PJRT_Error` becomes an [`Error`] and every `PJRT_Event` is awaited
-//! and destroyed before the call that produced it returns.
+//! and destroyed before the call that produced it returns, except a zero-copy upload's done
+//! event, which frees its [`HostBuffer`] when it fires (`Plugin::release_when_done`).
 //!
 //! Argument structs are sized with the header's `*_STRUCT_SIZE` constants, and a function is
 //! looked up only if the plugin's table is long enough to hold it, so an older plugin yields
@@ -84,6 +86,7 @@ mod executable;
     clippy::all
 )]
 mod ffi;
+mod host;
 mod named_value;
 mod plugin;
 mod topology;
@@ -95,6 +98,7 @@ pub use element_type::ElementType;
 pub use env::quiet_plugin_logs;
 pub use error::{Error, ErrorCode, Result};
 pub use executable::{Executable, ExecuteArg, LoadedExecutable, MemoryStats};
+pub use host::HostBuffer;
 pub use named_value::NamedValue;
 pub use plugin::Plugin;
 pub use topology::{LIBTPU_AOT_ENV, Topology};

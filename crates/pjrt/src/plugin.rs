@@ -3,6 +3,7 @@
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::ffi;
+use crate::host::HostBuffer;
 use crate::named_value::{NamedValue, RawNamedValues};
 use crate::{Client, Topology};
 use std::collections::HashMap;
@@ -175,6 +176,46 @@ impl Plugin {
         let awaited = self.check(unsafe { call!(self, PJRT_Event_Await)(&mut await_args) }, function);
         let destroyed = self.destroy_event(event);
         awaited.and(destroyed)
+    }
+
+    /// Keeps `data` until `event` (a host buffer's done event) fires, then drops it on the
+    /// thread that fires it; destroys the event handle now (the registration outlives it). A
+    /// null event means the plugin is already done with the memory.
+    pub(crate) fn release_when_done(
+        &'static self,
+        event: *mut ffi::PJRT_Event,
+        data: HostBuffer,
+    ) -> Result<()> {
+        if event.is_null() {
+            return Ok(());
+        }
+        unsafe extern "C" fn release(error: *mut ffi::PJRT_Error, user_arg: *mut std::ffi::c_void) {
+            // SAFETY: `user_arg` is the box leaked below, and the plugin calls this exactly once.
+            let held = unsafe { Box::from_raw(user_arg.cast::<Held>()) };
+            if let Err(error) = held.plugin.check(error, "PJRT_Event_OnReady") {
+                // The memory is released either way: the buffer it backed is gone or was never made.
+                tracing::warn!(%error, "a host buffer's done event carried an error");
+            }
+        }
+        struct Held {
+            plugin: &'static Plugin,
+            _data: HostBuffer,
+        }
+        let user_arg = Box::into_raw(Box::new(Held { plugin: self, _data: data }));
+        let mut args = new_args!(PJRT_Event_OnReady_Args);
+        args.event = event;
+        args.callback = Some(release);
+        args.user_arg = user_arg.cast();
+        // SAFETY: `event` is live; the callback owns `user_arg` from here on and takes the error.
+        let registered = function!(self, PJRT_Event_OnReady)
+            .and_then(|on_ready| self.check(unsafe { on_ready(&mut args) }, "PJRT_Event_OnReady"));
+        if registered.is_err() {
+            // Not registered, so never called: the memory may still back the buffer, so it is
+            // leaked rather than freed under it.
+            tracing::warn!("could not register a host buffer's release; its memory stays allocated");
+        }
+        let destroyed = self.destroy_event(event);
+        registered.and(destroyed)
     }
 
     pub(crate) fn destroy_event(&self, event: *mut ffi::PJRT_Event) -> Result<()> {

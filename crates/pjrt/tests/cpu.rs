@@ -4,7 +4,9 @@ mod common;
 
 use common::*;
 use mesh::{IciMesh, Region, Sharding, copy_region};
-use pjrt::{Buffer, Client, CompileOptions, Device, ElementType, Error, ErrorCode, ExecuteArg, Plugin};
+use pjrt::{
+    Buffer, Client, CompileOptions, Device, ElementType, Error, ErrorCode, ExecuteArg, HostBuffer, Plugin,
+};
 use serde_json::Value;
 
 #[test]
@@ -260,6 +262,73 @@ fn a_borrowed_input_stays_readable_and_a_donated_one_is_reused() {
     assert_eq!(outputs[0][0].to_host().unwrap(), expected);
     assert_eq!(outputs[0][0].device_address().unwrap(), address, "the output reuses the donated memory");
     assert_eq!(acc.x.to_host().unwrap().len(), 64, "the borrowed argument is untouched");
+}
+
+#[test]
+fn a_host_buffer_becomes_device_memory_without_a_copy() {
+    let acc = accumulate();
+    let expected = expected_one_step(&acc);
+    let host = || HostBuffer::copy_of(&acc.acc0.bytes).unwrap();
+    let give = |data: HostBuffer| {
+        let address = data.as_ptr() as usize;
+        let buffer =
+            acc.client.buffer_from_host_buffer(data, acc.acc0.ty, &acc.acc0.dims, &acc.device).unwrap();
+        (buffer, address)
+    };
+
+    let (borrowed, address) = give(host());
+    assert_eq!(borrowed.device_address().unwrap(), address, "the CPU plugin aliases the host buffer");
+    let outputs = acc
+        .executable
+        .execute(vec![vec![ExecuteArg::Borrow(&borrowed), ExecuteArg::Borrow(&acc.x)]])
+        .unwrap();
+    assert_eq!(outputs[0][0].to_host().unwrap(), expected);
+    assert_eq!(borrowed.to_host().unwrap(), acc.acc0.bytes);
+
+    // Donated, aliased memory is copied rather than written: the plugin never writes to it.
+    let (donated, address) = give(host());
+    let outputs =
+        acc.executable.execute(vec![vec![ExecuteArg::Donate(donated), ExecuteArg::Borrow(&acc.x)]]).unwrap();
+    assert_eq!(outputs[0][0].to_host().unwrap(), expected);
+    assert_ne!(outputs[0][0].device_address().unwrap(), address);
+
+    let error = acc.client.buffer_from_host_buffer(host(), ElementType::F32, &[3], &acc.device).unwrap_err();
+    assert!(error.to_string().contains("needs 12 bytes but 64 were given"), "{error}");
+    let empty = acc.client.buffer_from_host_buffer(
+        HostBuffer::zeroed(0).unwrap(),
+        ElementType::F32,
+        &[0],
+        &acc.device,
+    );
+    assert_eq!(empty.unwrap().to_host().unwrap(), Vec::<u8>::new());
+}
+
+#[test]
+fn a_host_buffer_is_freed_when_its_device_buffer_is() {
+    let client = cpu_client(1);
+    let device = &client.devices().unwrap()[0];
+    const MIB: usize = 1 << 20;
+    let before = resident_bytes();
+    for round in 0..8u8 {
+        let mut data = HostBuffer::zeroed(128 * MIB).unwrap();
+        data.fill(round);
+        let buffer =
+            client.buffer_from_host_buffer(data, ElementType::U8, &[128 * MIB as i64], device).unwrap();
+        if round == 0 {
+            assert!(buffer.to_host().unwrap().iter().all(|&b| b == 0));
+        }
+        drop(buffer);
+    }
+    // Eight rounds of 128 MiB: kept, they would add 1 GiB; freed, at most the last one's.
+    let grown = resident_bytes().saturating_sub(before);
+    assert!(grown < 300 * MIB as u64, "resident memory grew by {} MiB", grown / MIB as u64);
+}
+
+/// The process's resident set, from /proc.
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
 }
 
 #[test]

@@ -13,13 +13,13 @@
 //! A LoRA bundle's model weights are its frozen base; its adapters start from `init(seed)` (the
 //! B matrices are zero, so training starts at the pretrained model).
 
-use crate::WorkerError;
 use crate::slice::{Arg, DeviceArray, Program, Slice};
 use crate::trainer::Trainer;
+use crate::{PjrtContext, WorkerError};
 use ::hf::HfModel;
 use bundle::{Manifest, ModelConfig, TensorSpec};
 use mesh::Region;
-use std::cell::RefCell;
+use pjrt::HostBuffer;
 use std::time::Instant;
 
 /// What [`load`] placed.
@@ -82,8 +82,6 @@ pub fn place_tensors(
     runtime: &tokio::runtime::Handle,
 ) -> Result<Vec<DeviceArray>, WorkerError> {
     let mesh = slice.mesh();
-    // Host buffers of uploaded shards, reused for the next ones: fresh memory costs page faults.
-    let spare: RefCell<Vec<Vec<u8>>> = RefCell::new(Vec::new());
     let mut arrays = Vec::with_capacity(specs.len());
     for spec in specs {
         let path = spec.name.strip_prefix(prefix).ok_or_else(|| {
@@ -103,38 +101,31 @@ pub fn place_tensors(
             true => model.shared_reads(path, &regions),
             false => vec![(0..regions.len()).collect()],
         };
-        let widest = groups.iter().map(Vec::len).max().unwrap_or(1);
-        let mut read: Vec<Option<Vec<u8>>> = vec![None; regions.len()];
-        let array = slice.upload_each(
-            spec,
-            |_, region| {
-                let i = regions.iter().position(|r| r == region).expect("every device's region is listed");
-                if read[i].is_none() {
-                    let group = groups.iter().find(|g| g.contains(&i)).expect("groups cover the regions");
-                    let wanted: Vec<Region> = group.iter().map(|&j| regions[j].clone()).collect();
-                    let mut bufs: Vec<Vec<u8>> =
-                        group.iter().map(|_| spare.borrow_mut().pop().unwrap_or_default()).collect();
-                    runtime.block_on(model.read_regions_into(
-                        path,
-                        &spec.shape,
-                        spec.dtype,
-                        &wanted,
-                        &mut bufs,
-                    ))?;
-                    for (&j, b) in group.iter().zip(bufs) {
-                        read[j] = Some(b);
-                    }
+        let mut read: Vec<Option<HostBuffer>> = (0..regions.len()).map(|_| None).collect();
+        let array = slice.upload_each(spec, |_, region| {
+            let i = regions.iter().position(|r| r == region).expect("every device's region is listed");
+            if read[i].is_none() {
+                let group = groups.iter().find(|g| g.contains(&i)).expect("groups cover the regions");
+                let wanted: Vec<Region> = group.iter().map(|&j| regions[j].clone()).collect();
+                // The devices' own memory: the CPU plugin takes these buffers over as they are.
+                let mut bufs = wanted
+                    .iter()
+                    .map(|r| HostBuffer::zeroed(r.num_elements() as usize * spec.dtype.size()))
+                    .collect::<Result<Vec<_>, _>>()
+                    .context(|| format!("placing '{}'", spec.name))?;
+                runtime.block_on(model.read_regions_into(
+                    path,
+                    &spec.shape,
+                    spec.dtype,
+                    &wanted,
+                    &mut bufs,
+                ))?;
+                for (&j, b) in group.iter().zip(bufs) {
+                    read[j] = Some(b);
                 }
-                Ok(read[i].take().expect("just read"))
-            },
-            |buffer| {
-                // As many as a group reads at once: more would only hold memory.
-                let mut spare = spare.borrow_mut();
-                if spare.len() < widest {
-                    spare.push(buffer);
-                }
-            },
-        )?;
+            }
+            Ok(read[i].take().expect("just read"))
+        })?;
         arrays.push(array);
     }
     Ok(arrays)

@@ -4,7 +4,9 @@ use crate::compile_cache::{CacheKey, CompileCache};
 use crate::{PjrtContext, WorkerError};
 use bundle::{Bundle, ProgramSpec, TensorSpec};
 use mesh::{DType, IciMesh, Region, copy_region};
-use pjrt::{Client, CompileOptions, Device, ElementType, ExecuteArg, LoadedExecutable, NamedValue, Plugin};
+use pjrt::{
+    Client, CompileOptions, Device, ElementType, ExecuteArg, HostBuffer, LoadedExecutable, NamedValue, Plugin,
+};
 
 /// A PJRT client over the devices of one slice, in mesh order: device `d` of the mesh is
 /// `devices[d]` and runs partition `d` of every program.
@@ -234,35 +236,36 @@ impl Slice {
     }
 
     /// Places a global array one device at a time: `shard(device, region)` gives the device's
-    /// region of the array (row-major, under the spec's sharding), and each is uploaded before
-    /// the next is asked for, so the host holds one shard at a time (a replica whose region
-    /// repeats the previous device's reuses its bytes). Each buffer is handed back to `done`
-    /// once uploaded, for the caller to reuse.
+    /// region of the array (row-major, under the spec's sharding) in host memory the device
+    /// takes over (aliased by the CPU plugin, no copy), and each is placed before the next is
+    /// asked for. A replica whose region repeats the previous device's is copied from it.
     pub fn upload_each(
         &self,
         spec: &TensorSpec,
-        mut shard: impl FnMut(usize, &Region) -> Result<Vec<u8>, WorkerError>,
-        mut done: impl FnMut(Vec<u8>),
+        mut shard: impl FnMut(usize, &Region) -> Result<HostBuffer, WorkerError>,
     ) -> Result<DeviceArray, WorkerError> {
         let ty = element_type(spec.dtype);
-        let mut buffers = Vec::with_capacity(self.devices.len());
-        let mut last: Option<(Region, Vec<u8>)> = None;
+        let mut buffers: Vec<pjrt::Buffer> = Vec::with_capacity(self.devices.len());
+        let mut last: Option<Region> = None;
         for (d, device) in self.devices.iter().enumerate() {
             let region = spec.sharding.shard_region(&spec.shape, &self.mesh, d);
-            if last.as_ref().is_none_or(|(r, _)| *r != region) {
-                let piece = shard(d, &region)?;
-                check_shard(spec, d, &region, &piece)?;
-                if let Some((_, previous)) = last.replace((region.clone(), piece)) {
-                    done(previous);
+            let piece = match (&last, buffers.last()) {
+                (Some(previous), Some(buffer)) if *previous == region => {
+                    let bytes = region.num_elements() as usize * spec.dtype.size();
+                    let mut piece = HostBuffer::zeroed(bytes)
+                        .context(|| format!("placing '{}' on device {d}", spec.name))?;
+                    buffer
+                        .to_host_into(&mut piece)
+                        .context(|| format!("copying a replica of '{}'", spec.name))?;
+                    piece
                 }
-            }
-            let piece = &last.as_ref().expect("just filled").1;
+                _ => shard(d, &region)?,
+            };
+            check_shard(spec, d, &region, &piece)?;
             let dims: Vec<i64> = region.shape().iter().map(|&s| s as i64).collect();
-            let buffer = self.client.buffer_from_host(piece, ty, &dims, device);
+            let buffer = self.client.buffer_from_host_buffer(piece, ty, &dims, device);
             buffers.push(buffer.context(|| format!("uploading '{}' to device {d}", spec.name))?);
-        }
-        if let Some((_, piece)) = last {
-            done(piece);
+            last = Some(region);
         }
         Ok(DeviceArray { shards: buffers })
     }
