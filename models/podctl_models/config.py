@@ -124,6 +124,10 @@ class TrainConfig:
     prompt_len: int = 0
     max_new_tokens: int = 0
     logprob_chunk: int = 0
+    # GRPO only: consecutive rows of a micro-batch that answer the same prompt (the job's
+    # `generations`). The gradient and log-prob programs then run each prompt once and its
+    # completions against its keys and values; 1 runs every row whole.
+    prompt_group: int = 1
 
     @classmethod
     def grpo(cls, prompt_len: int, max_new_tokens: int, logprob_chunk: int = 64,
@@ -223,6 +227,11 @@ class TrainConfig:
             raise ConfigError(
                 f"train.logprob_chunk = {chunk} does not divide prompt_len + max_new_tokens = "
                 f"{total}; pick a divisor (or 0 for unchunked)")
+        group = self.prompt_group
+        if not isinstance(group, int) or group < 1 or self.micro_batch % group:
+            raise ConfigError(
+                f"train.prompt_group = {group!r}: must be a positive divisor of micro_batch = "
+                f"{self.micro_batch} (the rows answering one prompt; 1 = no sharing)")
         if self.loss_chunk != (chunk or total):
             raise ConfigError(
                 f"train.loss_chunk = {self.loss_chunk!r}: in a grpo bundle it is the log-prob "
@@ -244,6 +253,8 @@ class TrainConfig:
         if self.kind == "grpo":
             document.update(prompt_len=self.prompt_len, max_new_tokens=self.max_new_tokens,
                             logprob_chunk=self.logprob_chunk)
+            if self.prompt_group > 1:
+                document["prompt_group"] = self.prompt_group
         elif self.decodes:
             document.update(prompt_len=self.prompt_len, max_new_tokens=self.max_new_tokens)
         return document

@@ -295,6 +295,9 @@ def parse_args(argv: list[str] | None) -> tuple[BundleConfig, Path]:
     parser.add_argument("--logprob-chunk", type=int, default=None,
                         help="grpo: time steps per log-prob chunk, 0 = unchunked (default: "
                              "min(64, prompt-len + max-new-tokens))")
+    parser.add_argument("--prompt-group", type=int, default=1,
+                        help="grpo: consecutive rows of a micro-batch answering one prompt (the "
+                             "job's generations), whose prompt is computed once (default 1)")
     parser.add_argument("--param-dtype", default=defaults_train.param_dtype)
     parser.add_argument("--compute-dtype", default=defaults_train.compute_dtype)
     parser.add_argument("--attention", default=defaults_train.attention,
@@ -329,6 +332,9 @@ def parse_args(argv: list[str] | None) -> tuple[BundleConfig, Path]:
         if args.logprob_chunk is not None:
             raise ConfigError(f"train.logprob_chunk = {args.logprob_chunk!r}: only grpo bundles "
                               f"have it; add --kind grpo or drop --logprob-chunk")
+        if args.prompt_group != 1:
+            raise ConfigError(f"train.prompt_group = {args.prompt_group!r}: only grpo bundles "
+                              f"have it; add --kind grpo or drop --prompt-group")
         # An sft bundle with both rollout buffers also gets `rollout`, for held-out evaluation.
         common.update(prompt_len=args.prompt_len or 0, max_new_tokens=args.max_new_tokens or 0)
         seq_len = defaults_train.seq_len if args.seq_len is None else args.seq_len
@@ -377,7 +383,8 @@ def _grpo_train(args, common: dict) -> TrainConfig:
     chunk = args.logprob_chunk
     if chunk is None:
         chunk = min(64, total)
-    train = TrainConfig.grpo(args.prompt_len, args.max_new_tokens, chunk, **common)
+    train = TrainConfig.grpo(args.prompt_len, args.max_new_tokens, chunk,
+                             prompt_group=args.prompt_group, **common)
     if args.seq_len is not None:
         train = dataclasses.replace(train, seq_len=args.seq_len)
     if args.loss_chunk is not None:

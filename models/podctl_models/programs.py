@@ -309,17 +309,58 @@ def _rollout_program(model, train, mesh, params, as_dict) -> Program:
     return Program("rollout", rollout_fn, params + inputs, outputs, frozenset())
 
 
+def shared_prompt_group(train: TrainConfig, mesh) -> int:
+    """The rows per prompt the GRPO programs compute the prompt once for: `train.prompt_group`
+    where the shared-prompt path applies (XLA attention, whole groups on every `fsdp` shard, no
+    sequence axis), else 1."""
+    group = train.prompt_group
+    if group <= 1 or train.attention != "xla":
+        return 1
+    if mesh is not None:
+        sizes = dict(mesh.shape)
+        if "sp" in sizes or (train.micro_batch // group) % sizes.get("fsdp", 1):
+            return 1
+    return group
+
+
+def divisor_at_most(n: int, limit: int) -> int:
+    """The largest divisor of `n` not above `limit`; 0 (unchunked) for a `limit` of 0."""
+    if limit <= 0:
+        return 0
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
+
+
 def _grpo_programs(model, train, mesh, params, grads, as_dict) -> dict[str, Program]:
     n = len(params)
     rows, seq = train.micro_batch, train.seq_len
     prompt_len, new_tokens = train.prompt_len, train.max_new_tokens
     shard = qwen3.Sharder(mesh)
 
+    group = shared_prompt_group(train, mesh)
+
     def policy_logprobs(p, tokens, targets, prompt_lengths, temperature):
+        head = qwen3.output_head(p)
+        if group > 1:
+            return shared_prompt_logprobs(p, head, tokens, targets, prompt_lengths, temperature)
         start = rollout.left_padding(prompt_lengths, prompt_len)
         hidden = qwen3.hidden_states(p, tokens, model, train, mesh, start=start)
-        head = qwen3.output_head(p).astype(hidden.dtype)
-        return grpo.token_logprobs(hidden, head, targets, temperature, train.logprob_chunk, shard)
+        return grpo.token_logprobs(hidden, head.astype(hidden.dtype), targets, temperature,
+                                   train.logprob_chunk, shard)
+
+    def shared_prompt_logprobs(p, head, tokens, targets, prompt_lengths, temperature):
+        """`[rows, seq]` log-probs with each group's prompt run once. Only the positions that
+        predict a completion token (`prompt_len - 1 ..`, where a loss mask can be non-zero)
+        are computed; the others are 0."""
+        start = rollout.left_padding(prompt_lengths[::group], prompt_len)
+        hp, hc = qwen3.shared_prompt_hidden(p, tokens[::group, :prompt_len], tokens[:, prompt_len:],
+                                            start, model, train, mesh)
+        # The prompt's last position predicts the first completion token of each of its rows.
+        last = jnp.repeat(hp[:, -1:], group, axis=0)
+        hidden = jnp.concatenate([last, hc[:, :new_tokens - 1]], axis=1)
+        wanted = targets[:, prompt_len - 1:prompt_len - 1 + new_tokens]
+        logprobs = grpo.token_logprobs(hidden, head.astype(hidden.dtype), wanted, temperature,
+                                       divisor_at_most(new_tokens, train.logprob_chunk), shard)
+        return jnp.pad(logprobs, ((0, 0), (prompt_len - 1, 1)))
 
     def logprobs_fn(*args):
         return (policy_logprobs(as_dict(args[:n]), *args[n:]),)

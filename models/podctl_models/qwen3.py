@@ -346,6 +346,73 @@ def hidden_states(params: Params, tokens: jax.Array, model: ModelConfig, train: 
     return (hidden, kv) if return_kv else hidden
 
 
+def shared_prompt_hidden(params: Params, prompts: jax.Array, completions: jax.Array,
+                         start: jax.Array, model: ModelConfig, train: TrainConfig, mesh=None):
+    """Final-normed hidden states of rows that share prompts, each prompt computed once.
+
+    `prompts` `[groups, P]` (left-padded, `start` `[groups]` as in `positions_and_mask`) and
+    `completions` `[groups * G, C]`: rows `i * G .. (i + 1) * G` continue prompt `i`. The result
+    is `(prompt_hidden [groups, P, hidden], completion_hidden [groups * G, C, hidden])`, what
+    `hidden_states` gives for the rows `[prompt | completion]` (prompt positions are causal, so
+    the G copies of a prompt agree), with the prompts' work done once instead of G times.
+    """
+    shard = Sharder(mesh)
+    dtype = jnp.dtype(train.compute_dtype)
+    (groups, prompt_len), (rows, new) = prompts.shape, completions.shape
+    group = rows // groups
+    embed = params["embed"]
+    xp = shard(jnp.take(embed, prompts, axis=0).astype(dtype), "fsdp", SEQ, None)
+    xc = shard(jnp.take(embed, completions, axis=0).astype(dtype), "fsdp", SEQ, None)
+    positions, prompt_mask = positions_and_mask(prompt_len, start)
+    cos_p, sin_p = rope_tables(positions, model.head_dim, model.rope_theta, dtype)
+    row_start = jnp.repeat(start.astype(jnp.int32), group)
+    after = (prompt_len - row_start)[:, None] + jnp.arange(new, dtype=jnp.int32)[None, :]
+    cos_c, sin_c = rope_tables(after, model.head_dim, model.rope_theta, dtype)
+    prompt_keys = jnp.arange(prompt_len, dtype=jnp.int32)[None, :] >= start.astype(jnp.int32)[:, None]
+    causal = jnp.tril(jnp.ones((new, new), bool))
+
+    def completion_attention(q, k, v, kp, vp):
+        """Completion queries `[rows, C, kv, g, hd]` over their prompt's keys (shared by the
+        group, never copied G times) and their own causal keys, one softmax over both."""
+        kv, g, hd = q.shape[2:]
+        q5 = q.reshape(groups, group, new, kv, g, hd)
+        low = jnp.finfo(jnp.float32).min
+        on_prompt = jnp.einsum("bnckgd,bskd->bnkgcs", q5, kp, preferred_element_type=jnp.float32)
+        on_prompt = jnp.where(prompt_keys[:, None, None, None, None, :], on_prompt, low)
+        own = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+        own = jnp.where(causal, own.reshape(groups, group, kv, g, new, new), low)
+        probs = jax.nn.softmax(jnp.concatenate([on_prompt, own], axis=-1), axis=-1).astype(q.dtype)
+        out = jnp.einsum("bnkgcs,bskd->bnckgd", probs[..., :prompt_len], vp)
+        own_probs = probs[..., prompt_len:].reshape(rows, kv, g, new, new)
+        return out.reshape(q.shape) + jnp.einsum("bkgts,bskd->btkgd", own_probs, v)
+
+    def layer_body(carry, layer):
+        xp, xc = carry
+        if train.lora_rank:
+            layer = {**layer, LORA_SCALE: train.lora_alpha / train.lora_rank}
+        hp = rms_norm(xp, layer["layers/input_norm"], model.rms_norm_eps)
+        hc = rms_norm(xc, layer["layers/input_norm"], model.rms_norm_eps)
+        qp, kp, vp = project_qkv(hp, layer, cos_p, sin_p, model, shard)
+        qc, kc, vc = project_qkv(hc, layer, cos_c, sin_c, model, shard)
+        op = attention_core(qp, kp, vp, prompt_mask)
+        oc = completion_attention(qc, kc, vc, kp, vp)
+        xp = shard(xp + project(op.reshape(groups, prompt_len, -1), layer, "layers/o_proj"),
+                   "fsdp", SEQ, None)
+        xc = shard(xc + project(oc.reshape(rows, new, -1), layer, "layers/o_proj"),
+                   "fsdp", SEQ, None)
+        hp = rms_norm(xp, layer["layers/post_norm"], model.rms_norm_eps)
+        hc = rms_norm(xc, layer["layers/post_norm"], model.rms_norm_eps)
+        xp = shard(xp + mlp(hp, layer, shard), "fsdp", SEQ, None)
+        xc = shard(xc + mlp(hc, layer, shard), "fsdp", SEQ, None)
+        return (xp, xc), None
+
+    if train.remat != "none":
+        layer_body = jax.checkpoint(layer_body, policy=remat_policy(train), prevent_cse=False)
+    (xp, xc), _ = lax.scan(layer_body, (xp, xc), layer_params(params))
+    norm = params["final_norm"]
+    return rms_norm(xp, norm, model.rms_norm_eps), rms_norm(xc, norm, model.rms_norm_eps)
+
+
 def sft_loss(params: Params, tokens: jax.Array, targets: jax.Array, loss_mask: jax.Array,
              model: ModelConfig, train: TrainConfig, mesh=None, chunked: bool = True):
     """`(loss_sum, token_count)`: summed float32 cross-entropy over the masked targets."""

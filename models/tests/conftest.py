@@ -1,5 +1,6 @@
 """Shared fixtures. JAX runs on 4 CPU devices so sharded programs run in-process."""
 
+import dataclasses
 import json
 import os
 
@@ -51,6 +52,13 @@ def grpo_bundle_2x2(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def grpo_bundle_grouped(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("grpo_grouped")
+    write_bundle(BundleConfig(preset("tiny"), dataclasses.replace(GRPO_TRAIN, prompt_group=2)), out)
+    return out
+
+
 class BundlePrograms:
     """A single-device bundle's own modules (its `.jaxexport` files), compiled on first use."""
 
@@ -69,6 +77,11 @@ class BundlePrograms:
 
     def __call__(self, name: str, *args):
         return self.compiled(name, *args)(*args)
+
+
+@pytest.fixture(scope="session")
+def grpo_grouped_programs(grpo_bundle_grouped) -> BundlePrograms:
+    return BundlePrograms(grpo_bundle_grouped)
 
 
 @pytest.fixture(scope="session")

@@ -90,7 +90,7 @@ def grpo_batch() -> dict:
     ref = np.where(mask != 0, policy + rng.normal(0, 0.3, (ROWS, SEQ)), np.nan).astype(np.float32)
     return {"params": params, "tokens": tokens, "targets": targets, "lengths": lengths,
             "mask": mask, "advantages": np.array([1.0, -0.5, 0.8, -1.2], np.float32),
-            "old": old, "ref": ref}
+            "old": old, "ref": ref, "policy": policy}
 
 
 def step_args(batch: dict, grads: list) -> list:
@@ -117,6 +117,52 @@ def test_exported_grpo_grad_step_equals_a_direct_jax_reference(grpo_programs, gr
     for path, got in zip(PATHS, out[:N]):
         assert np.all(np.isfinite(got)), path
         assert_close_to_scale(got, want_grads[path], 1e-5)
+
+
+@pytest.fixture(scope="module")
+def grouped_batch(grpo_batch) -> dict:
+    """`grpo_batch` with rows 0-1 and 2-3 answering one prompt each (the rollout's layout for
+    two generations): the prompts of rows 0 and 2, each row its own completion."""
+    b = grpo_batch
+    prompts, lengths = grpo_prompts(seed=5)
+    prompts, lengths = prompts[[0, 0, 2, 2]], lengths[[0, 0, 2, 2]]
+    tokens, targets = full_sequences(prompts, b["tokens"][:, PROMPT:])
+    policy = np.asarray(jax.jit(reference_logprobs)(b["params"], tokens, targets, lengths,
+                                                   TEMPERATURE))
+    counted = b["mask"] != 0
+    # The same ratios and reference offsets as grpo_batch, around this batch's policy.
+    old = np.where(counted, policy - (b["policy"] - b["old"]), np.inf).astype(np.float32)
+    ref = np.where(counted, policy + (b["ref"] - b["policy"]), np.nan).astype(np.float32)
+    return dict(b, tokens=tokens, targets=targets, lengths=lengths, old=old, ref=ref)
+
+
+def test_a_grouped_bundle_runs_each_prompt_once_and_equals_the_reference(
+        grpo_grouped_programs, grouped_batch):
+    """`prompt_group = 2`: the prompt is computed once per pair of rows, and the loss, metrics,
+    gradients and log-probs are still those of the plain per-row formulas."""
+    b = grouped_batch
+    out = grpo_grouped_programs("grpo_grad_step", *step_args(b, zeros_like_params(b)))
+    (want_loss, want_metrics), want_grads = reference_grpo(b["params"], b)
+    loss_sum, token_count, *metrics = (float(x) for x in out[N:])
+    np.testing.assert_allclose(loss_sum, float(want_loss), rtol=1e-5)
+    assert token_count == 24
+    got_metrics = dict(zip(grpo.METRIC_NAMES, metrics))
+    for name in ("kl_sum", "ratio_sum", "ratio_min", "ratio_max"):
+        np.testing.assert_allclose(got_metrics[name], float(want_metrics[name]), rtol=1e-5)
+    assert got_metrics["clipped_count"] == float(want_metrics["clipped_count"]) > 0
+    for path, got in zip(PATHS, out[:N]):
+        assert_close_to_scale(got, want_grads[path], 1e-5)
+
+    params = [b["params"][p] for p in PATHS]
+    (logprobs,) = grpo_grouped_programs("logprobs", *params, b["tokens"], b["targets"],
+                                        b["lengths"], np.float32(TEMPERATURE))
+    want = np.asarray(jax.jit(reference_logprobs)(b["params"], b["tokens"], b["targets"],
+                                                 b["lengths"], TEMPERATURE))
+    # The positions before the first prediction are not computed at all on this path.
+    assert not np.asarray(logprobs)[:, :PROMPT - 1].any()
+    predicting = slice(PROMPT - 1, SEQ - 1)
+    np.testing.assert_allclose(np.asarray(logprobs)[:, predicting], want[:, predicting],
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_grpo_grad_step_adds_to_the_gradients_it_is_given(grpo_programs, grpo_batch):

@@ -109,6 +109,11 @@ pub struct TrainConfig {
     /// GRPO only: time steps per log-prob chunk; 0 computes all logits at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprob_chunk: Option<u64>,
+    /// GRPO only: consecutive rows of a micro-batch that answer one prompt (the job's
+    /// `generations`); the gradient and log-prob programs compute each such prompt once.
+    /// Absent: every row is computed whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_group: Option<u64>,
 }
 
 /// LoRA adapters (docs/BUNDLE.md, "LoRA bundles").
@@ -522,6 +527,17 @@ impl Manifest {
             ("max_new_tokens", t.max_new_tokens),
             ("logprob_chunk", t.logprob_chunk),
         ];
+        if t.kind != "grpo" && t.prompt_group.is_some() {
+            return Err(("train.prompt_group".into(), "only grpo bundles have it".into()));
+        }
+        if let Some(group) = t.prompt_group
+            && (group == 0 || !b.is_multiple_of(group))
+        {
+            return Err((
+                "train.prompt_group".into(),
+                format!("{group} does not divide micro_batch = {b}; export the bundle again"),
+            ));
+        }
         if t.kind != "grpo" {
             // An SFT bundle decodes only for held-out evaluation: both buffers and `rollout`, or
             // none of them.

@@ -242,6 +242,10 @@ fn loads_a_valid_grpo_bundle() {
     let b = Bundle::load(dir.path()).unwrap();
     let train = &b.manifest().train;
     assert_eq!((train.prompt_len, train.max_new_tokens, train.logprob_chunk), (Some(10), Some(6), Some(8)));
+    assert_eq!(train.prompt_group, None);
+    let mut grouped = grpo_manifest();
+    grouped["train"]["prompt_group"] = json!(4);
+    assert_eq!(Bundle::load(write(&grouped).path()).unwrap().manifest().train.prompt_group, Some(4));
     assert_eq!(b.program("grpo_grad_step").unwrap().inputs.len(), 2 * 2 + 11);
     assert_eq!(b.program("rollout").unwrap().inputs.len(), 2 + 7);
     assert!(b.program("grad_step").is_err());
@@ -250,8 +254,10 @@ fn loads_a_valid_grpo_bundle() {
 #[test]
 fn grpo_checks_name_the_broken_field() {
     type Breakage = (fn(&mut serde_json::Value), &'static str);
-    let cases: [Breakage; 9] = [
+    let cases: [Breakage; 11] = [
         (|m| m["train"]["seq_len"] = json!(17), "train.seq_len: 17 is not prompt_len + max_new_tokens"),
+        (|m| m["train"]["prompt_group"] = json!(3), "train.prompt_group: 3 does not divide micro_batch = 8"),
+        (|m| m["train"]["prompt_group"] = json!(0), "train.prompt_group: 0 does not divide micro_batch = 8"),
         (|m| m["train"]["loss_chunk"] = json!(16), "train.loss_chunk: 16 is not logprob_chunk"),
         (
             |m| m["train"].as_object_mut().unwrap().remove("logprob_chunk").map(drop).unwrap(),

@@ -62,6 +62,9 @@ pub fn export_args(job: &JobSpec, platform: &str) -> Vec<String> {
             ("--max-new-tokens", g.max_new_tokens.to_string()),
             ("--remat", t.remat.clone()),
             ("--logprob-chunk", t.loss_chunk.min(job.seq_len).to_string()),
+            // A micro-batch holds whole groups (row r answers prompt r / generations), so each
+            // prompt's forward and backward pass is computed once for its group.
+            ("--prompt-group", prompt_group(job.batch.micro, g.generations).to_string()),
         ]),
     }
     args.extend([
@@ -81,6 +84,12 @@ pub fn export_args(job: &JobSpec, platform: &str) -> Vec<String> {
         args.push("--offload-optimizer".into());
     }
     args
+}
+
+/// The rows per prompt a GRPO bundle computes the prompt once for: the job's generations when
+/// every micro-batch holds whole groups, else 1 (each row whole).
+fn prompt_group(micro: u64, generations: u64) -> u64 {
+    if generations > 1 && micro.is_multiple_of(generations) { generations } else { 1 }
 }
 
 /// Returns the cached bundle for `args`, exporting it first if needed.

@@ -82,6 +82,15 @@ impl GrpoTask {
             ));
         }
         let micro = train.micro_batch as usize;
+        // Row r answers prompt r / generations, so a bundle that runs each prompt once for a
+        // group of rows must group exactly the job's generations.
+        if let Some(group) = train.prompt_group.filter(|&g| g != spec.generations) {
+            return Err(WorkerError::Mismatch(format!(
+                "the bundle computes each prompt once for {group} rows, but the job samples {} generations per \
+                 prompt; export the bundle again",
+                spec.generations
+            )));
+        }
         let prompts_per_step = job.batch.global / spec.generations;
         let seq_len = job.seq_len as usize;
         let prompts =
