@@ -309,20 +309,6 @@ def _rollout_program(model, train, mesh, params, as_dict) -> Program:
     return Program("rollout", rollout_fn, params + inputs, outputs, frozenset())
 
 
-def shared_prompt_group(train: TrainConfig, mesh) -> int:
-    """The rows per prompt the GRPO programs compute the prompt once for: `train.prompt_group`
-    where the shared-prompt path applies (XLA attention, whole groups on every `fsdp` shard, no
-    sequence axis), else 1."""
-    group = train.prompt_group
-    if group <= 1 or train.attention != "xla":
-        return 1
-    if mesh is not None:
-        sizes = dict(mesh.shape)
-        if "sp" in sizes or (train.micro_batch // group) % sizes.get("fsdp", 1):
-            return 1
-    return group
-
-
 def divisor_at_most(n: int, limit: int) -> int:
     """The largest divisor of `n` not above `limit`; 0 (unchunked) for a `limit` of 0."""
     if limit <= 0:
@@ -336,7 +322,7 @@ def _grpo_programs(model, train, mesh, params, grads, as_dict) -> dict[str, Prog
     prompt_len, new_tokens = train.prompt_len, train.max_new_tokens
     shard = qwen3.Sharder(mesh)
 
-    group = shared_prompt_group(train, mesh)
+    group = qwen3.shared_prompt_group(train, mesh)
 
     def policy_logprobs(p, tokens, targets, prompt_lengths, temperature):
         head = qwen3.output_head(p)

@@ -346,6 +346,20 @@ def hidden_states(params: Params, tokens: jax.Array, model: ModelConfig, train: 
     return (hidden, kv) if return_kv else hidden
 
 
+def shared_prompt_group(train: TrainConfig, mesh) -> int:
+    """The rows per prompt the GRPO programs compute the prompt once for: `train.prompt_group`
+    where the shared-prompt path applies (XLA attention, whole groups on every `fsdp` shard, no
+    sequence axis), else 1."""
+    group = train.prompt_group
+    if group <= 1 or train.attention != "xla":
+        return 1
+    if mesh is not None:
+        sizes = dict(mesh.shape)
+        if "sp" in sizes or (train.micro_batch // group) % sizes.get("fsdp", 1):
+            return 1
+    return group
+
+
 def shared_prompt_hidden(params: Params, prompts: jax.Array, completions: jax.Array,
                          start: jax.Array, model: ModelConfig, train: TrainConfig, mesh=None):
     """Final-normed hidden states of rows that share prompts, each prompt computed once.

@@ -161,13 +161,33 @@ def generate(params: qwen3.Params, prompts: jax.Array, prompt_lengths: jax.Array
     start = left_padding(prompt_lengths, prompt_len)
 
     # Prefill: one pass over the prompts fills the cache's first prompt_len columns.
-    hidden, (keys, values) = qwen3.hidden_states(params, prompts, model, train, mesh,
-                                                 start=start, return_kv=True)
+    def prefill(prompts, start):
+        hidden, (keys, values) = qwen3.hidden_states(params, prompts, model, train, mesh,
+                                                     start=start, return_kv=True)
+        return hidden[:, -1], keys, values
+
+    group = qwen3.shared_prompt_group(train, mesh)
+    if group > 1:
+        # GRPO's rows come in groups answering one prompt: prefill each prompt once and give
+        # its cache to every row of the group. Checked on the values, so other batches (held-out
+        # evaluation) take the plain path.
+        grouped = prompts.reshape(rows // group, group, prompt_len)
+        shared = jnp.all(grouped == grouped[:, :1]) & jnp.all(
+            start.reshape(rows // group, group) == start[::group, None])
+
+        def once_per_group(_):
+            return tuple(jnp.repeat(x, group, axis=axis) for x, axis in
+                         zip(prefill(prompts[::group], start[::group]), (0, 1, 1)))
+
+        last_hidden, keys, values = lax.cond(shared, once_per_group,
+                                             lambda _: prefill(prompts, start), None)
+    else:
+        last_hidden, keys, values = prefill(prompts, start)
     padding = ((0, 0), (0, 0), (0, new_tokens), (0, 0), (0, 0))
     cache = tuple(shard(jnp.pad(c, padding), None, "fsdp", None, "tp", None)
                   for c in (keys, values))
-    head = qwen3.output_head(params).astype(hidden.dtype)
-    logits = jnp.einsum("bh,vh->bv", hidden[:, -1], head, preferred_element_type=jnp.float32)
+    head = qwen3.output_head(params).astype(last_hidden.dtype)
+    logits = jnp.einsum("bh,vh->bv", last_hidden, head, preferred_element_type=jnp.float32)
 
     row_keys = jax.vmap(jax.random.key)(seeds.astype(jnp.uint32))
 

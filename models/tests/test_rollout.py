@@ -199,3 +199,20 @@ def test_sampling_draws_from_the_renormalized_nucleus():
     within(frequencies(1.0), probs)
     # Temperature 0 is greedy whatever the keys.
     assert frequencies(1.0, temperature=0.0)[0] == 1.0
+
+
+def test_a_grouped_bundle_prefills_a_shared_prompt_once_and_samples_the_same(
+        grpo_programs, grpo_grouped_programs):
+    """`prompt_group = 2` with rows 0-1 and 2-3 sharing a prompt: each prompt is prefilled once
+    and its cache given to both rows; the completions and log-probs are those of the per-row
+    bundle. Rows that do not share prompts take the plain path and agree too."""
+    grouped, lengths = PROMPTS[[0, 0, 2, 2]], LENGTHS[[0, 0, 2, 2]]
+    for prompts, lengths in ((grouped, lengths), (PROMPTS, LENGTHS)):
+        want = run_rollout(grpo_programs, 1.0, prompts=prompts, lengths=lengths)
+        got = run_rollout(grpo_grouped_programs, 1.0, prompts=prompts, lengths=lengths)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_allclose(got[2], want[2], rtol=1e-5, atol=1e-6)
+    # Rows of one group sample with their own seeds: the two answers to one prompt differ.
+    tokens = run_rollout(grpo_grouped_programs, 1.0, prompts=grouped, lengths=lengths)[0]
+    assert not np.array_equal(tokens[0], tokens[1])
