@@ -41,6 +41,10 @@ fn main() -> ExitCode {
     // user chose a level. First thing, while this process has one thread.
     pjrt::quiet_plugin_logs();
     let matches = Podctl::command().get_matches();
+    // The commands that run programs on the CPU plugin; before any thread starts.
+    if matches!(matches.subcommand_name(), Some("launch" | "worker")) {
+        pjrt::restart_with_huge_page_malloc();
+    }
     let podctl = Podctl::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let log = match (&podctl.command, matches.value_source("log")) {
         (Command::Coordinator(_), Some(ValueSource::DefaultValue)) => coordinator::command::DEFAULT_LOG,
