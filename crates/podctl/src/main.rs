@@ -41,9 +41,9 @@ fn main() -> ExitCode {
     // user chose a level. First thing, while this process has one thread.
     pjrt::quiet_plugin_logs();
     let matches = Podctl::command().get_matches();
-    // The commands that run programs on the CPU plugin; before any thread starts.
+    // The commands that run programs (glibc reads its tunables at start); before any thread starts.
     if matches!(matches.subcommand_name(), Some("launch" | "worker")) {
-        pjrt::restart_with_huge_page_malloc();
+        pjrt::restart_with_malloc_for_xla();
     }
     let podctl = Podctl::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let log = match (&podctl.command, matches.value_source("log")) {
