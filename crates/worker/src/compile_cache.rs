@@ -2,8 +2,8 @@
 //! a preemption, a restart from a checkpoint) loads its programs instead of compiling them.
 //!
 //! An entry is keyed by everything the compiled code depends on: the plugin (its path, size,
-//! modification time and API version), the platform, the program's bytes, the compile options
-//! and the device ids. Its file is `PODX`, the SHA-256 of the payload, then the payload that
+//! modification time and API version), the platform, the program's bytes, the compile options,
+//! the device ids and `XLA_FLAGS`. Its file is `PODX`, the SHA-256 of the payload, then the payload that
 //! the plugin serialized; the hash is checked before the plugin sees the bytes, so a truncated
 //! or damaged file is recompiled, never loaded. Files are written under a temporary name and
 //! renamed, so concurrent workers never read a half-written entry. Nothing is evicted: the
@@ -14,6 +14,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 4] = b"PODX";
+/// The environment variable XLA's plugins read compiler flags from.
+const XLA_FLAGS: &str = "XLA_FLAGS";
 /// Entries larger than this are neither written nor read.
 const MAX_ENTRY_BYTES: u64 = 4 << 30;
 
@@ -58,6 +60,10 @@ impl CacheKey<'_> {
         for id in self.devices {
             h.update(id.to_le_bytes());
         }
+        // The plugin reads compiler flags from the environment too.
+        let flags = std::env::var_os(XLA_FLAGS).unwrap_or_default();
+        h.update((flags.len() as u64).to_le_bytes());
+        h.update(flags.as_encoded_bytes());
         hex::encode(h.finalize())
     }
 }
