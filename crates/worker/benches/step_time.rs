@@ -107,6 +107,9 @@ fn jax_trial(bundle: &std::path::Path, args: &Args, client: &str) -> f64 {
 }
 
 fn main() {
+    // The malloc settings `podctl launch` and `podctl worker` run with; the JAX children inherit
+    // them, so both sides allocate alike.
+    pjrt::restart_with_malloc_for_xla();
     let args = parse_args();
     let dir = support::root()
         .join("target/bench-bundles")
@@ -125,6 +128,7 @@ fn main() {
         args.mesh, args.accum, args.micro_batch, args.seq_len, args.steps
     );
     println!("XLA_FLAGS for both sides: {:?}", std::env::var("XLA_FLAGS").unwrap_or_default());
+    println!("GLIBC_TUNABLES for both sides: {:?}", std::env::var("GLIBC_TUNABLES").unwrap_or_default());
     let mut rust_best = f64::INFINITY;
     let mut jax_best = vec![f64::INFINITY; args.clients.len()];
     for trial in 1..=args.trials {
