@@ -31,8 +31,7 @@ const MALLOC_TUNABLES: [(&str, &str); 4] = [
     ("glibc.malloc.top_pad", "67108864"),
 ];
 
-/// Restarts this process (same executable, arguments and pid) with [`MALLOC_TUNABLES`] (also
-/// written out in scripts/bench/grpo_vs_trl.sh, which gives TRL the same) added to
+/// Restarts this process (same executable, arguments and pid) with [`MALLOC_TUNABLES`] added to
 /// `GLIBC_TUNABLES`, unless it already sets `glibc.malloc.hugetlb` (the user's choice, or this
 /// restart's); a key the user set keeps the user's value. Measured on the GRPO step of
 /// `examples/grpo-arith.yaml` over 36 steps: 6.5 M page faults and a median step of 0.96 s with
