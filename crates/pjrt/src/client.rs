@@ -163,24 +163,11 @@ impl Client {
         dims: &[i64],
         device: &Device,
     ) -> Result<Buffer> {
-        self.check_upload(data, ty, dims, device)?;
-        let plugin = self.inner.plugin;
-        let mut args = new_args!(PJRT_Client_BufferFromHostBuffer_Args);
-        args.client = self.inner.raw;
-        args.data = data.as_ptr().cast();
-        args.type_ = ty.to_raw();
-        args.dims = dims.as_ptr();
-        args.num_dims = dims.len();
-        // The plugin copies during the call, so `data` need not outlive it.
-        args.host_buffer_semantics = ffi::PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
-        args.device = device.raw;
-        // SAFETY: `data` holds exactly the bytes the dims and type describe and outlives the call.
-        plugin.check(
-            unsafe { call!(plugin, PJRT_Client_BufferFromHostBuffer)(&mut args) },
-            "PJRT_Client_BufferFromHostBuffer",
-        )?;
-        let buffer = Buffer::from_raw(self.inner.clone(), args.buffer);
-        plugin.await_event(args.done_with_host_buffer, "PJRT_Client_BufferFromHostBuffer")?;
+        // SAFETY: the plugin copies `data` during the call, and `data` outlives it.
+        let (buffer, done) = unsafe {
+            self.start_upload(data, ty, dims, device, ffi::PJRT_HostBufferSemantics_kImmutableOnlyDuringCall)
+        }?;
+        self.inner.plugin.await_event(done, "PJRT_Client_BufferFromHostBuffer")?;
         Ok(buffer)
     }
 
@@ -204,25 +191,47 @@ impl Client {
         if data.is_empty() || function!(plugin, PJRT_Event_OnReady).is_err() {
             return self.buffer_from_host(&data, ty, dims, device);
         }
-        self.check_upload(&data, ty, dims, device)?;
+        // SAFETY: `data`'s mapping stays where it is until `release_when_done` frees it after the
+        // plugin's done event, and nothing writes to it meanwhile (this function owns it).
+        let (buffer, done) = unsafe {
+            self.start_upload(&data, ty, dims, device, ffi::PJRT_HostBufferSemantics_kImmutableZeroCopy)
+        }?;
+        plugin.release_when_done(done, data)?;
+        Ok(buffer)
+    }
+
+    /// One `PJRT_Client_BufferFromHostBuffer` of `data` (checked first) under `semantics`: the
+    /// buffer, and the event after which the plugin no longer needs `data` (to await, or to
+    /// free `data` on).
+    ///
+    /// # Safety
+    /// Under a zero-copy `semantics`, `data` must stay allocated and unwritten until that event
+    /// fires; under `kImmutableOnlyDuringCall` it need only outlive the call.
+    unsafe fn start_upload(
+        &self,
+        data: &[u8],
+        ty: ElementType,
+        dims: &[i64],
+        device: &Device,
+        semantics: ffi::PJRT_HostBufferSemantics,
+    ) -> Result<(Buffer, *mut ffi::PJRT_Event)> {
+        self.check_upload(data, ty, dims, device)?;
+        let plugin = self.inner.plugin;
         let mut args = new_args!(PJRT_Client_BufferFromHostBuffer_Args);
         args.client = self.inner.raw;
         args.data = data.as_ptr().cast();
         args.type_ = ty.to_raw();
         args.dims = dims.as_ptr();
         args.num_dims = dims.len();
-        args.host_buffer_semantics = ffi::PJRT_HostBufferSemantics_kImmutableZeroCopy;
+        args.host_buffer_semantics = semantics;
         args.device = device.raw;
-        // SAFETY: `data` holds exactly the bytes the dims and type describe; its mapping stays
-        // where it is until `release_when_done` frees it after the plugin's done event, and
-        // nothing writes to it meanwhile (this function owns it).
+        // SAFETY: `data` holds exactly the bytes the dims and type describe (checked above) and
+        // lives as long as the caller promised for `semantics`.
         plugin.check(
             unsafe { call!(plugin, PJRT_Client_BufferFromHostBuffer)(&mut args) },
             "PJRT_Client_BufferFromHostBuffer",
         )?;
-        let buffer = Buffer::from_raw(self.inner.clone(), args.buffer);
-        plugin.release_when_done(args.done_with_host_buffer, data)?;
-        Ok(buffer)
+        Ok((Buffer::from_raw(self.inner.clone(), args.buffer), args.done_with_host_buffer))
     }
 
     /// Refuses an upload of `data` as `ty[dims]` to `device` that the plugin could not take.
