@@ -11,19 +11,7 @@ use std::path::Path;
 use std::process::Command;
 
 mod common;
-use common::{podctl, root};
-
-/// Runs podctl with `args`; returns its stdout, failing with both streams.
-fn run(args: &[&str]) -> String {
-    let out = podctl().args(args).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "podctl {args:?} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
+use common::{root, run};
 
 fn jsonl(path: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(path).unwrap();

@@ -2,28 +2,8 @@
 //! the adapters train, the checkpoints hold them apart from the base, and the export merges
 //! them into the base.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
-}
-
-fn podctl(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_podctl"))
-        .args(args)
-        .env("PODCTL_HOME", root())
-        .env("PODCTL_CACHE", root().join("target/test-cache"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "podctl {args:?} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
+mod common;
+use common::{root, run};
 
 #[test]
 fn a_lora_job_trains_locally_and_exports_merged_weights() {
@@ -32,21 +12,21 @@ fn a_lora_job_trains_locally_and_exports_merged_weights() {
     let spec = tmp.path().join("job.yaml");
     std::fs::write(&spec, example.replace("steps: 100", "steps: 20").replace("every: 50", "every: 10"))
         .unwrap();
-    let run = tmp.path().join("run");
-    let out = podctl(&["launch", spec.to_str().unwrap(), "--out", run.to_str().unwrap()]);
+    let run_dir = tmp.path().join("run");
+    let out = run(&["launch", spec.to_str().unwrap(), "--out", run_dir.to_str().unwrap()]);
     assert!(
         out.contains("LoRA rank 8 on q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj trains"),
         "{out}"
     );
     assert!(out.contains("done: 20 steps"), "{out}");
 
-    let checkpoints = run.join("checkpoints");
-    let listed = podctl(&["ckpt", "list", checkpoints.to_str().unwrap()]);
+    let checkpoints = run_dir.join("checkpoints");
+    let listed = run(&["ckpt", "list", checkpoints.to_str().unwrap()]);
     assert_eq!(listed.matches("committed").count(), 2, "{listed}");
     assert!(checkpoints.join("base").is_dir(), "the base is saved apart");
 
     let file = tmp.path().join("tiny.safetensors");
-    let out = podctl(&["ckpt", "export", checkpoints.to_str().unwrap(), "--out", file.to_str().unwrap()]);
+    let out = run(&["ckpt", "export", checkpoints.to_str().unwrap(), "--out", file.to_str().unwrap()]);
     assert!(out.contains("wrote 13 tensors of step 20"), "{out}");
     assert!(out.contains("LoRA adapters merged into 7 weights"), "{out}");
     let weights = checkpoint::export::read_safetensors(&file).unwrap();

@@ -35,6 +35,64 @@ fn range(values: impl Iterator<Item = f64>) -> (f64, f64) {
     (lo - pad, hi + pad)
 }
 
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    BitMapBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// A chart over `x` and `y` on `root`, its axes drawn and described.
+fn axes<'a, 'b>(
+    root: &'a DrawingArea<BitMapBackend<'b>, plotters::coord::Shift>,
+    path: &Path,
+    title: &str,
+    (x_label, x): (&str, std::ops::Range<f64>),
+    (y_label, y): (&str, std::ops::Range<f64>),
+) -> Result<Chart<'a, 'b>, RecordError> {
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 26))
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x, y)
+        .map_err(|e| plot_error(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .label_style(("sans-serif", 14))
+        .draw()
+        .map_err(|e| plot_error(path, e))?;
+    Ok(chart)
+}
+
+/// A dashed vertical line from `y0` to `y1` per marker (red for preemptions and failures),
+/// with the marker's label at the top when `labelled`.
+fn draw_markers(
+    chart: &mut Chart<'_, '_>,
+    path: &Path,
+    markers: &[(f64, String)],
+    (y0, y1): (f64, f64),
+    labelled: bool,
+) -> Result<(), RecordError> {
+    for (x, label) in markers {
+        let color = if label.contains("preempt") || label.contains("fail") { RED } else { BLUE };
+        chart
+            .draw_series(DashedLineSeries::new([(*x, y0), (*x, y1)], 6, 4, color.mix(0.6).stroke_width(1)))
+            .map_err(|e| plot_error(path, e))?;
+        if labelled {
+            chart
+                .draw_series([Text::new(
+                    label.clone(),
+                    (*x, y1),
+                    ("sans-serif", 12).into_font().color(&color),
+                )])
+                .map_err(|e| plot_error(path, e))?;
+        }
+    }
+    Ok(())
+}
+
 /// Draws `series` against step, with a dashed vertical line and label per marker.
 pub(crate) fn lines(
     path: &Path,
@@ -50,20 +108,7 @@ pub(crate) fn lines(
     let all = || series.iter().flat_map(|(_, points)| points.iter());
     let (x0, x1) = range(all().map(|p| p.0));
     let (y0, y1) = range(all().map(|p| p.1));
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 26))
-        .margin(16)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(x0..x1, y0..y1)
-        .map_err(|e| plot_error(path, e))?;
-    chart
-        .configure_mesh()
-        .x_desc(x_label)
-        .y_desc(y_label)
-        .label_style(("sans-serif", 14))
-        .draw()
-        .map_err(|e| plot_error(path, e))?;
+    let mut chart = axes(&root, path, title, (x_label, x0..x1), (y_label, y0..y1))?;
     for (i, (name, points)) in series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         chart
@@ -72,15 +117,7 @@ pub(crate) fn lines(
             .label(*name)
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
     }
-    for (x, label) in markers {
-        let color = if label.contains("preempt") || label.contains("fail") { RED } else { BLUE };
-        chart
-            .draw_series(DashedLineSeries::new([(*x, y0), (*x, y1)], 6, 4, color.mix(0.6).stroke_width(1)))
-            .map_err(|e| plot_error(path, e))?;
-        chart
-            .draw_series([Text::new(label.clone(), (*x, y1), ("sans-serif", 12).into_font().color(&color))])
-            .map_err(|e| plot_error(path, e))?;
-    }
+    draw_markers(&mut chart, path, markers, (y0, y1), true)?;
     if series.len() > 1 {
         chart.configure_series_labels().border_style(BLACK).draw().map_err(|e| plot_error(path, e))?;
     }
@@ -104,20 +141,7 @@ pub(crate) fn stacked(
     let all = || bands.iter().flat_map(|(_, points)| points.iter()).chain(total.1.iter());
     let (x0, x1) = range(all().map(|p| p.0));
     let (_, y1) = range(all().map(|p| p.1));
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 26))
-        .margin(16)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(x0..x1, 0.0..y1)
-        .map_err(|e| plot_error(path, e))?;
-    chart
-        .configure_mesh()
-        .x_desc("step")
-        .y_desc(y_label)
-        .label_style(("sans-serif", 14))
-        .draw()
-        .map_err(|e| plot_error(path, e))?;
+    let mut chart = axes(&root, path, title, ("step", x0..x1), (y_label, 0.0..y1))?;
     for (i, (name, points)) in bands.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         // The band's outline: its top left to right, then the band below's top back.
@@ -137,12 +161,7 @@ pub(crate) fn stacked(
         .map_err(|e| plot_error(path, e))?
         .label(total.0)
         .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.stroke_width(2)));
-    for (x, label) in markers {
-        let color = if label.contains("preempt") || label.contains("fail") { RED } else { BLUE };
-        chart
-            .draw_series(DashedLineSeries::new([(*x, 0.0), (*x, y1)], 6, 4, color.mix(0.6).stroke_width(1)))
-            .map_err(|e| plot_error(path, e))?;
-    }
+    draw_markers(&mut chart, path, markers, (0.0, y1), false)?;
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))

@@ -17,6 +17,19 @@ pub fn podctl() -> Command {
     command
 }
 
+/// Runs podctl with `args`; returns its stdout, failing with both streams.
+#[allow(dead_code)] // for the tests that run commands to completion
+pub fn run(args: &[&str]) -> String {
+    let out = podctl().args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "podctl {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// Polls `ready` until it gives a value, failing the test after `limit`.
 #[allow(dead_code)] // not every test binary waits
 pub fn wait_for<T>(what: &str, limit: Duration, mut ready: impl FnMut() -> Option<T>) -> T {
