@@ -125,10 +125,10 @@ fn vm_flags_at(smaps: &str, address: usize) -> Option<&str> {
             if inside {
                 return Some(flags);
             }
-        } else if let Some((start, end)) = line.split_once(' ').and_then(|(range, _)| range.split_once('-')) {
-            if let (Ok(start), Ok(end)) = (usize::from_str_radix(start, 16), usize::from_str_radix(end, 16)) {
-                inside = (start..end).contains(&address);
-            }
+        } else if let Some((start, end)) = line.split_once(' ').and_then(|(range, _)| range.split_once('-'))
+            && let (Ok(start), Ok(end)) = (usize::from_str_radix(start, 16), usize::from_str_radix(end, 16))
+        {
+            inside = (start..end).contains(&address);
         }
     }
     None
