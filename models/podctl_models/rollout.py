@@ -143,6 +143,70 @@ def decode_step(params: qwen3.Params, tokens: jax.Array, column: jax.Array, star
     return shard(logits, "fsdp", "tp"), (keys, values)
 
 
+def decode_step_shared(params: qwen3.Params, tokens: jax.Array, index: jax.Array,
+                       start: jax.Array, prompt_cache: tuple[jax.Array, jax.Array],
+                       cache: tuple[jax.Array, jax.Array], model: ModelConfig,
+                       train: TrainConfig, shard: qwen3.Sharder):
+    """`decode_step` for rows in groups that share a prompt (`qwen3.shared_prompt_group`): each
+    group's prompt keys/values are read once for its G rows instead of from G copies.
+
+    `prompt_cache` is `[num_layers, groups, prompt_len, kv_heads, head_dim]` (the group's
+    prefill, `start` `[rows]` equal within a group); `cache` `[num_layers, rows, max_new_tokens,
+    kv_heads, head_dim]` holds the completions' own keys/values, `tokens` are written at its
+    column `index`. One softmax over the prompt's columns then the completion's, as the per-row
+    cache orders them.
+    """
+    dtype = jnp.dtype(train.compute_dtype)
+    rows = tokens.shape[0]
+    groups, prompt_len = prompt_cache[0].shape[1:3]
+    group, new = rows // groups, cache[0].shape[2]
+    x = shard(jnp.take(params["embed"], tokens, axis=0).astype(dtype)[:, None, :], "fsdp", None, None)
+    cos, sin = qwen3.rope_tables((prompt_len + index - start)[:, None], model.head_dim,
+                                 model.rope_theta, dtype)
+    prompt_mask = jnp.arange(prompt_len, dtype=jnp.int32)[None, :] >= start[::group, None]
+    own_mask = jnp.arange(new, dtype=jnp.int32) <= index
+    low = jnp.finfo(jnp.float32).min
+
+    def attention(q, keys, values, prompt_keys, prompt_values):
+        kv, g, hd = q.shape[2:]
+        q = q[:, 0]
+        on_prompt = jnp.einsum("nckgd,nskd->nckgs", q.reshape(groups, group, kv, g, hd),
+                               prompt_keys, preferred_element_type=jnp.float32)
+        on_prompt = jnp.where(prompt_mask[:, None, None, None, :], on_prompt, low)
+        own = jnp.einsum("bkgd,bskd->bkgs", q, keys, preferred_element_type=jnp.float32)
+        own = jnp.where(own_mask, own, low)
+        scores = jnp.concatenate([on_prompt.reshape(rows, kv, g, prompt_len), own], axis=-1)
+        probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+        out = jnp.einsum("nckgs,nskd->nckgd",
+                         probs[..., :prompt_len].reshape(groups, group, kv, g, prompt_len),
+                         prompt_values).reshape(rows, kv, g, hd)
+        return out + jnp.einsum("bkgs,bskd->bkgd", probs[..., prompt_len:], values)
+
+    def layer_body(carry, xs):
+        x, keys, values = carry
+        layer, prompt_keys, prompt_values, layer_index = xs
+        h = qwen3.rms_norm(x, layer["layers/input_norm"], model.rms_norm_eps)
+        q, k, v = qwen3.project_qkv(h, layer, cos, sin, model, shard)
+        at = (layer_index, 0, index, 0, 0)
+        keys = lax.dynamic_update_slice(keys, k[None].astype(keys.dtype), at)
+        values = lax.dynamic_update_slice(values, v[None].astype(values.dtype), at)
+        out = attention(q, lax.dynamic_index_in_dim(keys, layer_index, keepdims=False),
+                        lax.dynamic_index_in_dim(values, layer_index, keepdims=False),
+                        prompt_keys, prompt_values)
+        x = shard(x + qwen3.project(out.reshape(rows, 1, -1), layer, "layers/o_proj"),
+                  "fsdp", None, None)
+        h = qwen3.rms_norm(x, layer["layers/post_norm"], model.rms_norm_eps)
+        x = shard(x + qwen3.mlp(h, layer, shard), "fsdp", None, None)
+        return (x, keys, values), None
+
+    xs = (qwen3.layer_params(params), *prompt_cache, jnp.arange(model.num_layers, dtype=jnp.int32))
+    (x, keys, values), _ = lax.scan(layer_body, (x, *cache), xs)
+    hidden = qwen3.rms_norm(x, params["final_norm"], model.rms_norm_eps)[:, 0]
+    head = qwen3.output_head(params).astype(hidden.dtype)
+    logits = jnp.einsum("bh,vh->bv", hidden, head, preferred_element_type=jnp.float32)
+    return shard(logits, "fsdp", "tp"), (keys, values)
+
+
 def generate(params: qwen3.Params, prompts: jax.Array, prompt_lengths: jax.Array,
              seeds: jax.Array, temperature: jax.Array, top_p: jax.Array, stop_ids: jax.Array,
              pad_id: jax.Array, model: ModelConfig, train: TrainConfig, mesh=None):
@@ -166,28 +230,8 @@ def generate(params: qwen3.Params, prompts: jax.Array, prompt_lengths: jax.Array
                                                      start=start, return_kv=True)
         return hidden[:, -1], keys, values
 
-    group = qwen3.shared_prompt_group(train, mesh)
-    if group > 1:
-        # GRPO's rows come in groups answering one prompt: prefill each prompt once and give
-        # its cache to every row of the group. Checked on the values, so other batches (held-out
-        # evaluation) take the plain path.
-        grouped = prompts.reshape(rows // group, group, prompt_len)
-        shared = jnp.all(grouped == grouped[:, :1]) & jnp.all(
-            start.reshape(rows // group, group) == start[::group, None])
-
-        def once_per_group(_):
-            return tuple(jnp.repeat(x, group, axis=axis) for x, axis in
-                         zip(prefill(prompts[::group], start[::group]), (0, 1, 1)))
-
-        last_hidden, keys, values = lax.cond(shared, once_per_group,
-                                             lambda _: prefill(prompts, start), None)
-    else:
-        last_hidden, keys, values = prefill(prompts, start)
-    padding = ((0, 0), (0, 0), (0, new_tokens), (0, 0), (0, 0))
-    cache = tuple(shard(jnp.pad(c, padding), None, "fsdp", None, "tp", None)
-                  for c in (keys, values))
-    head = qwen3.output_head(params).astype(last_hidden.dtype)
-    logits = jnp.einsum("bh,vh->bv", last_hidden, head, preferred_element_type=jnp.float32)
+    def cache_layout(c):
+        return shard(c, None, "fsdp", None, "tp", None)
 
     row_keys = jax.vmap(jax.random.key)(seeds.astype(jnp.uint32))
 
@@ -206,24 +250,55 @@ def generate(params: qwen3.Params, prompts: jax.Array, prompt_lengths: jax.Array
         stops = jnp.any(tokens[:, None] == stop_ids[None, :], axis=-1)
         return (out_tokens, out_logprobs, lengths, done | (active & stops)), tokens
 
-    empty = (shard(jnp.full((rows, new_tokens), pad_id, jnp.int32), "fsdp", None),
-             shard(jnp.zeros((rows, new_tokens), jnp.float32), "fsdp", None),
-             jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), bool))
-    t0 = jnp.int32(0)
-    outputs, last = record(empty, t0, *draw(logits, t0))
+    def decode(last_hidden, step, cache):
+        """Samples from the prefill's last hidden states on; `step(last, t, cache)` gives the
+        next logits and the cache with token `t - 1` written."""
+        head = qwen3.output_head(params).astype(last_hidden.dtype)
+        logits = jnp.einsum("bh,vh->bv", last_hidden, head, preferred_element_type=jnp.float32)
+        empty = (shard(jnp.full((rows, new_tokens), pad_id, jnp.int32), "fsdp", None),
+                 shard(jnp.zeros((rows, new_tokens), jnp.float32), "fsdp", None),
+                 jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), bool))
+        t0 = jnp.int32(0)
+        outputs, last = record(empty, t0, *draw(logits, t0))
 
-    # State: (tokens produced so far, the last of them, outputs, cache).
-    def keep_going(state):
-        t, _, outputs, _ = state
-        return (t < new_tokens) & ~jnp.all(outputs[3])
+        # State: (tokens produced so far, the last of them, outputs, cache).
+        def keep_going(state):
+            t, _, outputs, _ = state
+            return (t < new_tokens) & ~jnp.all(outputs[3])
 
-    def body(state):
-        t, last, outputs, cache = state
-        logits, cache = decode_step(params, last, prompt_len + t - 1, start, cache, model,
-                                    train, shard)
-        outputs, last = record(outputs, t, *draw(logits, t))
-        return t + 1, last, outputs, cache
+        def body(state):
+            t, last, outputs, cache = state
+            logits, cache = step(last, t, cache)
+            outputs, last = record(outputs, t, *draw(logits, t))
+            return t + 1, last, outputs, cache
 
-    _, _, (tokens, logprobs, lengths, _), _ = lax.while_loop(
-        keep_going, body, (jnp.int32(1), last, outputs, cache))
-    return tokens, lengths, logprobs
+        _, _, (tokens, logprobs, lengths, _), _ = lax.while_loop(
+            keep_going, body, (jnp.int32(1), last, outputs, cache))
+        return tokens, lengths, logprobs
+
+    def per_row(_):
+        last_hidden, keys, values = prefill(prompts, start)
+        padding = ((0, 0), (0, 0), (0, new_tokens), (0, 0), (0, 0))
+        cache = tuple(cache_layout(jnp.pad(c, padding)) for c in (keys, values))
+        return decode(last_hidden, lambda last, t, cache: decode_step(
+            params, last, prompt_len + t - 1, start, cache, model, train, shard), cache)
+
+    group = qwen3.shared_prompt_group(train, mesh)
+    if group == 1:
+        return per_row(None)
+
+    def per_group(_):
+        last_hidden, keys, values = prefill(prompts[::group], start[::group])
+        prompt_cache = tuple(cache_layout(c) for c in (keys, values))
+        own_shape = (keys.shape[0], rows, new_tokens, *keys.shape[3:])
+        cache = tuple(cache_layout(jnp.zeros(own_shape, c.dtype)) for c in (keys, values))
+        return decode(jnp.repeat(last_hidden, group, axis=0), lambda last, t, cache: decode_step_shared(
+            params, last, t - 1, start, prompt_cache, cache, model, train, shard), cache)
+
+    # GRPO's rows come in groups answering one prompt: prefill each prompt once and decode
+    # against its one cache. Checked on the values, so other batches (held-out evaluation) take
+    # the per-row path.
+    grouped = prompts.reshape(rows // group, group, prompt_len)
+    shared = jnp.all(grouped == grouped[:, :1]) & jnp.all(
+        start.reshape(rows // group, group) == start[::group, None])
+    return lax.cond(shared, per_group, per_row, None)
