@@ -101,46 +101,57 @@ def sample(logits: jax.Array, keys: jax.Array, temperature: jax.Array,
     return tokens, chosen - log_norm
 
 
+def _decode_layers(params: qwen3.Params, tokens: jax.Array, positions: jax.Array,
+                   column: jax.Array, cache: tuple[jax.Array, jax.Array], attention,
+                   per_layer: tuple, model: ModelConfig, train: TrainConfig,
+                   shard: qwen3.Sharder):
+    """One decode step of `tokens` `[rows]` at RoPE `positions` `[rows]`: the layers, each
+    writing its keys/values at `column` of `cache` `[num_layers, rows, columns, kv_heads,
+    head_dim]` (every row the same column: one dynamic slice per layer, in place) and attending
+    through `attention(q, layer_keys, layer_values, *per_layer[layer])` (the output before
+    `o_proj`). Returns float32 logits `[rows, vocab]` and the cache."""
+    dtype = jnp.dtype(train.compute_dtype)
+    rows = tokens.shape[0]
+    x = shard(jnp.take(params["embed"], tokens, axis=0).astype(dtype)[:, None, :], "fsdp", None, None)
+    cos, sin = qwen3.rope_tables(positions[:, None], model.head_dim, model.rope_theta, dtype)
+
+    def layer_body(carry, xs):
+        x, keys, values = carry
+        layer, index, *extra = xs
+        h = qwen3.rms_norm(x, layer["layers/input_norm"], model.rms_norm_eps)
+        q, k, v = qwen3.project_qkv(h, layer, cos, sin, model, shard)
+        at = (index, 0, column, 0, 0)
+        keys = lax.dynamic_update_slice(keys, k[None].astype(keys.dtype), at)
+        values = lax.dynamic_update_slice(values, v[None].astype(values.dtype), at)
+        out = attention(q, lax.dynamic_index_in_dim(keys, index, keepdims=False),
+                        lax.dynamic_index_in_dim(values, index, keepdims=False), *extra)
+        x = shard(x + qwen3.project(out.reshape(rows, 1, -1), layer, "layers/o_proj"),
+                  "fsdp", None, None)
+        h = qwen3.rms_norm(x, layer["layers/post_norm"], model.rms_norm_eps)
+        x = shard(x + qwen3.mlp(h, layer, shard), "fsdp", None, None)
+        return (x, keys, values), None
+
+    xs = (qwen3.layer_params(params), jnp.arange(model.num_layers, dtype=jnp.int32), *per_layer)
+    (x, keys, values), _ = lax.scan(layer_body, (x, *cache), xs)
+    hidden = qwen3.rms_norm(x, params["final_norm"], model.rms_norm_eps)[:, 0]
+    head = qwen3.output_head(params).astype(hidden.dtype)
+    logits = jnp.einsum("bh,vh->bv", hidden, head, preferred_element_type=jnp.float32)
+    return shard(logits, "fsdp", "tp"), (keys, values)
+
+
 def decode_step(params: qwen3.Params, tokens: jax.Array, column: jax.Array, start: jax.Array,
                 cache: tuple[jax.Array, jax.Array], model: ModelConfig, train: TrainConfig,
                 shard: qwen3.Sharder):
     """Runs `tokens` `[rows]` at `column` against the KV cache; returns float32 logits
     `[rows, vocab]` for the next token and the cache with this column's keys/values written.
 
-    The cache is `[num_layers, rows, total_len, kv_heads, head_dim]` (keys, values); every row
-    writes the same column, so the update is one dynamic slice per layer, in place.
+    The cache is `[num_layers, rows, total_len, kv_heads, head_dim]` (keys, values).
     """
-    dtype = jnp.dtype(train.compute_dtype)
-    x = jnp.take(params["embed"], tokens, axis=0).astype(dtype)[:, None, :]
-    x = shard(x, "fsdp", None, None)
-    positions = jnp.maximum(column - start, 0)[:, None]
-    cos, sin = qwen3.rope_tables(positions, model.head_dim, model.rope_theta, dtype)
-    total = cache[0].shape[2]
-    key_columns = jnp.arange(total, dtype=jnp.int32)[None, :]
+    key_columns = jnp.arange(cache[0].shape[2], dtype=jnp.int32)[None, :]
     mask = ((key_columns >= start[:, None]) & (key_columns <= column))[:, None, :]
-
-    def layer_body(carry, xs):
-        x, keys, values = carry
-        layer, index = xs
-        h = qwen3.rms_norm(x, layer["layers/input_norm"], model.rms_norm_eps)
-        q, k, v = qwen3.project_qkv(h, layer, cos, sin, model, shard)
-        at = (index, 0, column, 0, 0)
-        keys = lax.dynamic_update_slice(keys, k[None].astype(keys.dtype), at)
-        values = lax.dynamic_update_slice(values, v[None].astype(values.dtype), at)
-        layer_keys = lax.dynamic_index_in_dim(keys, index, keepdims=False)
-        layer_values = lax.dynamic_index_in_dim(values, index, keepdims=False)
-        x = shard(x + qwen3.attend(q, layer_keys, layer_values, mask, layer), "fsdp", None, None)
-        h = qwen3.rms_norm(x, layer["layers/post_norm"], model.rms_norm_eps)
-        x = shard(x + qwen3.mlp(h, layer, shard), "fsdp", None, None)
-        return (x, keys, values), None
-
-    layers = qwen3.layer_params(params)
-    indices = jnp.arange(model.num_layers, dtype=jnp.int32)
-    (x, keys, values), _ = lax.scan(layer_body, (x, *cache), (layers, indices))
-    hidden = qwen3.rms_norm(x, params["final_norm"], model.rms_norm_eps)[:, 0]
-    head = qwen3.output_head(params).astype(hidden.dtype)
-    logits = jnp.einsum("bh,vh->bv", hidden, head, preferred_element_type=jnp.float32)
-    return shard(logits, "fsdp", "tp"), (keys, values)
+    return _decode_layers(params, tokens, jnp.maximum(column - start, 0), column, cache,
+                          lambda q, k, v: qwen3.attention_core(q, k, v, mask), (),
+                          model, train, shard)
 
 
 def decode_step_shared(params: qwen3.Params, tokens: jax.Array, index: jax.Array,
@@ -156,13 +167,9 @@ def decode_step_shared(params: qwen3.Params, tokens: jax.Array, index: jax.Array
     column `index`. One softmax over the prompt's columns then the completion's, as the per-row
     cache orders them.
     """
-    dtype = jnp.dtype(train.compute_dtype)
     rows = tokens.shape[0]
     groups, prompt_len = prompt_cache[0].shape[1:3]
     group, new = rows // groups, cache[0].shape[2]
-    x = shard(jnp.take(params["embed"], tokens, axis=0).astype(dtype)[:, None, :], "fsdp", None, None)
-    cos, sin = qwen3.rope_tables((prompt_len + index - start)[:, None], model.head_dim,
-                                 model.rope_theta, dtype)
     prompt_mask = jnp.arange(prompt_len, dtype=jnp.int32)[None, :] >= start[::group, None]
     own_mask = jnp.arange(new, dtype=jnp.int32) <= index
     low = jnp.finfo(jnp.float32).min
@@ -182,29 +189,8 @@ def decode_step_shared(params: qwen3.Params, tokens: jax.Array, index: jax.Array
                          prompt_values).reshape(rows, kv, g, hd)
         return out + jnp.einsum("bkgs,bskd->bkgd", probs[..., prompt_len:], values)
 
-    def layer_body(carry, xs):
-        x, keys, values = carry
-        layer, prompt_keys, prompt_values, layer_index = xs
-        h = qwen3.rms_norm(x, layer["layers/input_norm"], model.rms_norm_eps)
-        q, k, v = qwen3.project_qkv(h, layer, cos, sin, model, shard)
-        at = (layer_index, 0, index, 0, 0)
-        keys = lax.dynamic_update_slice(keys, k[None].astype(keys.dtype), at)
-        values = lax.dynamic_update_slice(values, v[None].astype(values.dtype), at)
-        out = attention(q, lax.dynamic_index_in_dim(keys, layer_index, keepdims=False),
-                        lax.dynamic_index_in_dim(values, layer_index, keepdims=False),
-                        prompt_keys, prompt_values)
-        x = shard(x + qwen3.project(out.reshape(rows, 1, -1), layer, "layers/o_proj"),
-                  "fsdp", None, None)
-        h = qwen3.rms_norm(x, layer["layers/post_norm"], model.rms_norm_eps)
-        x = shard(x + qwen3.mlp(h, layer, shard), "fsdp", None, None)
-        return (x, keys, values), None
-
-    xs = (qwen3.layer_params(params), *prompt_cache, jnp.arange(model.num_layers, dtype=jnp.int32))
-    (x, keys, values), _ = lax.scan(layer_body, (x, *cache), xs)
-    hidden = qwen3.rms_norm(x, params["final_norm"], model.rms_norm_eps)[:, 0]
-    head = qwen3.output_head(params).astype(hidden.dtype)
-    logits = jnp.einsum("bh,vh->bv", hidden, head, preferred_element_type=jnp.float32)
-    return shard(logits, "fsdp", "tp"), (keys, values)
+    return _decode_layers(params, tokens, prompt_len + index - start, index, cache, attention,
+                          prompt_cache, model, train, shard)
 
 
 def generate(params: qwen3.Params, prompts: jax.Array, prompt_lengths: jax.Array,

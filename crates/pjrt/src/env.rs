@@ -187,8 +187,8 @@ VmFlags: rd wr mr mw me ac hg
         }
         for _ in 0..3 {
             let out = std::process::Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", "env::tests::malloc_takes_huge_pages_after_the_restart", "--nocapture"])
-                .args(["--test-threads=1"])
+                .args(["--exact", "env::tests::malloc_takes_huge_pages_after_the_restart"])
+                .args(["--nocapture", "--test-threads=1"])
                 .env("PODCTL_RESTART_CHILD", "1")
                 .env_remove("GLIBC_TUNABLES")
                 .env_remove(RESTARTS_VAR)
