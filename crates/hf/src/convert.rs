@@ -80,8 +80,9 @@ struct Geometry {
 }
 
 /// Tile edge of the transposing copy: a tile's source and destination rows stay in cache, and
-/// the tile itself is a fixed-size array, so its loops need no bounds checks.
-const TILE: usize = 32;
+/// the tile itself is a fixed-size array, so its loops need no bounds checks. 64 measured
+/// 5.6-6.3 GB/s of bf16 output on this machine, 32 only 2.3-4.1.
+const TILE: usize = 64;
 /// Blocks of at least this many elements are split over the machine's cores.
 const PARALLEL_ELEMENTS: usize = 1 << 18;
 
@@ -100,7 +101,7 @@ impl Geometry {
 
     /// Views the bytes as elements (copying them aside only if a buffer is not aligned for the
     /// element type, which the memory maps and allocations podctl reads into never are).
-    fn run<S: Pod + Sync, D: Pod + Default + Send>(
+    fn run<S: Pod + Element + Sync, D: Pod + Default + Send>(
         &self,
         src: &[u8],
         dst: &mut [u8],
@@ -124,7 +125,7 @@ impl Geometry {
         }
     }
 
-    fn run_typed<S: Copy + Sync, D: Copy + Default + Send>(
+    fn run_typed<S: Element + Sync, D: Copy + Default + Send>(
         &self,
         src: &[S],
         dst: &mut [D],
@@ -159,28 +160,148 @@ impl Geometry {
             for (i, part) in dst[..cols * block_rows].chunks_mut(per * block_rows).enumerate() {
                 scope.spawn(move || {
                     let my_cols = part.len() / block_rows;
-                    let mut tile = [[D::default(); TILE]; TILE];
+                    let mut tile = [[S::default(); TILE]; TILE];
                     for r0 in (0..rows).step_by(TILE) {
                         let rn = TILE.min(rows - r0);
                         for c0 in (0..my_cols).step_by(TILE) {
                             let cn = TILE.min(my_cols - c0);
-                            // `r` is the tile's minor index: the source row lands in a column.
-                            #[allow(clippy::needless_range_loop)]
-                            for r in 0..rn {
-                                let from = src_origin + (r0 + r) * width + i * per + c0;
-                                for (c, &x) in src[from..from + cn].iter().enumerate() {
-                                    tile[c][r] = convert(x);
+                            let from = src_origin + r0 * width + i * per + c0;
+                            if rn == TILE && cn == TILE {
+                                S::transpose_tile(&src[from..], width, &mut tile);
+                            } else {
+                                for (r, row) in src[from..].chunks(width).take(rn).enumerate() {
+                                    for (c, &x) in row[..cn].iter().enumerate() {
+                                        tile[c][r] = x;
+                                    }
                                 }
                             }
+                            // `tile[c]` is source column c0 + c: a destination row.
                             for (c, column) in tile.iter().enumerate().take(cn) {
                                 let to = (c0 + c) * block_rows + dst_row + r0;
-                                part[to..to + rn].copy_from_slice(&column[..rn]);
+                                for (d, &x) in part[to..to + rn].iter_mut().zip(column) {
+                                    *d = convert(x);
+                                }
                             }
                         }
                     }
                 });
             }
         });
+    }
+}
+
+/// An element type a transposing copy reads: how a whole tile is transposed.
+trait Element: Copy + Default {
+    /// `tile[c][r]` = `src[r * stride + c]` for a whole `TILE` x `TILE` tile.
+    fn transpose_tile(src: &[Self], stride: usize, tile: &mut [[Self; TILE]; TILE]) {
+        for r in 0..TILE {
+            let row: &[Self; TILE] = src[r * stride..][..TILE].try_into().expect("TILE elements");
+            for (c, &x) in row.iter().enumerate() {
+                tile[c][r] = x;
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+impl Element for u16 {}
+#[cfg(not(target_arch = "x86_64"))]
+impl Element for u32 {}
+
+/// SSE2 (every x86-64 CPU has it) transposes 8 x 8 blocks of 16-bit and 4 x 4 blocks of 32-bit
+/// elements in registers: about 3x the scalar tile's speed, which stores one element at a time.
+#[cfg(target_arch = "x86_64")]
+mod sse2 {
+    use super::{Element, TILE};
+    use std::arch::x86_64::*;
+
+    fn load<T: bytemuck::Pod, const N: usize>(src: &[T]) -> __m128i {
+        let row: [T; N] = src[..N].try_into().expect("one register of elements");
+        bytemuck::cast_slice::<T, __m128i>(&row)[0]
+    }
+
+    fn store<T: bytemuck::Pod>(out: &mut [T], v: __m128i) {
+        out.copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(&v)));
+    }
+
+    impl Element for u16 {
+        fn transpose_tile(src: &[u16], stride: usize, tile: &mut [[u16; TILE]; TILE]) {
+            // SAFETY: SSE2 is part of the x86-64 baseline, so every x86-64 CPU runs it.
+            #[allow(unsafe_code)]
+            unsafe {
+                transpose_u16(src, stride, tile)
+            }
+        }
+    }
+
+    impl Element for u32 {
+        fn transpose_tile(src: &[u32], stride: usize, tile: &mut [[u32; TILE]; TILE]) {
+            // SAFETY: as above.
+            #[allow(unsafe_code)]
+            unsafe {
+                transpose_u32(src, stride, tile)
+            }
+        }
+    }
+
+    #[target_feature(enable = "sse2")]
+    fn transpose_u16(src: &[u16], stride: usize, tile: &mut [[u16; TILE]; TILE]) {
+        for br in (0..TILE).step_by(8) {
+            for bc in (0..TILE).step_by(8) {
+                let a: [__m128i; 8] = std::array::from_fn(|r| load::<u16, 8>(&src[(br + r) * stride + bc..]));
+                let t0 = _mm_unpacklo_epi16(a[0], a[1]);
+                let t1 = _mm_unpackhi_epi16(a[0], a[1]);
+                let t2 = _mm_unpacklo_epi16(a[2], a[3]);
+                let t3 = _mm_unpackhi_epi16(a[2], a[3]);
+                let t4 = _mm_unpacklo_epi16(a[4], a[5]);
+                let t5 = _mm_unpackhi_epi16(a[4], a[5]);
+                let t6 = _mm_unpacklo_epi16(a[6], a[7]);
+                let t7 = _mm_unpackhi_epi16(a[6], a[7]);
+                let u0 = _mm_unpacklo_epi32(t0, t2);
+                let u1 = _mm_unpackhi_epi32(t0, t2);
+                let u2 = _mm_unpacklo_epi32(t1, t3);
+                let u3 = _mm_unpackhi_epi32(t1, t3);
+                let u4 = _mm_unpacklo_epi32(t4, t6);
+                let u5 = _mm_unpackhi_epi32(t4, t6);
+                let u6 = _mm_unpacklo_epi32(t5, t7);
+                let u7 = _mm_unpackhi_epi32(t5, t7);
+                let columns = [
+                    _mm_unpacklo_epi64(u0, u4),
+                    _mm_unpackhi_epi64(u0, u4),
+                    _mm_unpacklo_epi64(u1, u5),
+                    _mm_unpackhi_epi64(u1, u5),
+                    _mm_unpacklo_epi64(u2, u6),
+                    _mm_unpackhi_epi64(u2, u6),
+                    _mm_unpacklo_epi64(u3, u7),
+                    _mm_unpackhi_epi64(u3, u7),
+                ];
+                for (c, column) in columns.into_iter().enumerate() {
+                    store(&mut tile[bc + c][br..br + 8], column);
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "sse2")]
+    fn transpose_u32(src: &[u32], stride: usize, tile: &mut [[u32; TILE]; TILE]) {
+        for br in (0..TILE).step_by(4) {
+            for bc in (0..TILE).step_by(4) {
+                let a: [__m128i; 4] = std::array::from_fn(|r| load::<u32, 4>(&src[(br + r) * stride + bc..]));
+                let t0 = _mm_unpacklo_epi32(a[0], a[1]);
+                let t1 = _mm_unpacklo_epi32(a[2], a[3]);
+                let t2 = _mm_unpackhi_epi32(a[0], a[1]);
+                let t3 = _mm_unpackhi_epi32(a[2], a[3]);
+                let columns = [
+                    _mm_unpacklo_epi64(t0, t1),
+                    _mm_unpackhi_epi64(t0, t1),
+                    _mm_unpacklo_epi64(t2, t3),
+                    _mm_unpackhi_epi64(t2, t3),
+                ];
+                for (c, column) in columns.into_iter().enumerate() {
+                    store(&mut tile[bc + c][br..br + 4], column);
+                }
+            }
+        }
     }
 }
 
@@ -223,21 +344,38 @@ mod tests {
 
     #[test]
     fn large_blocks_split_over_threads_copy_like_the_definition() {
-        // 700 x 900 bf16 source rows 50..650, columns 100..800 (420,000 elements: threaded).
+        // 700 x 900 source rows 50..650, columns 100..800 (420,000 elements: threaded; whole
+        // tiles and edges), as bf16 and as f32 (the two widths tiles transpose in).
         let (width, rows, cols) = (900usize, 50..650u64, 100..800u64);
-        let src: Vec<u16> = (0..700 * width).map(|i| (i * 7919 % 65521) as u16).collect();
-        let bytes: &[u8] = bytemuck::cast_slice(&src);
-        for transposed in [false, true] {
-            let block =
-                Block { rows: rows.clone(), cols: cols.clone(), first_row: 50, block_rows: 600, transposed };
-            let mut dst = vec![0u8; 600 * 700 * 4];
-            copy_block(bytes, SourceDType::Bf16, 0, width as u64, &block, &mut dst, DType::Float32).unwrap();
-            let got = as_f32(&dst);
-            for r in 0..600usize {
-                for c in 0..700usize {
-                    let want = f32::from_bits((src[(50 + r) * width + 100 + c] as u32) << 16);
-                    let at = if transposed { c * 600 + r } else { r * 700 + c };
-                    assert_eq!(got[at].to_bits(), want.to_bits(), "transposed {transposed} ({r}, {c})");
+        let values: Vec<f32> =
+            (0..700 * width).map(|i| f32::from_bits(((i * 7919 % 65521) as u32) << 16)).collect();
+        let bf16: Vec<u16> = values.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+        let sources = [
+            (SourceDType::Bf16, bytemuck::cast_slice::<u16, u8>(&bf16)),
+            (SourceDType::F32, bytemuck::cast_slice(&values)),
+        ];
+        for (from, bytes) in sources {
+            for transposed in [false, true] {
+                let block = Block {
+                    rows: rows.clone(),
+                    cols: cols.clone(),
+                    first_row: 50,
+                    block_rows: 600,
+                    transposed,
+                };
+                let mut dst = vec![0u8; 600 * 700 * 4];
+                copy_block(bytes, from, 0, width as u64, &block, &mut dst, DType::Float32).unwrap();
+                let got = as_f32(&dst);
+                for r in 0..600usize {
+                    for c in 0..700usize {
+                        let want = values[(50 + r) * width + 100 + c];
+                        let at = if transposed { c * 600 + r } else { r * 700 + c };
+                        assert_eq!(
+                            got[at].to_bits(),
+                            want.to_bits(),
+                            "{from:?} transposed {transposed} ({r}, {c})"
+                        );
+                    }
                 }
             }
         }

@@ -31,7 +31,8 @@
 //! every tensor's shape against the one `config.json` implies, before any tensor buffer exists.
 //!
 //! `unsafe`: the crate denies it except in `mmap.rs` (read-only maps of local safetensors
-//! files, the same contract as the data crate's token files).
+//! files, the same contract as the data crate's token files) and the call of `convert.rs`'s SSE2
+//! tile transposes (SSE2 is part of the x86-64 baseline).
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 

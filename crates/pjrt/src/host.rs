@@ -5,9 +5,13 @@ use std::ops::{Deref, DerefMut};
 
 /// Zeroed host memory for one array that a device buffer can take over
 /// ([`Client::buffer_from_host_buffer`](crate::Client::buffer_from_host_buffer)). It is a
-/// private anonymous mapping: page-aligned, so the CPU plugin aliases it instead of copying it,
-/// and advised for transparent huge pages, so filling a large one costs a page fault per 2 MiB
-/// rather than per 4 KiB. Its pages are the kernel's zero page until written.
+/// private anonymous mapping: page-aligned, so the CPU plugin aliases it instead of copying it.
+/// Its pages are the kernel's zero page until written.
+///
+/// It is not advised for transparent huge pages: where a hypervisor takes back free memory
+/// (virtio-balloon free page reporting, as on this project's Firecracker VMs), huge pages come
+/// from the blocks it took, and filling 3.44 GB of them measured 1.4-4.1 s against 0.9-1.4 s
+/// in small pages (docs/MODELS.md, "Loading speed").
 pub struct HostBuffer {
     /// `None` for zero bytes, which cannot be mapped.
     map: Option<memmap2::MmapMut>,
@@ -23,11 +27,6 @@ impl HostBuffer {
             .len(len)
             .map_anon()
             .map_err(|source| Error::HostMemory { bytes: len, source })?;
-        #[cfg(target_os = "linux")]
-        if len >= HUGE_PAGE {
-            // Only advice: where the kernel has no huge pages to give, small ones serve.
-            let _ = map.advise(memmap2::Advice::HugePage);
-        }
         Ok(HostBuffer { map: Some(map) })
     }
 
@@ -38,10 +37,6 @@ impl HostBuffer {
         Ok(buffer)
     }
 }
-
-/// A transparent huge page on x86-64 and most arm64 kernels.
-#[cfg(target_os = "linux")]
-const HUGE_PAGE: usize = 2 << 20;
 
 impl Deref for HostBuffer {
     type Target = [u8];
