@@ -215,9 +215,14 @@ mod sse2 {
     use super::{Element, TILE};
     use std::arch::x86_64::*;
 
-    fn load<T: bytemuck::Pod, const N: usize>(src: &[T]) -> __m128i {
-        let row: [T; N] = src[..N].try_into().expect("one register of elements");
-        bytemuck::cast_slice::<T, __m128i>(&row)[0]
+    fn load_u16(src: &[u16]) -> __m128i {
+        let row: [u16; 8] = src[..8].try_into().expect("8 elements");
+        bytemuck::cast(row)
+    }
+
+    fn load_u32(src: &[u32]) -> __m128i {
+        let row: [u32; 4] = src[..4].try_into().expect("4 elements");
+        bytemuck::cast(row)
     }
 
     fn store<T: bytemuck::Pod>(out: &mut [T], v: __m128i) {
@@ -248,7 +253,7 @@ mod sse2 {
     fn transpose_u16(src: &[u16], stride: usize, tile: &mut [[u16; TILE]; TILE]) {
         for br in (0..TILE).step_by(8) {
             for bc in (0..TILE).step_by(8) {
-                let a: [__m128i; 8] = std::array::from_fn(|r| load::<u16, 8>(&src[(br + r) * stride + bc..]));
+                let a: [__m128i; 8] = std::array::from_fn(|r| load_u16(&src[(br + r) * stride + bc..]));
                 let t0 = _mm_unpacklo_epi16(a[0], a[1]);
                 let t1 = _mm_unpackhi_epi16(a[0], a[1]);
                 let t2 = _mm_unpacklo_epi16(a[2], a[3]);
@@ -286,7 +291,7 @@ mod sse2 {
     fn transpose_u32(src: &[u32], stride: usize, tile: &mut [[u32; TILE]; TILE]) {
         for br in (0..TILE).step_by(4) {
             for bc in (0..TILE).step_by(4) {
-                let a: [__m128i; 4] = std::array::from_fn(|r| load::<u32, 4>(&src[(br + r) * stride + bc..]));
+                let a: [__m128i; 4] = std::array::from_fn(|r| load_u32(&src[(br + r) * stride + bc..]));
                 let t0 = _mm_unpacklo_epi32(a[0], a[1]);
                 let t1 = _mm_unpacklo_epi32(a[2], a[3]);
                 let t2 = _mm_unpackhi_epi32(a[0], a[1]);
