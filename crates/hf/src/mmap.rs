@@ -1,4 +1,5 @@
-//! Read-only memory maps of byte ranges of local safetensors files: the crate's only `unsafe`.
+//! Read-only memory maps of byte ranges of local safetensors files (with `convert.rs`'s SSE2
+//! transposes, the crate's `unsafe`).
 //!
 //! A range is mapped for as long as one copy needs it and unmapped right after, so the pages a
 //! load touches leave the process's resident set again (the page cache keeps them) and a load's
