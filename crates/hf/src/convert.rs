@@ -215,26 +215,12 @@ mod sse2 {
     use super::{Element, TILE};
     use std::arch::x86_64::*;
 
-    fn load_u16(src: &[u16]) -> __m128i {
-        let row: [u16; 8] = src[..8].try_into().expect("8 elements");
-        bytemuck::cast(row)
-    }
-
-    fn load_u32(src: &[u32]) -> __m128i {
-        let row: [u32; 4] = src[..4].try_into().expect("4 elements");
-        bytemuck::cast(row)
-    }
-
-    fn store<T: bytemuck::Pod>(out: &mut [T], v: __m128i) {
-        out.copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(&v)));
-    }
-
     impl Element for u16 {
         fn transpose_tile(src: &[u16], stride: usize, tile: &mut [[u16; TILE]; TILE]) {
             // SAFETY: SSE2 is part of the x86-64 baseline, so every x86-64 CPU runs it.
             #[allow(unsafe_code)]
             unsafe {
-                transpose_u16(src, stride, tile)
+                transpose_blocks(src, stride, tile, |rows| transpose_8x8_u16(rows))
             }
         }
     }
@@ -244,69 +230,58 @@ mod sse2 {
             // SAFETY: as above.
             #[allow(unsafe_code)]
             unsafe {
-                transpose_u32(src, stride, tile)
+                transpose_blocks(src, stride, tile, |rows| transpose_4x4_u32(rows))
             }
         }
     }
 
+    /// The tile as `N` x `N` blocks of one register per row, each transposed by `block`.
     #[target_feature(enable = "sse2")]
-    fn transpose_u16(src: &[u16], stride: usize, tile: &mut [[u16; TILE]; TILE]) {
-        for br in (0..TILE).step_by(8) {
-            for bc in (0..TILE).step_by(8) {
-                let a: [__m128i; 8] = std::array::from_fn(|r| load_u16(&src[(br + r) * stride + bc..]));
-                let t0 = _mm_unpacklo_epi16(a[0], a[1]);
-                let t1 = _mm_unpackhi_epi16(a[0], a[1]);
-                let t2 = _mm_unpacklo_epi16(a[2], a[3]);
-                let t3 = _mm_unpackhi_epi16(a[2], a[3]);
-                let t4 = _mm_unpacklo_epi16(a[4], a[5]);
-                let t5 = _mm_unpackhi_epi16(a[4], a[5]);
-                let t6 = _mm_unpacklo_epi16(a[6], a[7]);
-                let t7 = _mm_unpackhi_epi16(a[6], a[7]);
-                let u0 = _mm_unpacklo_epi32(t0, t2);
-                let u1 = _mm_unpackhi_epi32(t0, t2);
-                let u2 = _mm_unpacklo_epi32(t1, t3);
-                let u3 = _mm_unpackhi_epi32(t1, t3);
-                let u4 = _mm_unpacklo_epi32(t4, t6);
-                let u5 = _mm_unpackhi_epi32(t4, t6);
-                let u6 = _mm_unpacklo_epi32(t5, t7);
-                let u7 = _mm_unpackhi_epi32(t5, t7);
-                let columns = [
-                    _mm_unpacklo_epi64(u0, u4),
-                    _mm_unpackhi_epi64(u0, u4),
-                    _mm_unpacklo_epi64(u1, u5),
-                    _mm_unpackhi_epi64(u1, u5),
-                    _mm_unpacklo_epi64(u2, u6),
-                    _mm_unpackhi_epi64(u2, u6),
-                    _mm_unpacklo_epi64(u3, u7),
-                    _mm_unpackhi_epi64(u3, u7),
-                ];
-                for (c, column) in columns.into_iter().enumerate() {
-                    store(&mut tile[bc + c][br..br + 8], column);
+    fn transpose_blocks<T: bytemuck::Pod, const N: usize>(
+        src: &[T],
+        stride: usize,
+        tile: &mut [[T; TILE]; TILE],
+        block: impl Fn([__m128i; N]) -> [__m128i; N],
+    ) {
+        for br in (0..TILE).step_by(N) {
+            for bc in (0..TILE).step_by(N) {
+                let rows = std::array::from_fn(|r| {
+                    let mut row = _mm_setzero_si128();
+                    let from = (br + r) * stride + bc;
+                    bytemuck::bytes_of_mut(&mut row)
+                        .copy_from_slice(bytemuck::cast_slice(&src[from..from + N]));
+                    row
+                });
+                for (c, column) in block(rows).into_iter().enumerate() {
+                    tile[bc + c][br..br + N]
+                        .copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(&column)));
                 }
             }
         }
     }
 
+    /// An 8 x 8 transpose of 16-bit elements: three rounds of interleaving row i with row i + 4.
     #[target_feature(enable = "sse2")]
-    fn transpose_u32(src: &[u32], stride: usize, tile: &mut [[u32; TILE]; TILE]) {
-        for br in (0..TILE).step_by(4) {
-            for bc in (0..TILE).step_by(4) {
-                let a: [__m128i; 4] = std::array::from_fn(|r| load_u32(&src[(br + r) * stride + bc..]));
-                let t0 = _mm_unpacklo_epi32(a[0], a[1]);
-                let t1 = _mm_unpacklo_epi32(a[2], a[3]);
-                let t2 = _mm_unpackhi_epi32(a[0], a[1]);
-                let t3 = _mm_unpackhi_epi32(a[2], a[3]);
-                let columns = [
-                    _mm_unpacklo_epi64(t0, t1),
-                    _mm_unpackhi_epi64(t0, t1),
-                    _mm_unpacklo_epi64(t2, t3),
-                    _mm_unpackhi_epi64(t2, t3),
-                ];
-                for (c, column) in columns.into_iter().enumerate() {
-                    store(&mut tile[bc + c][br..br + 4], column);
-                }
-            }
-        }
+    fn transpose_8x8_u16(rows: [__m128i; 8]) -> [__m128i; 8] {
+        let round = |a: [__m128i; 8]| -> [__m128i; 8] {
+            std::array::from_fn(|k| match k % 2 {
+                0 => _mm_unpacklo_epi16(a[k / 2], a[k / 2 + 4]),
+                _ => _mm_unpackhi_epi16(a[k / 2], a[k / 2 + 4]),
+            })
+        };
+        round(round(round(rows)))
+    }
+
+    /// A 4 x 4 transpose of 32-bit elements: two rounds of interleaving row i with row i + 2.
+    #[target_feature(enable = "sse2")]
+    fn transpose_4x4_u32(rows: [__m128i; 4]) -> [__m128i; 4] {
+        let round = |a: [__m128i; 4]| -> [__m128i; 4] {
+            std::array::from_fn(|k| match k % 2 {
+                0 => _mm_unpacklo_epi32(a[k / 2], a[k / 2 + 2]),
+                _ => _mm_unpackhi_epi32(a[k / 2], a[k / 2 + 2]),
+            })
+        };
+        round(round(rows))
     }
 }
 
