@@ -209,7 +209,7 @@ impl Element for u16 {}
 impl Element for u32 {}
 
 /// SSE2 (every x86-64 CPU has it) transposes 8 x 8 blocks of 16-bit and 4 x 4 blocks of 32-bit
-/// elements in registers: 2-2.5x the scalar tile's speed (which stored one element at a time).
+/// elements in registers: 2-2.5x the speed of the scalar tile, which stores one element at a time.
 #[cfg(target_arch = "x86_64")]
 mod sse2 {
     use super::{Element, TILE};
