@@ -169,11 +169,7 @@ impl Geometry {
                             if rn == TILE && cn == TILE {
                                 S::transpose_tile(&src[from..], width, &mut tile);
                             } else {
-                                for (r, row) in src[from..].chunks(width).take(rn).enumerate() {
-                                    for (c, &x) in row[..cn].iter().enumerate() {
-                                        tile[c][r] = x;
-                                    }
-                                }
+                                transpose_scalar(&src[from..], width, rn, cn, &mut tile);
                             }
                             // `tile[c]` is source column c0 + c: a destination row.
                             for (c, column) in tile.iter().enumerate().take(cn) {
@@ -194,11 +190,22 @@ impl Geometry {
 trait Element: Copy + Default {
     /// `tile[c][r]` = `src[r * stride + c]` for a whole `TILE` x `TILE` tile.
     fn transpose_tile(src: &[Self], stride: usize, tile: &mut [[Self; TILE]; TILE]) {
-        for r in 0..TILE {
-            let row: &[Self; TILE] = src[r * stride..][..TILE].try_into().expect("TILE elements");
-            for (c, &x) in row.iter().enumerate() {
-                tile[c][r] = x;
-            }
+        transpose_scalar(src, stride, TILE, TILE, tile);
+    }
+}
+
+/// `tile[c][r]` = `src[r * stride + c]` for the tile's first `rows` x `cols`, an element at a time
+/// (a tile at a block's edge, or any tile where no vector transpose is written).
+fn transpose_scalar<T: Copy>(
+    src: &[T],
+    stride: usize,
+    rows: usize,
+    cols: usize,
+    tile: &mut [[T; TILE]; TILE],
+) {
+    for (r, row) in src.chunks(stride).take(rows).enumerate() {
+        for (c, &x) in row[..cols].iter().enumerate() {
+            tile[c][r] = x;
         }
     }
 }
