@@ -31,9 +31,15 @@ pub enum NotServing {
     /// This node was just elected and has not applied everything committed before.
     #[error("this node was just elected and is catching up; retry in a moment")]
     CatchingUp,
-    /// The cluster could not commit the command (no quorum, shutting down).
-    #[error("the cluster could not commit: {0}; retry")]
-    NoCommit(String),
+    /// The cluster could not commit the command (no quorum, shutting down); it may still be
+    /// applied.
+    #[error("the cluster could not commit: {reason}; retry")]
+    NoCommit {
+        /// Whether Raft stopped on this node (it shuts down), rather than the command failing.
+        fatal: bool,
+        /// Raft's error.
+        reason: String,
+    },
 }
 
 /// What every service and the leader loop share.
@@ -65,7 +71,9 @@ impl Ctx {
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
                 Err(NotServing::NotLeader { leader: forward.leader_node.map(|n| n.addr) })
             }
-            Err(e) => Err(NotServing::NoCommit(e.to_string())),
+            Err(e) => {
+                Err(NotServing::NoCommit { fatal: matches!(e, RaftError::Fatal(_)), reason: e.to_string() })
+            }
         }
     }
 

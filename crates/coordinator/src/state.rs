@@ -520,9 +520,24 @@ pub enum Response {
     },
     /// The command no longer fits the state and changed nothing.
     Refused {
-        /// Why, naming the values.
+        /// Why, as a type.
+        why: Refusal,
+        /// Why, naming the values, for people.
         reason: String,
     },
+}
+
+/// Why a command changed nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Refusal {
+    /// The job it names does not exist.
+    NoJob,
+    /// A worker's command of a generation older than the job's.
+    StaleGeneration,
+    /// The job is not in a state the command applies to (it ended, or it moved on).
+    State,
+    /// A limit of the cluster or the job.
+    Limit,
 }
 
 /// The whole replicated state.
@@ -536,8 +551,8 @@ pub struct ClusterState {
     pub kv: BTreeMap<String, BTreeMap<String, Vec<u8>>>,
 }
 
-fn refused(reason: String) -> Response {
-    Response::Refused { reason }
+fn refused(why: Refusal, reason: String) -> Response {
+    Response::Refused { why, reason }
 }
 
 impl ClusterState {
@@ -566,21 +581,24 @@ impl ClusterState {
             return Response::Applied;
         };
         let Some(job) = self.jobs.get_mut(&job_id) else {
-            return refused(format!("no job '{job_id}'"));
+            return refused(Refusal::NoJob, format!("no job '{job_id}'"));
         };
         // Retention still runs after the end (the final checkpoint's commit ends the job).
         if job.state.is_terminal() && !matches!(command, Command::ForgetCheckpoint { .. }) {
-            return refused(format!("job {job_id} is {:?}", job.state));
+            return refused(Refusal::State, format!("job {job_id} is {:?}", job.state));
         }
         match command {
             Command::SubmitJob(_) | Command::KvPut { .. } => Response::Applied,
             Command::RegisterWorker(register) => register_worker(job, register.record),
             Command::BeginGeneration { generation, reason, removed, unix, .. } => {
                 if generation != job.generation + 1 || job.state == JobState::Pending {
-                    return refused(format!(
-                        "cannot begin generation {generation}: job {job_id} is {:?} in generation {}",
-                        job.state, job.generation
-                    ));
+                    return refused(
+                        Refusal::State,
+                        format!(
+                            "cannot begin generation {generation}: job {job_id} is {:?} in generation {}",
+                            job.state, job.generation
+                        ),
+                    );
                 }
                 job.generation = generation;
                 job.state = JobState::Recovering;
@@ -605,10 +623,13 @@ impl ClusterState {
                     _ => false,
                 };
                 if !fits {
-                    return refused(format!(
-                        "cannot form generation {generation}: job {job_id} is {:?} in generation {}",
-                        job.state, job.generation
-                    ));
+                    return refused(
+                        Refusal::State,
+                        format!(
+                            "cannot form generation {generation}: job {job_id} is {:?} in generation {}",
+                            job.state, job.generation
+                        ),
+                    );
                 }
                 for commit in carried {
                     job.commit_step(commit, unix);
@@ -637,32 +658,44 @@ impl ClusterState {
             }
             Command::CommitStep { generation, commit, unix, .. } => {
                 if generation != job.generation || job.state != JobState::Running {
-                    return refused(format!(
-                        "stale generation {generation}, current {} ({:?})",
-                        job.generation, job.state
-                    ));
+                    return refused(
+                        Refusal::StaleGeneration,
+                        format!(
+                            "stale generation {generation}, current {} ({:?})",
+                            job.generation, job.state
+                        ),
+                    );
                 }
                 let step = commit.step;
                 if job.commit_step(commit, unix) {
                     Response::Applied
                 } else {
-                    refused(format!("step {step} is not the next step; {} is committed", job.committed_step))
+                    refused(
+                        Refusal::State,
+                        format!("step {step} is not the next step; {} is committed", job.committed_step),
+                    )
                 }
             }
             Command::CommitCheckpoint { generation, entry, .. } => {
                 if generation != job.generation {
-                    return refused(format!(
-                        "stale generation {generation}, current {}: the save was interrupted",
-                        job.generation
-                    ));
+                    return refused(
+                        Refusal::StaleGeneration,
+                        format!(
+                            "stale generation {generation}, current {}: the save was interrupted",
+                            job.generation
+                        ),
+                    );
                 }
                 if job.checkpoints.iter().any(|c| c.record == entry.record) {
                     return Response::Applied;
                 }
                 if job.checkpoints.len() >= MAX_CHECKPOINTS_PER_JOB {
-                    return refused(format!(
-                        "job {job_id} already has {MAX_CHECKPOINTS_PER_JOB} checkpoints; lower checkpoint.keep"
-                    ));
+                    return refused(
+                        Refusal::Limit,
+                        format!(
+                            "job {job_id} already has {MAX_CHECKPOINTS_PER_JOB} checkpoints; lower checkpoint.keep"
+                        ),
+                    );
                 }
                 job.event(
                     entry.committed_unix,
@@ -707,10 +740,13 @@ impl ClusterState {
             }
             Command::CompleteJob { reason, unix, .. } => {
                 if job.committed_step < job.shape.total_steps {
-                    return refused(format!(
-                        "job {job_id} has {} of {} steps committed",
-                        job.committed_step, job.shape.total_steps
-                    ));
+                    return refused(
+                        Refusal::State,
+                        format!(
+                            "job {job_id} has {} of {} steps committed",
+                            job.committed_step, job.shape.total_steps
+                        ),
+                    );
                 }
                 job.complete(unix, reason);
                 Response::Applied
@@ -732,7 +768,10 @@ impl ClusterState {
             return Response::JobSubmitted { job_id: job.id.clone() };
         }
         if self.jobs.len() >= MAX_JOBS {
-            return refused(format!("the cluster holds {MAX_JOBS} jobs; remove finished ones first"));
+            return refused(
+                Refusal::Limit,
+                format!("the cluster holds {MAX_JOBS} jobs; remove finished ones first"),
+            );
         }
         self.job_seq += 1;
         let id = format!("{}-{}", submit.shape.name, self.job_seq);
@@ -792,28 +831,40 @@ impl ClusterState {
 
     fn kv_put(&mut self, job_id: String, key: String, value: Vec<u8>, generation: Option<u64>) -> Response {
         let Some(job) = self.jobs.get(&job_id) else {
-            return refused(format!("no job '{job_id}'"));
+            return refused(Refusal::NoJob, format!("no job '{job_id}'"));
         };
         if let Some(g) = generation
             && g < job.generation
         {
-            return refused(format!("stale generation {g}, current {}", job.generation));
+            return refused(
+                Refusal::StaleGeneration,
+                format!("stale generation {g}, current {}", job.generation),
+            );
         }
         if key.len() > MAX_KV_KEY_BYTES || value.len() > MAX_KV_VALUE_BYTES {
-            return refused(format!(
-                "key of {} bytes or value of {} bytes is over the limits ({MAX_KV_KEY_BYTES}, {MAX_KV_VALUE_BYTES})",
-                key.len(),
-                value.len()
-            ));
+            return refused(
+                Refusal::Limit,
+                format!(
+                    "key of {} bytes or value of {} bytes is over the limits ({MAX_KV_KEY_BYTES}, {MAX_KV_VALUE_BYTES})",
+                    key.len(),
+                    value.len()
+                ),
+            );
         }
         let store = self.kv.entry(job_id.clone()).or_default();
         let used: usize = store.iter().map(|(k, v)| k.len() + v.len()).sum();
         let old = store.get(&key).map_or(0, |v| key.len() + v.len());
         if !store.contains_key(&key) && store.len() >= MAX_KV_KEYS_PER_JOB {
-            return refused(format!("job {job_id} holds {MAX_KV_KEYS_PER_JOB} keys, the limit"));
+            return refused(
+                Refusal::Limit,
+                format!("job {job_id} holds {MAX_KV_KEYS_PER_JOB} keys, the limit"),
+            );
         }
         if used - old + key.len() + value.len() > MAX_KV_BYTES_PER_JOB {
-            return refused(format!("job {job_id} would hold over {MAX_KV_BYTES_PER_JOB} bytes of KV data"));
+            return refused(
+                Refusal::Limit,
+                format!("job {job_id} would hold over {MAX_KV_BYTES_PER_JOB} bytes of KV data"),
+            );
         }
         store.insert(key, value);
         Response::Applied
@@ -826,7 +877,10 @@ fn register_worker(job: &mut Job, record: WorkerRecord) -> Response {
         return Response::WorkerRegistered { worker_id: id.clone() };
     }
     if job.workers.len() >= MAX_WORKERS_PER_JOB {
-        return refused(format!("job {} had {MAX_WORKERS_PER_JOB} registrations, the limit", job.id));
+        return refused(
+            Refusal::Limit,
+            format!("job {} had {MAX_WORKERS_PER_JOB} registrations, the limit", job.id),
+        );
     }
     job.worker_seq += 1;
     let worker_id = format!("{}.w{}", job.id, job.worker_seq);
@@ -1085,7 +1139,7 @@ pub(crate) mod tests {
         let w = register(&mut state, &job, "i1");
         form(&mut state, &job, 1, vec![member(&w, vec![0])]);
         assert!(
-            matches!(commit(&mut state, &job, 1, 2), Response::Refused { reason } if reason.contains("not the next"))
+            matches!(commit(&mut state, &job, 1, 2), Response::Refused { reason, .. } if reason.contains("not the next"))
         );
         commit(&mut state, &job, 1, 1);
         assert!(matches!(commit(&mut state, &job, 1, 1), Response::Refused { .. }));
@@ -1111,7 +1165,7 @@ pub(crate) mod tests {
         // The same command proposed again (by a new leader) changes nothing.
         assert!(matches!(state.apply(begin), Response::Refused { .. }));
         assert!(
-            matches!(commit(&mut state, &job, 1, 1), Response::Refused { reason } if reason.contains("stale generation 1, current 2"))
+            matches!(commit(&mut state, &job, 1, 1), Response::Refused { reason, .. } if reason.contains("stale generation 1, current 2"))
         );
         let put =
             |g| Command::KvPut { job_id: job.clone(), key: "k".into(), value: vec![1], generation: Some(g) };
@@ -1133,7 +1187,7 @@ pub(crate) mod tests {
         };
         let late = Command::CommitCheckpoint { job_id: job.clone(), generation: 1, entry };
         assert!(
-            matches!(state.apply(late), Response::Refused { reason } if reason.contains("the save was interrupted"))
+            matches!(state.apply(late), Response::Refused { reason, .. } if reason.contains("the save was interrupted"))
         );
         assert!(state.jobs[&job].checkpoints.is_empty());
         // The removed member is told the job goes on without it (it may register again); a
@@ -1193,7 +1247,7 @@ pub(crate) mod tests {
         assert_eq!(state.jobs[&job].state, JobState::Stopped);
         let again =
             Command::RegisterWorker(Box::new(RegisterWorker { job_id: job.clone(), record: worker("x") }));
-        assert!(matches!(state.apply(again), Response::Refused { reason } if reason.contains("Stopped")));
+        assert!(matches!(state.apply(again), Response::Refused { reason, .. } if reason.contains("Stopped")));
         assert_eq!(state.find_job("demo").unwrap().id, job);
     }
 

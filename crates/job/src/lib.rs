@@ -64,6 +64,15 @@ pub enum JobError {
     Data(#[from] data::DataError),
 }
 
+impl fault::Classify for JobError {
+    fn fault(&self) -> fault::Fault {
+        match self {
+            JobError::Io { .. } | JobError::Yaml { .. } | JobError::Invalid { .. } => fault::Fault::Input,
+            JobError::Data(e) => e.fault(),
+        }
+    }
+}
+
 /// A training job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

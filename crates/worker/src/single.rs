@@ -3,7 +3,6 @@
 //! newest checkpoint under the job's root that restores, a checkpoint named by `--resume`, or a
 //! fresh start), commits its saves through the store's own markers, and runs the driver.
 
-use crate::WorkerError;
 use crate::ckpt::{
     self, CheckpointEvent, Checkpoints, PassedOver, Restored, SaveLayout, StoreCommit, restore_newest,
 };
@@ -11,6 +10,7 @@ use crate::driver::{self, Ended, Plan, Sink, Trained, Uninterrupted};
 use crate::objective;
 use crate::start;
 use crate::trainer::Trainer;
+use crate::{Part, WorkerError};
 use checkpoint::lineage::{line_of, new_line, save_id};
 use checkpoint::{Storage, StoreCommitLog, StoreOptions};
 use job::JobSpec;
@@ -54,7 +54,7 @@ pub fn run(
         .thread_name("podctl-ckpt")
         .enable_all()
         .build()
-        .map_err(|e| WorkerError::Mismatch(format!("cannot start the checkpoint runtime: {e}")))?;
+        .map_err(|source| WorkerError::Io { what: "starting the checkpoint runtime", source })?;
     let handle = runtime.handle();
     let root = match (&job.checkpoint, job.checkpoint_uri()) {
         (Some(spec), Some(uri)) => Some((spec, Storage::open(&uri, &StoreOptions::default())?)),
@@ -117,7 +117,7 @@ pub fn run(
     match std::mem::replace(&mut trained.ended, Ended::Finished) {
         Ended::Finished => Ok(RunSummary { trained, init_from }),
         Ended::StepFailed { error, .. } => Err(error),
-        Ended::Interrupted => Err(WorkerError::Mismatch("the run was interrupted".into())),
+        Ended::Interrupted => Err(WorkerError::Interrupted),
     }
 }
 
@@ -142,10 +142,11 @@ fn restore_from(
         }
     };
     if found.0.is_none() {
-        return Err(WorkerError::Mismatch(format!(
-            "nothing to resume from under {uri}: no committed checkpoint restores{}",
-            start::reasons(&found.1)
-        )));
+        return Err(WorkerError::NothingRestores {
+            uri: uri.to_string(),
+            asked_by: "--resume",
+            passed_over: found.1,
+        });
     }
     Ok(found)
 }
@@ -154,16 +155,22 @@ fn restore_from(
 fn check_restored(restored: &Restored, job: &JobSpec) -> Result<(), WorkerError> {
     let position = restored.data_position;
     if position.seed != job.seed {
-        return Err(WorkerError::Mismatch(format!(
-            "checkpoint {} continues the data order of seed {}, but the job's seed is {}; set `seed: {}` or start without it",
-            restored.uri, position.seed, job.seed, position.seed
-        )));
+        return Err(WorkerError::incompatible(
+            Part::Checkpoint,
+            format!(
+                "checkpoint {} continues the data order of seed {}, but the job's seed is {}; set `seed: {}` or start without it",
+                restored.uri, position.seed, job.seed, position.seed
+            ),
+        ));
     }
     if restored.step > job.steps {
-        return Err(WorkerError::Mismatch(format!(
-            "checkpoint {} is at step {}, past the job's {} steps; raise `steps` or start without it",
-            restored.uri, restored.step, job.steps
-        )));
+        return Err(WorkerError::incompatible(
+            Part::Checkpoint,
+            format!(
+                "checkpoint {} is at step {}, past the job's {} steps; raise `steps` or start without it",
+                restored.uri, restored.step, job.steps
+            ),
+        ));
     }
     Ok(())
 }
