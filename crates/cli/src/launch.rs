@@ -14,13 +14,14 @@ use worker::single::Resume;
 
 pub fn run(
     job_path: &Path,
+    overrides: &[job::Override],
     dry_run: bool,
     out: Option<PathBuf>,
     resume: Resume,
     connect: &ConnectArgs,
     node: &dyn crate::StartNode,
 ) -> Result<()> {
-    let mut job = JobSpec::load_with(job_path, &crate::models::HfReader)?;
+    let mut job = JobSpec::load_overridden(job_path, overrides, &crate::models::HfReader)?;
     if out.is_some() {
         job.output = out;
     }
@@ -48,7 +49,7 @@ pub fn run(
             "grpo.init_from {}: no checkpoint under {root} yet; training that job first",
             spec.display()
         );
-        run(&spec, false, None, Resume::Newest, connect, node)?;
+        run(&spec, &[], false, None, Resume::Newest, connect, node)?;
         println!();
         if let InitFrom::TrainFirst { .. } = init_from::resolve(&mut job, connect)? {
             bail!("{} ran but left no committed checkpoint under {root}", spec.display());
@@ -113,8 +114,8 @@ pub fn run(
 
 /// `podctl launch --render`: the job as a declaration (a ConfigMap) for the install `release`,
 /// its bundle uploaded under the job's checkpoint root first. Only the manifest goes to stdout.
-pub fn render(job_path: &Path, release: &str) -> Result<()> {
-    let job = JobSpec::load_with(job_path, &crate::models::HfReader)?;
+pub fn render(job_path: &Path, overrides: &[job::Override], release: &str) -> Result<()> {
+    let job = JobSpec::load_overridden(job_path, overrides, &crate::models::HfReader)?;
     let tools = Toolchain::discover()?;
     let bundle = resolve_bundle(&tools, &job)?;
     let bundle_uri = crate::status::runtime()?.block_on(crate::local::publish_bundle(&job, &bundle, true))?;

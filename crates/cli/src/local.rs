@@ -188,7 +188,11 @@ fn ended(status: &JobStatus, run_dir: &Path) -> Result<()> {
             crate::summary::print_held_out(run_dir);
             Ok(())
         }
-        state => bail!("the job ended {state:?}: {}", status.message),
+        state => Err(crate::exit::Classified::failed(anyhow::anyhow!(
+            "the job ended {}: {}",
+            crate::status::state_name(state),
+            status.message
+        ))),
     }
 }
 
@@ -462,6 +466,7 @@ mod tests {
     #[test]
     fn the_worker_command_carries_the_launch_s_addresses_and_tls() {
         let mut connect = ConnectArgs {
+            context: None,
             coordinator: vec!["10.0.0.1:7001".into(), "10.0.0.2:7001".into()],
             kube_context: None,
             kube_namespace: None,

@@ -29,7 +29,7 @@ pub fn run(
     let mut progress = Progress::new(record, job.steps);
     let outcome = worker::single::run(&mut trainer, job, &mut progress, &resume);
     let record = progress.finish()?;
-    let run = outcome?;
+    let run = outcome.map_err(crate::exit::Classified::failed)?;
     if run.trained.steps() == 0 {
         summary::print_nothing_to_train(run.trained.start);
         return Ok(());

@@ -250,6 +250,8 @@ impl TrainerSide {
             message: String::new(),
             step: self.steps_done,
             generation: self.generation,
+            // Numbered as the forwarder sends it.
+            seq: 0,
         }
     }
 
