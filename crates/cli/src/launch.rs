@@ -12,10 +12,12 @@ use job::JobSpec;
 use std::path::{Path, PathBuf};
 use worker::single::Resume;
 
+#[allow(clippy::too_many_arguments)] // the launch's flags, one each
 pub fn run(
     job_path: &Path,
     overrides: &[job::Override],
     dry_run: bool,
+    detach: bool,
     out: Option<PathBuf>,
     resume: Resume,
     connect: &ConnectArgs,
@@ -24,6 +26,12 @@ pub fn run(
     let mut job = JobSpec::load_overridden(job_path, overrides, &crate::models::HfReader)?;
     if out.is_some() {
         job.output = out;
+    }
+    if detach && !connect.is_remote() {
+        bail!(
+            "--detach: a job on this machine lives with this process; name a cluster (--coordinator, \
+             --kube-context or a saved context) or drop --detach"
+        );
     }
     let tools = Toolchain::discover()?;
     // The plugin is checked before the (slower) export so that a wrong path fails at once; a
@@ -49,7 +57,7 @@ pub fn run(
             "grpo.init_from {}: no checkpoint under {root} yet; training that job first",
             spec.display()
         );
-        run(&spec, &[], false, None, Resume::Newest, connect, node)?;
+        run(&spec, &[], false, false, None, Resume::Newest, connect, node)?;
         println!();
         if let InitFrom::TrainFirst { .. } = init_from::resolve(&mut job, connect)? {
             bail!("{} ran but left no committed checkpoint under {root}", spec.display());
@@ -99,7 +107,7 @@ pub fn run(
             bail!("--resume: a job under a coordinator resumes from its own checkpoint root; drop the flag");
         }
         let cluster = match connect.is_remote() {
-            true => crate::local::Cluster::Remote(connect.clone()),
+            true => crate::local::Cluster::Remote { connect: connect.clone(), detach },
             false => crate::local::Cluster::Local {
                 plugin: plugin_path,
                 compile_cache: tools.cache.join("executables"),

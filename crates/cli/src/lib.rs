@@ -15,6 +15,7 @@ mod embedded;
 pub mod exit;
 mod export;
 mod init_from;
+mod interrupt;
 mod launch;
 mod local;
 mod logs;
@@ -37,7 +38,8 @@ use std::process::ExitCode;
 /// podctl's commands (the binary adds `podctl coordinator`).
 #[derive(Subcommand)]
 pub enum Command {
-    /// Run a training job. Without a cluster, everything runs on this machine.
+    /// Run a training job. Without a cluster, everything runs on this machine (Ctrl-C stops it
+    /// after saving a checkpoint); against one, the launch follows the job and Ctrl-C detaches.
     Launch {
         /// The job spec (YAML).
         job: PathBuf,
@@ -71,6 +73,10 @@ pub enum Command {
         /// Run on this machine even when a saved context names a cluster.
         #[arg(long, conflicts_with_all = ["coordinator", "kube_context", "context", "render"])]
         local: bool,
+        /// Against a cluster: return once the job is accepted, printing how to follow and stop
+        /// it (without it the launch follows the job, and Ctrl-C detaches: the job runs on).
+        #[arg(long, short, conflicts_with_all = ["dry_run", "render", "local"])]
+        detach: bool,
         /// Submit to this coordinator cluster instead of running one here (see `podctl worker`).
         #[command(flatten)]
         connect: connect::ConnectArgs,
@@ -111,7 +117,7 @@ pub enum Command {
 /// Runs `command`; `node` starts local mode's embedded coordinator when a launch needs one.
 pub fn run(command: Command, node: &dyn StartNode) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Launch { job, dry_run, out, resume, start_over, render, release, set, local, connect } => {
+        Command::Launch { job, dry_run, out, resume, start_over, render, release, set, local, detach, connect } => {
             let resume = match (resume, start_over) {
                 (Some(from), _) => Resume::From(from),
                 (None, true) => Resume::StartOver,
@@ -124,7 +130,7 @@ pub fn run(command: Command, node: &dyn StartNode) -> anyhow::Result<ExitCode> {
             };
             match render {
                 true => launch::render(&job, &overrides, &release)?,
-                false => launch::run(&job, &overrides, dry_run, out, resume, &connect, node)?,
+                false => launch::run(&job, &overrides, dry_run, detach, out, resume, &connect, node)?,
             }
         }
         Command::Ckpt { command } => ckpt::run(command)?,

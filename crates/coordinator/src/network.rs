@@ -76,7 +76,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
                 .max_decoding_message_size(self.dialer.max_message_bytes)
                 .max_encoding_message_size(self.dialer.max_message_bytes)
         });
-        PeerConnection { target, addr: node.addr.clone(), client, health: self.health.clone() }
+        PeerConnection { target, addr: node.addr.clone(), client, health: self.health.clone(), failure: None }
     }
 }
 
@@ -85,6 +85,8 @@ pub struct PeerConnection {
     target: u64,
     addr: String,
     health: Arc<PeerHealth>,
+    /// Why the call in progress failed to reach the peer, in words for people.
+    failure: Option<String>,
     /// The client, or why the address could not be used.
     client: Result<RaftClient<Channel>, String>,
 }
@@ -105,10 +107,12 @@ impl PeerConnection {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
+        self.failure = None;
         let result = self.attempt(kind, request, timeout).await;
-        let outcome = match &result {
-            Err(typ::RpcError::Unreachable(e)) => Err(e.to_string()),
-            Err(typ::RpcError::Network(e)) => Err(e.to_string()),
+        let outcome = match (&result, self.failure.take()) {
+            (Err(typ::RpcError::Unreachable(_) | typ::RpcError::Network(_)), Some(why)) => Err(why),
+            (Err(typ::RpcError::Unreachable(e)), None) => Err(e.to_string()),
+            (Err(typ::RpcError::Network(e)), None) => Err(e.to_string()),
             _ => Ok(()),
         };
         self.health.record(self.target, &self.addr, outcome);
@@ -144,6 +148,7 @@ impl PeerConnection {
             Err(tonic::Status::deadline_exceeded(format!("no answer within {timeout:?}")))
         });
         let payload = response.map_err(|status| {
+            self.failure = Some(format!("{kind}: {}", status.message()));
             let e = Message(format!("{kind} to node {}: {status}", self.target));
             match status.code() {
                 tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => {

@@ -276,7 +276,7 @@ fn a_job_survives_the_leaders_sigkill_with_real_workers() {
     for i in (0..3).filter(|&i| i != leader as usize - 1) {
         let text = node_log(i)[logged_before[i]..].to_string();
         let warned = warnings(&text);
-        println!("node {} logged {} warnings in the {down_for:.0?} node {leader} was down", i + 1, warned.len());
+        println!("node {} logged {} warnings in the {down_for:.0?} node {leader} was down: {warned:#?}", i + 1, warned.len());
         assert!(warned.len() <= 8, "node {}: {warned:#?}", i + 1);
         let about = warned.iter().filter(|l| l.contains(&format!("{dead} is unreachable"))).count();
         assert!(about <= 1, "node {} said more than once that node {leader} went: {warned:#?}", i + 1);
