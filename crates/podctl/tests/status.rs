@@ -197,9 +197,17 @@ async fn status_logs_and_stop_against_a_local_coordinator() {
     assert_eq!(states.first().map(String::as_str), Some("pending"));
     assert_eq!(states.last().map(String::as_str), Some("stopped"));
 
-    // No token: a message that names the fix, status 2.
+    // No token: a message that names the fix, status 2 (bad usage).
     let out = podctl(&["status"], &addr, "").await;
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("PODCTL_TOKEN"), "{out:?}");
+    // A token the cluster refuses, and no coordinator at the address: status 3 (cannot reach or
+    // authenticate), which a script may retry.
+    let out = podctl(&["status"], &addr, "not-the-admin-token").await;
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("token"), "{out:?}");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let out = podctl(&["status"], &closed, ADMIN).await;
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
     node.stop().await.unwrap();
 }
