@@ -266,14 +266,17 @@ async fn verify(uri: &str, json: bool) -> Result<()> {
                 "uri": at, "step": commit.step, "ok": true, "objects": report.objects,
                 "chunks": report.chunks, "bytes": report.bytes,
             }),
-            Err(e) => serde_json::json!({ "uri": at, "step": commit.step, "ok": false, "error": e.to_string() }),
+            Err(e) => {
+                serde_json::json!({ "uri": at, "step": commit.step, "ok": false, "error": e.to_string() })
+            }
         });
     }
     if json {
         println!("{}", serde_json::json!({ "ok": failed == 0, "checkpoints": results }));
     }
     if failed > 0 {
-        let error = anyhow::anyhow!("{failed} of {} committed checkpoint(s) failed verification", commits.len());
+        let error =
+            anyhow::anyhow!("{failed} of {} committed checkpoint(s) failed verification", commits.len());
         return Err(crate::exit::Classified::failed(error));
     }
     Ok(())

@@ -110,7 +110,9 @@ impl ConnectArgs {
             ),
         };
         let Some(token) = self.given_token()? else {
-            bail!("no token: set PODCTL_TOKEN or pass --token-file (or save one in a context: `podctl context add`)")
+            bail!(
+                "no token: set PODCTL_TOKEN or pass --token-file (or save one in a context: `podctl context add`)"
+            )
         };
         Ok(ClientConfig::new(self.coordinator.clone(), token, tls))
     }

@@ -99,7 +99,9 @@ pub fn config_path() -> Result<PathBuf> {
     let base = match (var("XDG_CONFIG_HOME").filter(|p| p.is_absolute()), var("HOME")) {
         (Some(dir), _) => dir,
         (None, Some(home)) => home.join(".config"),
-        (None, None) => bail!("neither XDG_CONFIG_HOME nor HOME is set; set PODCTL_CONFIG to the config file's path"),
+        (None, None) => {
+            bail!("neither XDG_CONFIG_HOME nor HOME is set; set PODCTL_CONFIG to the config file's path")
+        }
     };
     Ok(base.join("podctl").join("config.yaml"))
 }
@@ -213,7 +215,12 @@ pub struct AddArgs {
     /// The context's name.
     pub name: String,
     /// Coordinator addresses (host:port), comma-separated.
-    #[arg(long, value_delimiter = ',', required_unless_present = "kube_context", conflicts_with = "kube_context")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        required_unless_present = "kube_context",
+        conflicts_with = "kube_context"
+    )]
     pub coordinator: Vec<String>,
     /// A kubeconfig context whose podctl install to reach (`kubectl config get-contexts`).
     #[arg(long)]
@@ -258,9 +265,14 @@ pub fn run(command: ContextCommand) -> Result<()> {
             if config.contexts.contains_key(&name) && !force {
                 bail!("a context named {name:?} exists; pass --force to replace it, or pick another name");
             }
-            if saved.kube_context.is_none() && saved.tls_dir.is_none() && saved.ca.is_none() && !saved.insecure_plaintext
+            if saved.kube_context.is_none()
+                && saved.tls_dir.is_none()
+                && saved.ca.is_none()
+                && !saved.insecure_plaintext
             {
-                bail!("no TLS material: pass --ca (and --cert/--key) or --tls-dir, or --insecure-plaintext on loopback");
+                bail!(
+                    "no TLS material: pass --ca (and --cert/--key) or --tls-dir, or --insecure-plaintext on loopback"
+                );
             }
             let current = make_current || config.current_context.is_none();
             config.contexts.insert(name.clone(), saved);
@@ -331,7 +343,8 @@ fn list(config: &Config, json: bool) -> String {
                 v
             })
             .collect();
-        return serde_json::json!({ "current": config.current_context, "contexts": contexts }).to_string() + "\n";
+        return serde_json::json!({ "current": config.current_context, "contexts": contexts }).to_string()
+            + "\n";
     }
     if config.contexts.is_empty() {
         return "no contexts: `podctl context add NAME --coordinator HOST:PORT ...` saves one\n".into();
@@ -417,7 +430,10 @@ mod tests {
         assert_eq!(resolved.kube_namespace.as_deref(), Some("train"));
         assert!(resolved.coordinator.is_empty() && resolved.ca.is_none());
         let error = args(&["--context", "nope"]).with_saved(&config()).unwrap_err().to_string();
-        assert!(error.contains("no context named \"nope\"") && error.contains("podctl context list"), "{error}");
+        assert!(
+            error.contains("no context named \"nope\"") && error.contains("podctl context list"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -433,7 +449,10 @@ mod tests {
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines[0], "CURRENT  NAME  CLUSTER                      TLS                    TOKEN FILE");
         assert_eq!(lines[1], "         gke   kube:gke_p_z_c/train         from the install       -");
-        assert_eq!(lines[2], "*        prod  10.0.0.1:7001,10.0.0.2:7001  ca /etc/podctl/ca.pem  /home/me/.podctl-token");
+        assert_eq!(
+            lines[2],
+            "*        prod  10.0.0.1:7001,10.0.0.2:7001  ca /etc/podctl/ca.pem  /home/me/.podctl-token"
+        );
         let json: serde_json::Value = serde_json::from_str(&list(&config(), true)).unwrap();
         assert_eq!(json["current"], "prod");
         assert_eq!(json["contexts"][1]["current"], true);

@@ -166,8 +166,12 @@ mod tests {
         assert_eq!(failed.to_string(), "the job ended failed: step 3 diverged");
         assert_eq!(classify(&Classified::interrupted(anyhow::anyhow!("Ctrl-C"))), Exit::Interrupted);
         // The job was being followed when the coordinators went away: that is what to report.
-        let lost = Classified::failed(anyhow::Error::from(refused(code::UNAVAILABLE)).context("following j-1"));
+        let lost =
+            Classified::failed(anyhow::Error::from(refused(code::UNAVAILABLE)).context("following j-1"));
         assert_eq!(classify(&lost), Exit::Unreachable);
-        assert_eq!([Exit::Failed, Exit::Usage, Exit::Unreachable, Exit::Interrupted].map(Exit::code), [1, 2, 3, 130]);
+        assert_eq!(
+            [Exit::Failed, Exit::Usage, Exit::Unreachable, Exit::Interrupted].map(Exit::code),
+            [1, 2, 3, 130]
+        );
     }
 }

@@ -117,7 +117,19 @@ pub enum Command {
 /// Runs `command`; `node` starts local mode's embedded coordinator when a launch needs one.
 pub fn run(command: Command, node: &dyn StartNode) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Launch { job, dry_run, out, resume, start_over, render, release, set, local, detach, connect } => {
+        Command::Launch {
+            job,
+            dry_run,
+            out,
+            resume,
+            start_over,
+            render,
+            release,
+            set,
+            local,
+            detach,
+            connect,
+        } => {
             let resume = match (resume, start_over) {
                 (Some(from), _) => Resume::From(from),
                 (None, true) => Resume::StartOver,

@@ -57,7 +57,9 @@ pub fn run(job: &JobSpec, bundle: &Bundle, cluster: Cluster, start_over: bool) -
             Cluster::Local { plugin, compile_cache, node } => {
                 launch(job, bundle, &plugin, &compile_cache, node, start_over).await
             }
-            Cluster::Remote { connect, detach } => submit_remote(job, bundle, &connect, start_over, detach).await,
+            Cluster::Remote { connect, detach } => {
+                submit_remote(job, bundle, &connect, start_over, detach).await
+            }
         }
     })
 }

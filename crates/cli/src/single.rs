@@ -39,8 +39,13 @@ pub fn run(
         let step = run.trained.last.as_ref().map_or(run.trained.start, |last| last.step);
         record.plot()?;
         let resume = match job.checkpoint_uri() {
-            Some(root) => format!("its checkpoint is committed under {root}: launching it again resumes there"),
-            None => "the job saves no checkpoints (`checkpoint: { every: N }`): launching it again starts over".into(),
+            Some(root) => {
+                format!("its checkpoint is committed under {root}: launching it again resumes there")
+            }
+            None => {
+                "the job saves no checkpoints (`checkpoint: { every: N }`): launching it again starts over"
+                    .into()
+            }
         };
         return Err(crate::exit::Classified::interrupted(anyhow::anyhow!(
             "interrupted (Ctrl-C) after step {step}; {resume}"

@@ -669,7 +669,10 @@ mod tests {
         assert_eq!(lines[6], "recent events");
         // The last six events, oldest first, with their local time.
         assert_eq!(lines.len(), 7 + EVENTS_SHOWN, "{text}");
-        assert!(lines[7].starts_with(&format!("  {}  checkpoint  step 20  event 2", clock(3602.0))), "{text}");
+        assert!(
+            lines[7].starts_with(&format!("  {}  checkpoint  step 20  event 2", clock(3602.0))),
+            "{text}"
+        );
         assert_eq!(lines.last().unwrap(), &format!("  {}  recovery    step 70  event 7", clock(3607.0)));
     }
 
@@ -706,7 +709,10 @@ mod tests {
         assert_eq!(render_list(&[], None), ["no jobs"]);
         assert_eq!(
             watch_line(&sample(), 3661.0),
-            format!("{} tiny-arith running step 150/300 loss 2.5000 12.3k tok/s gen 2 slices 1=late", clock(3661.0))
+            format!(
+                "{} tiny-arith running step 150/300 loss 2.5000 12.3k tok/s gen 2 slices 1=late",
+                clock(3661.0)
+            )
         );
     }
 

@@ -328,7 +328,10 @@ impl LogBuffers {
                 return;
             }
             Err(_) => {
-                tracing::warn!(job_id, "reading the workers' earlier log lines from {uri} took over {HISTORY_TIMEOUT:?}");
+                tracing::warn!(
+                    job_id,
+                    "reading the workers' earlier log lines from {uri} took over {HISTORY_TIMEOUT:?}"
+                );
                 return;
             }
         };
@@ -423,7 +426,10 @@ mod tests {
             logs.push(numbered("w1", seq));
         }
         logs.push(numbered("w2", 1));
-        assert_eq!(messages(&logs.read("j", 0, None).0), ["w1 line 1", "w1 line 2", "w1 line 3", "w2 line 1"]);
+        assert_eq!(
+            messages(&logs.read("j", 0, None).0),
+            ["w1 line 1", "w1 line 2", "w1 line 3", "w2 line 1"]
+        );
     }
 
     #[tokio::test]

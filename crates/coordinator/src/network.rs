@@ -7,6 +7,7 @@
 //! Every call's outcome goes to [`PeerHealth`], which logs a peer that stops answering once.
 
 use crate::TypeConfig;
+use crate::peers::PeerHealth;
 use crate::typ;
 use client::tls::endpoint;
 use openraft::error::{InstallSnapshotError, NetworkError, RemoteError, Unreachable};
@@ -20,7 +21,6 @@ use proto::v1::RaftPayload;
 use proto::v1::raft_client::RaftClient;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use crate::peers::PeerHealth;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;

@@ -73,7 +73,6 @@ impl PeerHealth {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,7 +96,9 @@ mod tests {
             assert_eq!(health.view()[&2].1, PeerState::Answering);
         });
         assert_eq!(logged.len(), 2, "{logged:?}");
-        assert!(logged[0].starts_with("coordinator node 2 at 10.0.0.2:7001 is unreachable: connection refused"));
+        assert!(
+            logged[0].starts_with("coordinator node 2 at 10.0.0.2:7001 is unreachable: connection refused")
+        );
         assert!(logged[1].starts_with("coordinator node 2 at 10.0.0.2:7001 answers again after "));
     }
 }

@@ -35,7 +35,9 @@ impl Override {
         }
         let value = match value.trim() {
             "" => Value::String(String::new()),
-            value => serde_saphyr::from_str::<Value>(value).unwrap_or_else(|_| Value::String(value.to_string())),
+            value => {
+                serde_saphyr::from_str::<Value>(value).unwrap_or_else(|_| Value::String(value.to_string()))
+            }
         };
         Ok(Self { path, value, text: text.to_string() })
     }
@@ -66,7 +68,10 @@ impl Override {
                     let len = items.len();
                     items.get_mut(index).ok_or_else(|| JobError::Override {
                         set: self.text.clone(),
-                        reason: format!("`{at}` has {len} items; indices run from 0 to {}", len.saturating_sub(1)),
+                        reason: format!(
+                            "`{at}` has {len} items; indices run from 0 to {}",
+                            len.saturating_sub(1)
+                        ),
                     })?
                 }
                 other => {
@@ -132,8 +137,9 @@ mod tests {
 
     #[test]
     fn overrides_set_nested_fields_with_yaml_values() {
-        let job = load(&["steps=25", "optimizer.lr=1e-3", "batch.micro=2", "checkpoint.every=5", "name=other"])
-            .unwrap();
+        let job =
+            load(&["steps=25", "optimizer.lr=1e-3", "batch.micro=2", "checkpoint.every=5", "name=other"])
+                .unwrap();
         assert_eq!((job.steps, job.batch.micro, job.name.as_str()), (25, 2, "other"));
         assert_eq!(job.optimizer.lr, 1e-3);
         assert_eq!(job.checkpoint.as_ref().unwrap().every, 5);

@@ -49,7 +49,8 @@ fn plan_json_carries_every_candidate_and_set_overrides_are_checked_like_the_file
     assert_eq!(chosen.len(), 1);
     assert_eq!(&plan["choice"], chosen[0]);
     for c in candidates {
-        let (peak, analytic) = (c["peak_bytes"].as_u64().unwrap(), c["analytic_peak_bytes"].as_u64().unwrap());
+        let (peak, analytic) =
+            (c["peak_bytes"].as_u64().unwrap(), c["analytic_peak_bytes"].as_u64().unwrap());
         assert_eq!(peak, analytic, "nothing measured without --exact: {c}");
         assert!(c["step_seconds"].as_f64().unwrap() > 0.0, "{c}");
         let limit = plan["target"]["memory_limit_bytes"].as_i64().unwrap();
@@ -87,7 +88,10 @@ fn ckpt_list_show_and_verify_speak_json() {
     let listed = json(&succeeds(&["ckpt", "list", ckpt_root, "--json"]));
     let checkpoints = listed["checkpoints"].as_array().unwrap();
     assert_eq!(checkpoints.len(), 1, "{listed}");
-    assert_eq!((checkpoints[0]["step"].as_u64(), checkpoints[0]["committed"].as_bool()), (Some(0), Some(true)));
+    assert_eq!(
+        (checkpoints[0]["step"].as_u64(), checkpoints[0]["committed"].as_bool()),
+        (Some(0), Some(true))
+    );
     let uri = checkpoints[0]["uri"].as_str().unwrap().to_string();
 
     let shown = json(&succeeds(&["ckpt", "show", &uri, "--json"]));
@@ -115,7 +119,10 @@ fn ckpt_list_show_and_verify_speak_json() {
     let out = podctl(&["ckpt", "verify", ckpt_root, "--json"]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let verified = json(&String::from_utf8_lossy(&out.stdout));
-    assert_eq!((verified["ok"].as_bool(), verified["checkpoints"][0]["ok"].as_bool()), (Some(false), Some(false)));
+    assert_eq!(
+        (verified["ok"].as_bool(), verified["checkpoints"][0]["ok"].as_bool()),
+        (Some(false), Some(false))
+    );
     assert!(verified["checkpoints"][0]["error"].as_str().unwrap().contains("crc32c"), "{verified}");
 }
 

@@ -9,9 +9,9 @@
 use client::{Client, ClientConfig};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::sync::{Arc, Mutex};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const ADMIN: &str = "cluster-test-admin-token-0123456789";
@@ -262,7 +262,10 @@ fn a_job_survives_the_leaders_sigkill_with_real_workers() {
         assert!(shown.contains(expected), "podctl status shows no {expected:?}:\n{shown}");
     }
     // The dead node's state is there, instead of in the nodes' logs.
-    assert!(shown.contains(&format!("{leader} UNREACHABLE for ")), "podctl status shows no dead node:\n{shown}");
+    assert!(
+        shown.contains(&format!("{leader} UNREACHABLE for ")),
+        "podctl status shows no dead node:\n{shown}"
+    );
 
     // Down for 15 s in all; then the killed node comes back and catches up from the log or a
     // snapshot.
@@ -276,7 +279,11 @@ fn a_job_survives_the_leaders_sigkill_with_real_workers() {
     for i in (0..3).filter(|&i| i != leader as usize - 1) {
         let text = node_log(i)[logged_before[i]..].to_string();
         let warned = warnings(&text);
-        println!("node {} logged {} warnings in the {down_for:.0?} node {leader} was down: {warned:#?}", i + 1, warned.len());
+        println!(
+            "node {} logged {} warnings in the {down_for:.0?} node {leader} was down: {warned:#?}",
+            i + 1,
+            warned.len()
+        );
         assert!(warned.len() <= 8, "node {}: {warned:#?}", i + 1);
         let about = warned.iter().filter(|l| l.contains(&format!("{dead} is unreachable"))).count();
         assert!(about <= 1, "node {} said more than once that node {leader} went: {warned:#?}", i + 1);
@@ -310,7 +317,11 @@ fn a_job_survives_the_leaders_sigkill_with_real_workers() {
         assert!(started.elapsed() < Duration::from_secs(30), "podctl logs -f did not end with the job");
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(follower.wait().unwrap().success(), "{}", std::fs::read_to_string(dir.join("follower.log")).unwrap());
+    assert!(
+        follower.wait().unwrap().success(),
+        "{}",
+        std::fs::read_to_string(dir.join("follower.log")).unwrap()
+    );
     reader.join().unwrap();
     let followed = followed.lock().unwrap().clone();
     let after_kill: Vec<String> =
@@ -324,7 +335,11 @@ fn a_job_survives_the_leaders_sigkill_with_real_workers() {
     assert_eq!(steps.len(), 2, "lines of both slices: {followed:#?}");
     for slice in 0..2 {
         let own = steps_in_worker_log(&dir.join(format!("worker{slice}.log")));
-        assert_eq!(steps[&format!("s{slice}")], own, "slice {slice}'s steps as followed and as its worker logged them");
+        assert_eq!(
+            steps[&format!("s{slice}")],
+            own,
+            "slice {slice}'s steps as followed and as its worker logged them"
+        );
         let mut distinct = own.clone();
         distinct.sort();
         distinct.dedup();

@@ -169,7 +169,11 @@ fn two_slices_give_the_metrics_of_one_slice() {
     for run in [&dir.path().join("one"), &dir.path().join("two")] {
         let scalars = common::tensorboard_scalars(run);
         for tag in ["loss", "reward", "digits_right", "has_marker", "well_formed", "eval_accuracy"] {
-            assert!(scalars.keys().any(|(t, _)| t == tag), "no {tag} in {}'s TensorBoard file", run.display());
+            assert!(
+                scalars.keys().any(|(t, _)| t == tag),
+                "no {tag} in {}'s TensorBoard file",
+                run.display()
+            );
         }
         let count = common::assert_tensorboard_has_the_metrics(run);
         println!("TensorBoard reads the {count} numbers of {}/metrics.jsonl back", run.display());

@@ -111,7 +111,10 @@ fn a_cluster_launch_detaches_on_ctrl_c_and_with_detach() {
     assert!(took < Duration::from_secs(2), "--detach took {took:?}");
     let submitted = printed.lines().find(|l| l.starts_with("job ") && l.contains(" submitted")).unwrap();
     let job = submitted.split_whitespace().nth(1).unwrap().to_string();
-    assert!(printed.contains(&format!("podctl stop {job} --coordinator {addr} --insecure-plaintext")), "{printed}");
+    assert!(
+        printed.contains(&format!("podctl stop {job} --coordinator {addr} --insecure-plaintext")),
+        "{printed}"
+    );
     assert_eq!(status(&addr, dir, &job)["state"], "pending");
     assert!(against(&addr, dir, &["stop", &job]).status.success());
 
@@ -191,7 +194,8 @@ fn a_local_run_saves_a_checkpoint_on_ctrl_c_and_exits_130() {
     assert_eq!(out.status.code(), Some(130), "{stderr}");
     let done = steps() as u64;
     assert!(
-        stderr.contains(&format!("error: interrupted (Ctrl-C) after step {done}; its checkpoint is committed")),
+        stderr
+            .contains(&format!("error: interrupted (Ctrl-C) after step {done}; its checkpoint is committed")),
         "{stderr}"
     );
     // The checkpoint of the last step done, committed (no schedule would have saved it).

@@ -144,7 +144,16 @@ async fn status_logs_and_stop_against_a_local_coordinator() {
     let token_file = dir.path().join("admin-token");
     std::fs::write(&token_file, ADMIN).unwrap();
     let token_file = token_file.display().to_string();
-    let add = ["context", "add", "here", "--coordinator", &addr, "--insecure-plaintext", "--token-file", &token_file];
+    let add = [
+        "context",
+        "add",
+        "here",
+        "--coordinator",
+        &addr,
+        "--insecure-plaintext",
+        "--token-file",
+        &token_file,
+    ];
     let saved = text(&with_context(&add, &config_home).await);
     assert!(saved.contains("saved context here (the current context)"), "{saved}");
     let file = std::fs::read_to_string(config_home.join("podctl/config.yaml")).unwrap();

@@ -112,7 +112,10 @@ impl RunRecord {
             .and_then(|()| self.metrics.flush())
             .map_err(|source| RecordError::Io { path: self.dir.join("metrics.jsonl"), source })?;
         let step = fields.get("step").and_then(Value::as_u64).unwrap_or(self.steps.len() as u64 + 1);
-        let scalars = fields.iter().filter(|(key, _)| *key != "step").filter_map(|(k, v)| Some((k.as_str(), v.as_f64()?)));
+        let scalars = fields
+            .iter()
+            .filter(|(key, _)| *key != "step")
+            .filter_map(|(k, v)| Some((k.as_str(), v.as_f64()?)));
         self.tensorboard
             .scalars(step, unix_now(), scalars)
             .map_err(|source| RecordError::Io { path: self.tensorboard.path().to_path_buf(), source })?;

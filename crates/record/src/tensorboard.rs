@@ -98,7 +98,11 @@ impl EventWriter {
             .unwrap_or_else(|_| "localhost".into());
         let path = dir.join(format!("{PREFIX}{}.{host}.{}{SUFFIX}", unix as u64, std::process::id()));
         let mut writer = Self { file: BufWriter::new(File::create(&path)?), path };
-        writer.write(&Event { wall_time: unix, step: 0, what: Some(What::FileVersion("brain.Event:2".into())) })?;
+        writer.write(&Event {
+            wall_time: unix,
+            step: 0,
+            what: Some(What::FileVersion("brain.Event:2".into())),
+        })?;
         Ok(writer)
     }
 
@@ -121,7 +125,11 @@ impl EventWriter {
         if value.is_empty() {
             return Ok(());
         }
-        self.write(&Event { wall_time: unix, step: step as i64, what: Some(What::Summary(Summary { value })) })
+        self.write(&Event {
+            wall_time: unix,
+            step: step as i64,
+            what: Some(What::Summary(Summary { value })),
+        })
     }
 
     fn write(&mut self, event: &Event) -> std::io::Result<()> {

@@ -2,8 +2,8 @@
 
 use super::{Caller, caller, find_job, linearizable};
 use crate::ctx::Ctx;
-use crate::logs::LogRecord;
 use crate::decide::{JobLive, Out};
+use crate::logs::LogRecord;
 use crate::state::{self, Job};
 use proto::v1::jobs_server::Jobs;
 use proto::v1::{
