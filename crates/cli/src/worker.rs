@@ -50,8 +50,9 @@ pub struct WorkerArgs {
     grace_period_seconds: u64,
 }
 
-/// Exit code of a worker that left on SIGTERM (preempted), as opposed to one told to stop.
-pub const PREEMPTED_EXIT: u8 = 3;
+/// Exit status of a worker that left on SIGTERM (preempted), as opposed to one told to stop:
+/// 128 + 15, what a shell reports for a process SIGTERM ended.
+pub const PREEMPTED_EXIT: u8 = 143;
 
 pub fn run(args: WorkerArgs) -> Result<u8> {
     let mut coordinator = args.connect.client_config()?;

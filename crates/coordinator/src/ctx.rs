@@ -9,6 +9,7 @@
 use crate::config::Config;
 use crate::logs::LogBuffers;
 use crate::memory::LeaderMemory;
+use crate::peers::PeerHealth;
 use crate::state::{Command, Response};
 use crate::store::Shared;
 use crate::typ;
@@ -54,6 +55,8 @@ pub struct Ctx {
     pub leader: LeaderMemory,
     /// Workers' log lines (leader only).
     pub logs: LogBuffers,
+    /// Whether the peers answer this node's calls.
+    pub peers: Arc<PeerHealth>,
     /// The configuration.
     pub config: Config,
     /// The address this node is reached at.

@@ -17,6 +17,7 @@ mod eval;
 mod grpo;
 mod mesh_spec;
 mod model;
+mod overrides;
 mod planning;
 mod schedule;
 
@@ -24,6 +25,7 @@ pub use eval::EvalSpec;
 pub use grpo::GrpoSpec;
 pub use mesh_spec::{IciSpec, MeshRequest, MeshSpec};
 pub use model::{HfModelSpec, ModelReader, ModelSpec};
+pub use overrides::Override;
 pub use planning::{DEFAULT_DEVICE_MEMORY, MemorySize};
 pub use schedule::{OptimizerSpec, Schedule};
 
@@ -62,6 +64,14 @@ pub enum JobError {
     /// The data section is invalid.
     #[error("job spec: {0}")]
     Data(#[from] data::DataError),
+    /// A `--set FIELD=VALUE` cannot be applied, or what it sets is not valid.
+    #[error("--set {set}: {reason}")]
+    Override {
+        /// The override as given.
+        set: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
 }
 
 impl fault::Classify for JobError {
@@ -273,6 +283,30 @@ impl JobSpec {
     /// dimensions with `reader`.
     pub fn load_with(path: &Path, reader: &dyn ModelReader) -> Result<Self, JobError> {
         Self::from_yaml_with(&read(path)?, path, reader)
+    }
+
+    /// [`JobSpec::load_with`] with `overrides` (`--set`) applied to the file's fields first, so
+    /// they are checked as the file is.
+    pub fn load_overridden(
+        path: &Path,
+        overrides: &[Override],
+        reader: &dyn ModelReader,
+    ) -> Result<Self, JobError> {
+        Self::from_yaml_overridden(&read(path)?, path, overrides, reader)
+    }
+
+    /// [`JobSpec::from_yaml_with`] with `overrides` applied to the text's fields first.
+    pub fn from_yaml_overridden(
+        text: &str,
+        path: &Path,
+        overrides: &[Override],
+        reader: &dyn ModelReader,
+    ) -> Result<Self, JobError> {
+        if overrides.is_empty() {
+            return Self::from_yaml_with(text, path, reader);
+        }
+        let text = overrides::apply(text, overrides, path)?;
+        Self::from_yaml_with(&text, path, reader).map_err(|e| overrides::attribute(e, overrides))
     }
 
     /// [`JobSpec::from_yaml`], reading a Hugging Face model's dimensions with `reader`.

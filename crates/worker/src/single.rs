@@ -6,7 +6,7 @@
 use crate::ckpt::{
     self, CheckpointEvent, Checkpoints, PassedOver, Restored, SaveLayout, StoreCommit, restore_newest,
 };
-use crate::driver::{self, Ended, Plan, Sink, Trained, Uninterrupted};
+use crate::driver::{self, Control, Ended, Plan, Sink, Trained};
 use crate::objective;
 use crate::start;
 use crate::trainer::Trainer;
@@ -42,12 +42,15 @@ pub struct RunSummary {
 }
 
 /// Trains `job` on `trainer`'s slice, starting where `resume` says (else from `grpo.init_from`
-/// or the job seed), saving as the job's `checkpoint` section asks, reporting to `sink`.
+/// or the job seed), saving as the job's `checkpoint` section asks, reporting to `sink`. When
+/// `control` interrupts the run (Ctrl-C), it stops at the step boundary and saves the state of
+/// the steps done (where the job has checkpoints): the summary's `trained.ended` says so.
 pub fn run(
     trainer: &mut Trainer,
     job: &JobSpec,
     sink: &mut dyn Sink,
     resume: &Resume,
+    control: &dyn Control,
 ) -> Result<RunSummary, WorkerError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -113,11 +116,19 @@ pub fn run(
         group: None,
         evaluate_first: true,
     };
-    let mut trained = driver::train(trainer, &plan, &*objective, checkpoints.as_mut(), sink, &Uninterrupted)?;
+    let mut trained = driver::train(trainer, &plan, &*objective, checkpoints.as_mut(), sink, control)?;
     match std::mem::replace(&mut trained.ended, Ended::Finished) {
         Ended::Finished => Ok(RunSummary { trained, init_from }),
         Ended::StepFailed { error, .. } => Err(error),
-        Ended::Interrupted => Err(WorkerError::Interrupted),
+        Ended::Interrupted => {
+            // The state is that of the steps done: save it, so a relaunch resumes there.
+            let done = trained.last.as_ref().map_or(start, |last| last.step);
+            if let Some(checkpoints) = checkpoints.as_mut() {
+                checkpoints.finish(trainer, done)?.iter().for_each(|e| sink.on_checkpoint(e));
+            }
+            trained.ended = Ended::Interrupted;
+            Ok(RunSummary { trained, init_from })
+        }
     }
 }
 

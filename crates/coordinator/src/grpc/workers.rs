@@ -8,6 +8,7 @@ use crate::ctx::Ctx;
 use crate::decide::{Cause, MAX_STEPS_AHEAD, Out, StepReportData};
 use crate::jobs::SaveReport;
 use crate::leader::{directive_in_force, record_step_report, unix_now};
+use crate::logs::LogRecord;
 use crate::state::{Command, Job, JobState, RegisterWorker, Response as Applied, WorkerRecord};
 use checkpoint::{HostReport, SaveSpec};
 use proto::v1::workers_server::Workers;
@@ -466,13 +467,23 @@ impl Workers for WorkersService {
         ctx.require_leader()?;
         let mut lines = request.into_inner();
         let idle = ctx.config.timeouts.lease * 10;
+        let mut jobs = std::collections::BTreeSet::new();
         while let Some(line) = tokio::time::timeout(idle, lines.next())
             .await
             .map_err(|_| Status::deadline_exceeded("no log line for 10 leases; open a new stream"))?
         {
             let line = line?;
             who.require_job(&line.job_id)?;
+            jobs.insert(line.job_id.clone());
             ctx.logs.push(line);
+        }
+        // Answered once the lines are in the run record: a worker whose push fails offers them
+        // again, so a leader change loses none.
+        for job_id in jobs {
+            let job = ctx.shared.read(|s| s.jobs.get(&job_id).cloned());
+            if let Some(uri) = job.and_then(|job| LogRecord::location(&job, ctx.config.record_runs)) {
+                ctx.logs.write(&job_id, &uri, &ctx.config.store_options, ctx.id).await;
+            }
         }
         Ok(Response::new(PushLogsResponse {}))
     }

@@ -236,6 +236,8 @@ impl TrainerSide {
             message: String::new(),
             step: self.steps_done,
             generation: self.generation,
+            // Numbered as the forwarder sends it.
+            seq: 0,
         }
     }
 
