@@ -195,6 +195,12 @@ pub struct Submission {
 pub async fn submit(ctx: &Ctx, submission: Submission) -> Result<Submitted, JobError> {
     let Submission { spec_yaml, bundle_uri, bundle_id, source, start_over } = submission;
     let spec = job::JobSpec::from_yaml(&spec_yaml, std::path::Path::new("<submitted spec>"))?;
+    if let Some(template) = &ctx.config.kubernetes {
+        let devices = u32::try_from(spec.mesh.ici.fsdp * spec.mesh.ici.tp).unwrap_or(u32::MAX);
+        if let Some(reason) = template.refusal(devices) {
+            return Err(JobError::Unfit { field: "mesh", reason });
+        }
+    }
     let checkpoint_uri = spec.checkpoint_uri().unwrap_or_default();
     let found = find_resume(ctx, &spec, &checkpoint_uri, start_over).await?;
     if let Some(resumed) = found.resumed()

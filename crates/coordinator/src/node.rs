@@ -73,7 +73,7 @@ impl Node {
         .map_err(|e| Error::Config { field: "timeouts", reason: e.to_string() })?;
 
         let tls = match &config.tls {
-            Some(files) => Some(crate::tls::client_tls(files)?),
+            Some(files) => Some(crate::tls::peer_tls(files)?),
             None => None,
         };
         let dialer =

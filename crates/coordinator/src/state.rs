@@ -215,6 +215,10 @@ pub struct Job {
     /// The Kubernetes declaration it came from; empty when submitted through the API.
     #[serde(default)]
     pub source: String,
+    /// The uid of its job object on Kubernetes (the controller's ConfigMap that owns its pods),
+    /// once made: a job whose recorded object is gone was deleted by a user or with its release.
+    #[serde(default)]
+    pub kube_object: String,
     /// The line of checkpoints its saves continue or begin (`checkpoint::lineage`).
     #[serde(default)]
     pub line: String,
@@ -469,6 +473,14 @@ pub enum Command {
         /// When.
         unix: f64,
     },
+    /// The Kubernetes controller made the job's job object, with this uid (a job keeps its
+    /// first).
+    RecordJobObject {
+        /// The job.
+        job_id: String,
+        /// The object's uid.
+        uid: String,
+    },
     /// A key-value write (rendezvous).
     KvPut {
         /// The job.
@@ -497,6 +509,7 @@ impl Command {
             | Self::StopJob { job_id, .. }
             | Self::CompleteJob { job_id, .. }
             | Self::FailJob { job_id, .. }
+            | Self::RecordJobObject { job_id, .. }
             | Self::KvPut { job_id, .. } => Some(job_id),
         }
     }
@@ -757,6 +770,14 @@ impl ClusterState {
                 job.event(unix, "failed", reason);
                 Response::Applied
             }
+            Command::RecordJobObject { uid, .. } => {
+                if job.kube_object.is_empty() || job.kube_object == uid {
+                    job.kube_object = uid;
+                    Response::Applied
+                } else {
+                    refused(format!("job {job_id} has job object {} already", job.kube_object))
+                }
+            }
         }
     }
 
@@ -784,6 +805,7 @@ impl ClusterState {
             checkpoint_uri: submit.checkpoint_uri,
             token_sha256: submit.token_sha256,
             source: submit.source.clone(),
+            kube_object: String::new(),
             line: submit.line,
             attempt: submit.attempt,
             state: JobState::Pending,
@@ -1263,5 +1285,17 @@ pub(crate) mod tests {
         };
         assert!(matches!(state.apply(big), Response::Refused { .. }));
         assert!(state.kv.get(&job).is_none_or(|kv| kv.is_empty()));
+    }
+
+    #[test]
+    fn a_job_keeps_its_first_job_object() {
+        let mut state = ClusterState::default();
+        let job_id = submit(&mut state, 1, 10);
+        let record = |uid: &str| Command::RecordJobObject { job_id: job_id.clone(), uid: uid.into() };
+        assert_eq!(state.apply(record("u1")), Response::Applied);
+        // A second leader records the same object again: nothing changes.
+        assert_eq!(state.apply(record("u1")), Response::Applied);
+        assert!(matches!(state.apply(record("u2")), Response::Refused { reason } if reason.contains("u1")));
+        assert_eq!(state.jobs[&job_id].kube_object, "u1");
     }
 }

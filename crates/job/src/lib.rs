@@ -15,6 +15,7 @@
 
 mod eval;
 mod grpo;
+mod kubernetes;
 mod mesh_spec;
 mod model;
 mod overrides;
@@ -23,6 +24,7 @@ mod schedule;
 
 pub use eval::EvalSpec;
 pub use grpo::GrpoSpec;
+pub use kubernetes::KubernetesSpec;
 pub use mesh_spec::{IciSpec, MeshRequest, MeshSpec};
 pub use model::{HfModelSpec, ModelReader, ModelSpec};
 pub use overrides::Override;
@@ -130,6 +132,9 @@ pub struct JobSpec {
     /// Where the job runs.
     #[serde(default)]
     pub runtime: RuntimeSpec,
+    /// How its pods queue on a Kubernetes cluster (a Kueue queue, a priority class).
+    #[serde(default)]
+    pub kubernetes: KubernetesSpec,
 }
 
 /// Batch sizes, in rows (sequences).
@@ -492,6 +497,7 @@ impl JobSpec {
             }
         }
         self.check_runtime()?;
+        self.kubernetes.validate()?;
         self.optimizer.validate(self.steps)?;
         self.data.validate()?;
         if let Some(eval) = &self.eval {

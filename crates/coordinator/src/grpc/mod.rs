@@ -214,6 +214,26 @@ pub fn require_client_cert<T>(ctx: &Ctx, request: &Request<T>, service: &str) ->
     }
 }
 
+/// With TLS on, the Raft service admits only the coordinators' peer certificate (common name
+/// [`crate::tls::PEER_COMMON_NAME`]): a worker's certificate, signed by the same CA, is refused.
+pub fn require_peer_cert<T>(ctx: &Ctx, request: &Request<T>) -> Result<(), Status> {
+    if ctx.config.tls.is_none() {
+        return Ok(());
+    }
+    require_client_cert(ctx, request, "Raft")?;
+    let presented =
+        request.peer_certs().and_then(|certs| certs.first().and_then(|c| crate::tls::common_name(c)));
+    match presented {
+        Some(name) if name == crate::tls::PEER_COMMON_NAME => Ok(()),
+        other => Err(Status::permission_denied(format!(
+            "the Raft service admits only the coordinators' peer certificate (common name {}); this one's \
+             common name is {}: a worker's or a user's certificate cannot speak Raft",
+            crate::tls::PEER_COMMON_NAME,
+            other.map_or_else(|| "missing".to_string(), |n| format!("{n:?}"))
+        ))),
+    }
+}
+
 /// The job `id_or_name`, if the caller may see it.
 pub fn find_job(ctx: &Ctx, caller: &Caller, id_or_name: &str) -> Result<Job, Status> {
     let job = ctx
