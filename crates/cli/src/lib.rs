@@ -1,4 +1,4 @@
-//! podctl's commands: `launch`, `plan`, `worker`, `ckpt`, `status`, `logs`, `stop`. Each parses
+//! podctl's commands: `launch`, `plan`, `worker`, `ckpt`, `status`, `logs`, `stop`, `doctor`. Each parses
 //! its flags and hands them to the libraries; anything more than glue belongs in a library crate.
 //!
 //! The `podctl` binary (`crates/podctl`) parses the command line into a [`Command`] and calls
@@ -10,6 +10,7 @@
 
 mod ckpt;
 mod connect;
+mod doctor;
 mod embedded;
 mod export;
 mod init_from;
@@ -90,6 +91,9 @@ pub enum Command {
     Logs(logs::LogsArgs),
     /// Stop a job.
     Stop(status::StopArgs),
+    /// Check this machine: podctl's Python, JAX and plugin, the cache, and with --job or
+    /// --coordinator/--kube-context what that job or cluster needs; one line per check.
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Runs `command`; `node` starts local mode's embedded coordinator when a launch needs one.
@@ -112,6 +116,7 @@ pub fn run(command: Command, node: &dyn StartNode) -> anyhow::Result<ExitCode> {
         Command::Status(args) => status::run(&args)?,
         Command::Logs(args) => logs::run(&args)?,
         Command::Stop(args) => status::stop(&args)?,
+        Command::Doctor(args) => return doctor::run(&args),
         Command::CompileStats { args } => return Ok(planner::exact::child_main(args.into_iter())),
     }
     Ok(ExitCode::SUCCESS)
