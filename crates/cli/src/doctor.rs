@@ -148,7 +148,7 @@ fn check_toolchain(report: &mut Report, runtime: &tokio::runtime::Runtime) -> Op
         )),
     };
     report.line("python", python);
-    let jax_fix = tools.install_command(&format!("jax=={JAX_VERSION}' 'jaxlib=={JAX_VERSION}"), setup);
+    let jax_fix = tools.pip_install(&format!("'jax=={JAX_VERSION}' 'jaxlib=={JAX_VERSION}'"));
     let jax = match (&found.jax, &found.exporter) {
         (Err(error), _) => Err(problem(format!("JAX does not import: {error}"), jax_fix)),
         (Ok(versions), _) if versions != &format!("jax {JAX_VERSION}, jaxlib {JAX_VERSION}") => Err(problem(
@@ -159,7 +159,7 @@ fn check_toolchain(report: &mut Report, runtime: &tokio::runtime::Runtime) -> Op
             format!("the exporter (podctl_models) does not import: {error}"),
             match &tools.layout {
                 Layout::Checkout { .. } => setup.to_string(),
-                Layout::Installed { .. } => format!("{} -m pip install --force-reinstall podctl-*.whl", tools.python.display()),
+                Layout::Installed { .. } => tools.pip_install("podctl-*.whl"),
             },
         )),
         (Ok(versions), Ok(exporter)) => Ok(format!("{versions}; exporter {exporter}")),
@@ -222,15 +222,11 @@ async fn inspect_python(tools: &Toolchain) -> Result<PythonFound, String> {
 /// The plugin a local run would load, loaded. A submission needs none here: the cluster's
 /// workers load their own (a macOS laptop has no CPU plugin wheel).
 fn check_plugin(tools: &Toolchain, from_job: Option<&Path>, remote: bool) -> Outcome {
-    let path = match tools.plugin(from_job) {
-        Ok(path) => path,
-        Err(_) if remote => return Ok("none here; the cluster's workers load their own".to_string()),
-        Err(error) => {
-            return Err(problem(
-                format!("{error:#}").split("; install it with").next().unwrap_or_default().to_string(),
-                tools.install_command(toolchain::CPU_PLUGIN_REQUIREMENT, "scripts/setup.sh"),
-            ));
-        }
+    let Some(path) = tools.find_plugin(from_job) else {
+        return match remote {
+            true => Ok("none here; the cluster's workers load their own".to_string()),
+            false => Err(problem(tools.missing_plugin(), tools.pip_install(toolchain::CPU_PLUGIN_REQUIREMENT))),
+        };
     };
     match pjrt::Plugin::load(&path) {
         Ok(plugin) => {
@@ -241,10 +237,10 @@ fn check_plugin(tools: &Toolchain, from_job: Option<&Path>, remote: bool) -> Out
             format!("{} does not load: {error}", path.display()),
             match from_job {
                 Some(_) => "fix runtime.plugin in the job (or drop it to use the CPU plugin)".to_string(),
-                None => tools.install_command(
-                    &format!("{}' --force-reinstall '", toolchain::CPU_PLUGIN_REQUIREMENT),
-                    "scripts/setup.sh",
-                ),
+                None if std::env::var_os("PODCTL_PJRT_PLUGIN").is_some() => {
+                    "fix PODCTL_PJRT_PLUGIN (or unset it to use the CPU plugin)".to_string()
+                }
+                None => tools.pip_install(toolchain::CPU_PLUGIN_REQUIREMENT),
             },
         )),
     }
@@ -252,9 +248,8 @@ fn check_plugin(tools: &Toolchain, from_job: Option<&Path>, remote: bool) -> Out
 
 /// The bundle cache exists or can be made, and takes a file.
 fn check_cache() -> Outcome {
-    let dir = toolchain::cache_dir(|name| std::env::var_os(name)).map_err(|e| {
-        problem(format!("{e:#}").split(';').next().unwrap_or_default(), "export PODCTL_CACHE=/a/directory/you/own")
-    })?;
+    let dir = toolchain::cache_dir(|name| std::env::var_os(name))
+        .ok_or_else(|| problem("no cache directory: HOME is not set", "export PODCTL_CACHE=/a/directory/you/own"))?;
     let probe = dir.join(format!(".doctor-{}", std::process::id()));
     let written = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&probe, b"podctl doctor"));
     let _ = std::fs::remove_file(&probe);

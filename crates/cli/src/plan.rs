@@ -119,7 +119,7 @@ fn libtpu(tools: &Toolchain) -> Result<PathBuf> {
         None => bail!(
             "no libtpu in podctl's Python environment; exact plans for TPU compile through it: install it with \
              `{}` or set PODCTL_LIBTPU",
-            tools.install_command(crate::toolchain::LIBTPU_REQUIREMENT, "scripts/setup.sh --test")
+            tools.pip_install(crate::toolchain::LIBTPU_REQUIREMENT)
         ),
     }
 }

@@ -20,9 +20,10 @@ use std::path::{Path, PathBuf};
 pub const CPU_PLUGIN: &str = "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so";
 /// libtpu's plugin in a site-packages directory (PyPI's `libtpu`, the wheel's `tpu` extra).
 pub const LIBTPU: &str = "libtpu/libtpu.so";
-/// The pins the fixes name: the wheel's (pyproject.toml) and `models/requirements.lock`'s.
-pub const CPU_PLUGIN_REQUIREMENT: &str = "xla-cpu-pjrt==0.0.1";
-pub const LIBTPU_REQUIREMENT: &str = "libtpu==0.0.42.1";
+/// The pins the fixes name: the wheel's (pyproject.toml), quoted for a shell.
+pub const CPU_PLUGIN_REQUIREMENT: &str = "'xla-cpu-pjrt==0.0.1'";
+/// The wheel's `tpu` extra.
+pub const LIBTPU_REQUIREMENT: &str = "'libtpu==0.0.42.1'";
 
 /// How podctl was installed, which decides where its Python side is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,7 +64,9 @@ impl Toolchain {
         if !python.exists() {
             bail!("the Python {} is missing; {}", python.display(), reinstall_hint(&layout));
         }
-        Ok(Self { layout, python, models, cache: cache_dir(|name| std::env::var_os(name))? })
+        let cache = cache_dir(|name| std::env::var_os(name))
+            .context("no cache directory: HOME is not set; set HOME, XDG_CACHE_HOME or PODCTL_CACHE")?;
+        Ok(Self { layout, python, models, cache })
     }
 
     /// The exporter's sources, which key the bundle cache; the exporter runs with this first on
@@ -96,50 +99,51 @@ impl Toolchain {
     /// The PJRT plugin: the job's choice, else `PODCTL_PJRT_PLUGIN`, else the CPU plugin in
     /// podctl's Python environment.
     pub fn plugin(&self, from_job: Option<&Path>) -> Result<PathBuf> {
-        if let Some(path) = from_job {
-            return Ok(path.to_path_buf());
-        }
-        if let Some(path) = std::env::var_os("PODCTL_PJRT_PLUGIN") {
-            return Ok(PathBuf::from(path));
-        }
-        self.find_installed(CPU_PLUGIN).with_context(|| {
+        self.find_plugin(from_job).with_context(|| {
             format!(
-                "no CPU PJRT plugin ({CPU_PLUGIN}) in {}; install it with `{}`, or set runtime.plugin in \
-                 the job or PODCTL_PJRT_PLUGIN",
-                self.site_packages().iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
-                self.install_command(CPU_PLUGIN_REQUIREMENT, "scripts/setup.sh")
+                "{}; install it with `{}`, or set runtime.plugin in the job or PODCTL_PJRT_PLUGIN",
+                self.missing_plugin(),
+                self.pip_install(CPU_PLUGIN_REQUIREMENT)
             )
         })
     }
 
-    /// The command that installs `requirement` where podctl looks for it: pip into the
-    /// environment podctl was installed into, or `setup` in a checkout.
-    pub fn install_command(&self, requirement: &str, setup: &str) -> String {
-        match &self.layout {
-            Layout::Checkout { .. } => setup.to_string(),
-            Layout::Installed { .. } => format!("{} -m pip install '{requirement}'", self.python.display()),
-        }
+    /// [`Self::plugin`], `None` when there is no CPU plugin to fall back on.
+    pub fn find_plugin(&self, from_job: Option<&Path>) -> Option<PathBuf> {
+        from_job
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os("PODCTL_PJRT_PLUGIN").map(PathBuf::from))
+            .or_else(|| self.find_installed(CPU_PLUGIN))
+    }
+
+    /// Where the CPU plugin was looked for.
+    pub fn missing_plugin(&self) -> String {
+        let dirs: Vec<String> = self.site_packages().iter().map(|d| d.display().to_string()).collect();
+        format!("no CPU PJRT plugin ({CPU_PLUGIN}) in {}", dirs.join(", "))
+    }
+
+    /// The command that (re)installs `requirements` (quoted pip requirements) into podctl's
+    /// Python environment, whether they are missing or broken.
+    pub fn pip_install(&self, requirements: &str) -> String {
+        format!("{} -m pip install --force-reinstall {requirements}", self.python.display())
     }
 }
 
 /// Where bundles and compiled programs are cached: `PODCTL_CACHE`, else the user's cache
-/// directory (XDG's on Linux, `~/Library/Caches` on macOS); `env` reads a variable.
-pub fn cache_dir(env: impl Fn(&str) -> Option<OsString>) -> Result<PathBuf> {
+/// directory (XDG's on Linux, `~/Library/Caches` on macOS); `None` without a HOME. `env` reads
+/// a variable.
+pub fn cache_dir(env: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
     if let Some(dir) = env("PODCTL_CACHE") {
-        return Ok(PathBuf::from(dir));
+        return Some(PathBuf::from(dir));
     }
     let home = || env("HOME").filter(|h| !h.is_empty()).map(PathBuf::from);
     let base = if cfg!(target_os = "macos") {
         home().map(|h| h.join("Library/Caches"))
     } else {
         // The XDG spec ignores a relative XDG_CACHE_HOME.
-        env("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .filter(|d| d.is_absolute())
-            .or_else(|| home().map(|h| h.join(".cache")))
+        env("XDG_CACHE_HOME").map(PathBuf::from).filter(|d| d.is_absolute()).or_else(|| home().map(|h| h.join(".cache")))
     };
     base.map(|b| b.join("podctl"))
-        .context("no cache directory: HOME is not set; set HOME, XDG_CACHE_HOME or PODCTL_CACHE")
 }
 
 /// `PODCTL_HOME`, else an environment the binary was installed into, else a checkout above the
@@ -260,10 +264,8 @@ mod tests {
         let env = |vars: &'static [(&'static str, &'static str)]| {
             move |name: &str| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| OsString::from(v))
         };
-        let chosen = cache_dir(env(&[("PODCTL_CACHE", "/c"), ("HOME", "/h")])).unwrap();
-        assert_eq!(chosen, Path::new("/c"));
-        let error = cache_dir(env(&[])).unwrap_err().to_string();
-        assert!(error.contains("PODCTL_CACHE"), "{error}");
+        assert_eq!(cache_dir(env(&[("PODCTL_CACHE", "/c"), ("HOME", "/h")])).unwrap(), Path::new("/c"));
+        assert_eq!(cache_dir(env(&[])), None);
         if cfg!(target_os = "macos") {
             assert_eq!(cache_dir(env(&[("HOME", "/h")])).unwrap(), Path::new("/h/Library/Caches/podctl"));
         } else {

@@ -160,9 +160,15 @@ fn the_wheel_trains_a_job_from_any_directory_as_an_unprivileged_user() {
     let report = text(&doctor);
     assert_eq!(doctor.status.code(), Some(1), "{report}");
     let line = report.lines().find(|l| l.starts_with("FAIL  plugin")).unwrap_or_else(|| panic!("{report}"));
-    let fix = format!("fix: {} -m pip install 'xla-cpu-pjrt==0.0.1'", venv.join("bin/python3").display());
-    assert!(line.contains(&fix), "{line}");
-    assert!(report.lines().filter(|l| l.starts_with("FAIL")).count() == 1, "{report}");
+    let python3 = venv.join("bin/python3").display().to_string();
+    let fix = format!("{python3} -m pip install --force-reinstall 'xla-cpu-pjrt==0.0.1'");
+    assert!(line.ends_with(&format!("; fix: {fix}")), "{line}");
+    assert_eq!(report.lines().filter(|l| l.starts_with("FAIL")).count(), 1, "{report}");
+    // And that command fixes it (run by the environment's owner).
+    let fixed = Command::new("sh").args(["-c", &format!("{fix} --quiet --disable-pip-version-check")]).output().unwrap();
+    assert!(fixed.status.success(), "{fix}:\n{}", text(&fixed));
+    let doctor = run(&["doctor"]);
+    assert!(doctor.status.success(), "podctl doctor after the fix:\n{}", text(&doctor));
 }
 
 /// Copies `from` into `to` (what setup.sh reads: its scripts and the exporter), skipping caches.
