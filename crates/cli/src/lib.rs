@@ -1,4 +1,4 @@
-//! podctl's commands: `launch`, `plan`, `worker`, `ckpt`, `status`, `logs`, `stop`. Each parses
+//! podctl's commands: `launch`, `plan`, `worker`, `ckpt`, `status`, `logs`, `stop`, `doctor`. Each parses
 //! its flags and hands them to the libraries; anything more than glue belongs in a library crate.
 //!
 //! The `podctl` binary (`crates/podctl`) parses the command line into a [`Command`] and calls
@@ -11,6 +11,7 @@
 mod ckpt;
 mod connect;
 mod context;
+mod doctor;
 mod embedded;
 pub mod exit;
 mod export;
@@ -112,6 +113,9 @@ pub enum Command {
         #[command(subcommand)]
         command: context::ContextCommand,
     },
+    /// Check this machine: podctl's Python, JAX and plugin, the cache, and with --job or
+    /// --coordinator/--kube-context what that job or cluster needs; one line per check.
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Runs `command`; `node` starts local mode's embedded coordinator when a launch needs one.
@@ -161,6 +165,10 @@ pub fn run(command: Command, node: &dyn StartNode) -> anyhow::Result<ExitCode> {
             status::stop(&args)?
         }
         Command::Context { command } => context::run(command)?,
+        Command::Doctor(mut args) => {
+            args.connect = args.connect.with_saved(&context::Config::load()?)?;
+            return doctor::run(&args);
+        }
         Command::CompileStats { args } => return Ok(planner::exact::child_main(args.into_iter())),
     }
     Ok(ExitCode::SUCCESS)

@@ -123,20 +123,18 @@ fn exact_plan(
     Ok((plan, summary))
 }
 
-/// libtpu from `PODCTL_LIBTPU` or the project's Python environment (scripts/setup.sh installs it).
+/// libtpu from `PODCTL_LIBTPU` or podctl's Python environment (the wheel's `tpu` extra;
+/// scripts/setup.sh --test installs it into a checkout's).
 fn libtpu(tools: &Toolchain) -> Result<PathBuf> {
     if let Some(path) = std::env::var_os("PODCTL_LIBTPU") {
         return Ok(PathBuf::from(path));
     }
-    let lib = tools.home.join(".venv/lib");
-    let found = std::fs::read_dir(&lib).ok().and_then(|entries| {
-        entries.flatten().map(|e| e.path().join("site-packages/libtpu/libtpu.so")).find(|p| p.exists())
-    });
-    match found {
+    match tools.find_installed(crate::toolchain::LIBTPU) {
         Some(path) => Ok(path),
         None => bail!(
-            "no libtpu under {}; exact plans for TPU compile through it: run scripts/setup.sh or set PODCTL_LIBTPU",
-            lib.display()
+            "no libtpu in podctl's Python environment; exact plans for TPU compile through it: install it with \
+             `{}` or set PODCTL_LIBTPU",
+            tools.pip_install(crate::toolchain::LIBTPU_REQUIREMENT)
         ),
     }
 }

@@ -22,7 +22,7 @@ fn root() -> PathBuf {
 }
 
 fn plugin() -> PathBuf {
-    root().join(".venv/lib/python3.11/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
+    root().join(".venv/lib/python3/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
 }
 
 fn podctl() -> Command {

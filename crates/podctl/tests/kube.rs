@@ -37,7 +37,7 @@ fn root() -> PathBuf {
 }
 
 fn plugin() -> PathBuf {
-    root().join(".venv/lib/python3.11/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
+    root().join(".venv/lib/python3/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
 }
 
 fn free_port() -> u16 {
@@ -70,7 +70,7 @@ fn moto(port: u16) -> Killed {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("moto_server is in .venv: run scripts/setup.sh"),
+            .expect("moto_server is in .venv: run scripts/setup.sh --test"),
     );
     let started = Instant::now();
     loop {
@@ -345,7 +345,7 @@ fn validate(manifests: &str) -> String {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("kubernetes-validate is in .venv: run scripts/setup.sh");
+        .expect("kubernetes-validate is in .venv: run scripts/setup.sh --test");
     child.stdin.take().unwrap().write_all(manifests.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

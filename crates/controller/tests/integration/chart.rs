@@ -2,7 +2,7 @@
 //! chart installed the way docs/gke.md installs it.
 //!
 //! helm is the pinned one `scripts/install-helm.sh` puts in `.tools/`; `kubernetes-validate`
-//! (PyPI, pinned in `scripts/requirements/kubernetes.txt`) is in `.venv/`. `scripts/setup.sh`
+//! (PyPI, pinned in `scripts/requirements/kubernetes.txt`) is in `.venv/`. `scripts/setup.sh --test`
 //! installs both; these tests fail, naming it, when they are missing.
 //!
 //! docs/gke.md's shell blocks are read as the commands a user runs (variables assigned in them
@@ -29,7 +29,7 @@ fn root() -> PathBuf {
 
 fn tool(relative: &str) -> PathBuf {
     let path = root().join(relative);
-    assert!(path.exists(), "{} is missing: run scripts/setup.sh", path.display());
+    assert!(path.exists(), "{} is missing: run scripts/setup.sh --test", path.display());
     path
 }
 
@@ -784,16 +784,22 @@ fn the_docs_reader_reads_shell_as_written() {
 #[test]
 fn the_worker_image_installs_the_pinned_libtpu_by_hash_on_pinned_bases() {
     let read = |relative: &str| std::fs::read_to_string(root().join(relative)).unwrap();
-    let lock = read("models/requirements.lock");
-    let pin = lock.lines().find(|l| l.starts_with("libtpu==")).expect("libtpu is pinned");
+    // The wheel's `tpu` extra pins libtpu; the test lock has the hashes of its files.
+    let pyproject = read("pyproject.toml");
+    let pin = pyproject.split('"').find(|s| s.starts_with("libtpu==")).expect("pyproject.toml's tpu extra pins libtpu");
+    let pin = pin.split(';').next().unwrap().trim();
     let requirements = read("deploy/worker-libtpu.txt");
     let line = requirements
         .lines()
         .find(|l| l.starts_with("libtpu=="))
         .expect("deploy/worker-libtpu.txt pins libtpu");
     let (version, hash) = line.split_once(" --hash=sha256:").expect("with its wheel's hash");
-    assert_eq!(version, pin, "deploy/worker-libtpu.txt must pin {pin}, the pin of models/requirements.lock");
+    assert_eq!(version, pin, "deploy/worker-libtpu.txt must pin {pin}, the pin of pyproject.toml's tpu extra");
     assert!(hash.len() == 64 && hash.chars().all(|c| c.is_ascii_hexdigit()), "{line}");
+    assert!(
+        read("scripts/requirements/test.lock").contains(&format!("--hash=sha256:{hash}")),
+        "deploy/worker-libtpu.txt's hash is not one of {pin}'s files in scripts/requirements/test.lock"
+    );
     let dockerfile = read("deploy/worker.Dockerfile");
     assert!(
         dockerfile.contains("--require-hashes --target /opt/pip -r /tmp/worker-libtpu.txt"),
