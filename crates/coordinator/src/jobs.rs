@@ -1,6 +1,6 @@
 //! What is done to a job from outside the leader loop: submission (through `Jobs.Submit` or a
 //! Kubernetes declaration), stopping it, and committing a checkpoint once every member reported
-//! its part.
+//! its part; and the retention run the leader loop starts after each commit.
 //!
 //! Each runs on the leader and goes through Raft. The refusals are a typed [`JobError`]; the
 //! gRPC edge ([`crate::grpc`]) and the Kubernetes plane ([`crate::kubernetes`]) say them each in
@@ -11,6 +11,7 @@
 //! committed checkpoints' directories are made from it.
 
 use crate::ctx::{Ctx, NotServing};
+use crate::decide;
 use crate::leader::{broadcast_in_force, unix_now};
 use crate::memory::PendingSave;
 use crate::state::{CheckpointEntry, Command, Job, JobShape, Response, SubmitJob};
@@ -19,8 +20,11 @@ use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Longest time one checkpoint finalization may take (manifest write, commit, marker, GC).
+/// Longest time one checkpoint finalization may take (manifest write, commit, marker).
 const FINALIZE_TIMEOUT: Duration = Duration::from_secs(120);
+/// Longest time one retention run may take (listing the root, forgetting commits through Raft,
+/// deleting their objects).
+const RETENTION_TIMEOUT: Duration = Duration::from_secs(120);
 /// Longest time the resume rule may take at submission (listing the root, reading every chunk
 /// of the checkpoint resumed from). The client's submission waits longer.
 const RESUME_SCAN_TIMEOUT: Duration = Duration::from_secs(240);
@@ -92,6 +96,16 @@ pub enum JobError {
         /// What happened.
         detail: String,
     },
+}
+
+/// Retention could not be applied to a job's root (the commits stand; the leader retries).
+#[derive(Debug, thiserror::Error)]
+#[error("retention of job {job_id}'s checkpoints: {reason}")]
+pub struct RetentionError {
+    /// The job.
+    pub job_id: String,
+    /// Why.
+    pub reason: String,
 }
 
 /// What the leader derives from a spec.
@@ -259,8 +273,8 @@ pub struct SaveReport {
 }
 
 /// Records a member's part of a save; once every member's part is in, commits the checkpoint
-/// (manifest, Raft entry, marker, retention). Returns the checkpoint's directory once it is
-/// committed, `None` while parts are missing.
+/// (manifest, Raft entry, marker) and asks the leader loop for a retention run. Returns the
+/// checkpoint's directory once it is committed, `None` while parts are missing.
 pub async fn report_checkpoint(
     ctx: &Arc<Ctx>,
     job: Job,
@@ -288,8 +302,7 @@ pub async fn report_checkpoint(
         Ok(complete.then(|| save.clone()))
     })?;
     let Some(save) = ready else { return Ok(None) };
-    // In its own task: a worker that goes away (stopped by the completion this very commit
-    // causes) must not cancel the commit or the retention after it.
+    // In its own task: a worker that goes away must not cancel the commit.
     let ctx = ctx.clone();
     let task = tokio::spawn(async move {
         let dir = tokio::time::timeout(FINALIZE_TIMEOUT, finalize(&ctx, &job, save))
@@ -299,16 +312,17 @@ pub async fn report_checkpoint(
             if let Some(saves) = m.saves.get_mut(&job.id) {
                 saves.remove(&key);
             }
+            // The leader loop applies retention (and, after the final one, completes the job).
+            m.jobs.entry(job.id.clone()).or_default().retention.wanted = true;
         });
-        // The final checkpoint completes the job: tell the workers.
-        broadcast_in_force(&ctx, &job.id);
+        ctx.leader.wake.notify_one();
         Ok(Some(dir))
     });
     task.await.map_err(|e| JobError::Internal { what: "finalizing a checkpoint", detail: e.to_string() })?
 }
 
-/// Writes the manifest, commits through Raft, writes the marker, then applies retention.
-/// Returns the checkpoint's directory.
+/// Writes the manifest, commits through Raft, writes the marker. Returns the checkpoint's
+/// directory.
 async fn finalize(ctx: &Arc<Ctx>, job: &Job, save: PendingSave) -> Result<String, JobError> {
     let step = save.spec.step;
     let not_committed = |reason: String| JobError::NotCommitted { step, reason };
@@ -326,20 +340,34 @@ async fn finalize(ctx: &Arc<Ctx>, job: &Job, save: PendingSave) -> Result<String
     let commit = checkpoint::finalize(&storage, &save.spec, &reports, &log)
         .await
         .map_err(|e| not_committed(e.to_string()))?;
-    let active: Vec<String> = ctx.leader.with(|m| {
-        m.saves.get(&job.id).map(|s| s.keys().map(|(_, id)| id.clone()).collect()).unwrap_or_default()
-    });
-    let retention = checkpoint::Retention {
-        keep_last: job.shape.keep_last as usize,
-        keep_every: job.shape.keep_every,
-        // Scoped to the job's line through the log: the catalog holds the line's checkpoints up
-        // to the one resumed from and the job's own saves, never another line's.
-        ..Default::default()
-    };
-    if let Err(e) = checkpoint::gc(&storage, &log, &retention, &active).await {
-        tracing::warn!(job_id = job.id, "checkpoint retention failed (the commit stands): {e}");
-    }
     Ok(checkpoint_dir(&log.root, &commit))
+}
+
+/// Applies the job's retention rule to its root: expires the commits the rule does not keep
+/// (forgotten through Raft, then marker, then data) and removes orphaned save directories,
+/// leaving alone the saves whose reports are coming in. Scoped through the job's catalog: it
+/// holds the line's checkpoints up to the one resumed from and the job's own saves, never
+/// another line's.
+pub async fn apply_retention(ctx: &Arc<Ctx>, job: &Job) -> Result<checkpoint::GcReport, RetentionError> {
+    let failed = |reason: String| RetentionError { job_id: job.id.clone(), reason };
+    let storage = checkpoint::Storage::open(&job.checkpoint_uri, &ctx.config.store_options)
+        .map_err(|e| failed(e.to_string()))?;
+    let log = RaftCommitLog {
+        ctx: ctx.clone(),
+        job_id: job.id.clone(),
+        generation: job.generation,
+        root: storage.url().to_string(),
+        bytes: 0,
+    };
+    let active: Vec<checkpoint::ActiveSave> =
+        ctx.leader.with(|m| m.saves.get(&job.id).map(|s| s.keys().cloned().collect()).unwrap_or_default());
+    let retention = decide::retention(job);
+    let gc = checkpoint::gc(&storage, &log, &retention, &active);
+    match tokio::time::timeout(RETENTION_TIMEOUT, gc).await {
+        Ok(Ok(report)) => Ok(report),
+        Ok(Err(e)) => Err(failed(e.to_string())),
+        Err(_) => Err(failed(format!("took over {RETENTION_TIMEOUT:?}"))),
+    }
 }
 
 /// A committed checkpoint's directory under the job's root.

@@ -596,7 +596,8 @@ impl ClusterState {
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return refused(Refusal::NoJob, format!("no job '{job_id}'"));
         };
-        // Retention still runs after the end (the final checkpoint's commit ends the job).
+        // Retention still runs after the end (a leader that died between the final commit and
+        // its retention leaves it to the next one, whatever happened to the job meanwhile).
         if job.state.is_terminal() && !matches!(command, Command::ForgetCheckpoint { .. }) {
             return refused(Refusal::State, format!("job {job_id} is {:?}", job.state));
         }
@@ -715,7 +716,6 @@ impl ClusterState {
                     "checkpoint",
                     format!("step {} at {}", entry.record.step, entry.uri),
                 );
-                let unix = entry.committed_unix;
                 let last =
                     entry.record.step >= job.shape.total_steps && job.committed_step >= job.shape.total_steps;
                 job.checkpoints.push(entry);
@@ -723,9 +723,8 @@ impl ClusterState {
                     (a.record.step, &a.record.save_id).cmp(&(b.record.step, &b.record.save_id))
                 });
                 if last {
-                    let message =
-                        format!("all {} steps and the final checkpoint committed", job.shape.total_steps);
-                    job.complete(unix, message);
+                    // The leader completes the job once retention has run (`decide`).
+                    job.message = "the final checkpoint is committed; applying retention".into();
                 }
                 Response::Applied
             }
@@ -1111,7 +1110,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_checkpointing_job_completes_with_its_final_checkpoint() {
+    fn a_checkpointing_job_awaits_its_final_checkpoint_and_the_leader_completes_it() {
         let mut state = ClusterState::default();
         let mut submit_shape = shape(1, 2);
         submit_shape.checkpoint_every = 2;
@@ -1150,8 +1149,13 @@ pub(crate) mod tests {
             bytes: 4,
         };
         state.apply(Command::CommitCheckpoint { job_id: job.clone(), generation: 1, entry });
-        assert_eq!(state.jobs[&job].state, JobState::Completed);
+        // Still running: the leader completes it once retention has run (`decide`).
+        assert_eq!(state.jobs[&job].state, JobState::Running);
+        assert!(state.jobs[&job].message.contains("applying retention"), "{}", state.jobs[&job].message);
         assert_eq!(state.jobs[&job].last_checkpoint().unwrap().record.step, 2);
+        let complete = Command::CompleteJob { job_id: job.clone(), reason: "done".into(), unix: 6.0 };
+        assert_eq!(state.apply(complete), Response::Applied);
+        assert_eq!(state.jobs[&job].state, JobState::Completed);
     }
 
     #[test]

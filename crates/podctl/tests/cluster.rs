@@ -1,10 +1,11 @@
 //! Three `podctl coordinator` processes on loopback with mutual TLS, a job submitted from
 //! `podctl launch --coordinator`, and two `podctl worker` processes training it on the CPU
-//! plugin. The Raft leader is SIGKILLed mid-run: a new one is elected, the job goes on, and the
-//! final state is bitwise that of the same job run locally, so no step was lost or repeated.
-//! Meanwhile `podctl logs -f` keeps printing across the change without losing or repeating a
-//! line, `podctl status` shows the dead node, and the live nodes say once that it went and
-//! once that it came back instead of at every retry.
+//! plugin. The Raft leader is SIGKILLed mid-run: a new one is elected, the job goes on, the
+//! final state is bitwise that of the same job run locally, so no step was lost or repeated,
+//! and both roots keep exactly `checkpoint.keep` checkpoints. Meanwhile `podctl logs -f` keeps
+//! printing across the change without losing or repeating a line, `podctl status` shows the dead
+//! node, and the live nodes say once that it went and once that it came back instead of at every
+//! retry.
 
 use client::{Client, ClientConfig};
 use std::collections::BTreeMap;
@@ -13,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+mod common;
 
 const ADMIN: &str = "cluster-test-admin-token-0123456789";
 const STEPS: u64 = 30;
@@ -73,7 +76,7 @@ fn spec(dir: &Path, name: &str) -> PathBuf {
         "name: {name}\nmodel: tiny\nmesh: {{ dcn: 2, ici: {{ fsdp: 2, tp: 1 }} }}\n\
          batch: {{ global: 16, micro: 4 }}\nseq_len: 128\nsteps: {STEPS}\nseed: 7\n\
          optimizer: {{ lr: 3.0e-3, warmup_steps: 5 }}\ndata: {{ kind: arithmetic }}\n\
-         checkpoint: {{ every: 10, keep: 3 }}\noutput: {}\n",
+         checkpoint: {{ every: 5, keep: 3 }}\noutput: {}\n",
         dir.join(name).display()
     );
     std::fs::write(&path, text).unwrap();
@@ -223,7 +226,8 @@ fn a_job_survives_the_leaders_sigkill_with_real_workers() {
             std::thread::sleep(Duration::from_millis(100));
         }
     };
-    wait("step 8", Duration::from_secs(300), &mut || step() >= 8);
+    // Mid-job: two checkpoints committed, four to come, retention expiring three of them.
+    wait("step 12", Duration::from_secs(300), &mut || step() >= 12);
 
     let info = runtime.block_on(admin.cluster_info()).unwrap();
     let leader = info.leader_id;
@@ -383,4 +387,9 @@ fn a_job_survives_the_leaders_sigkill_with_real_workers() {
     let out = podctl().arg("launch").arg(&local).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(digest(&dir.join("remote")), digest(&dir.join("local")));
+    // Six saves each, `keep: 3`: the commits under the new leader and the last one included.
+    for run in ["remote", "local"] {
+        let listed = common::committed_listed(&dir.join(run).join("checkpoints"));
+        assert_eq!(listed, vec![20, 25, 30], "{run}: `podctl ckpt list` shows {listed:?}");
+    }
 }

@@ -43,6 +43,18 @@ pub fn wait_for<T>(what: &str, limit: Duration, mut ready: impl FnMut() -> Optio
     }
 }
 
+/// The steps `podctl ckpt list <root>` shows as committed.
+#[allow(dead_code)] // for the tests that check retention
+pub fn committed_listed(root: &Path) -> Vec<u64> {
+    let out = run(&["ckpt", "list", root.to_str().unwrap()]);
+    out.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            (fields.get(2) == Some(&"committed")).then(|| fields[0].parse().unwrap())
+        })
+        .collect()
+}
+
 /// A 2-slice tiny job that runs until stopped, saving every 5 steps, with its run record in `run`.
 #[allow(dead_code)] // for the tests that watch a live job
 pub fn endless_two_slice_job(name: &str, run: &Path) -> String {
