@@ -55,7 +55,7 @@ pub mod start;
 pub mod step;
 pub mod trainer;
 
-pub use driver::{Control, Ended, Plan, Sink, Trained};
+pub use driver::{Control, Ended, OnInterrupt, Plan, Sink, Steps, Trained, TrainerSteps};
 pub(crate) use error::PjrtContext;
 pub use error::{Part, WorkerError};
 pub use objective::{EvalReport, Objective};

@@ -315,7 +315,7 @@ mod tests {
             actual: 2,
         };
         let uri = "file:///c/000000000010-s";
-        let worker = |source| AssignmentError::Worker { doing: "resuming", source };
+        let worker = |source| AssignmentError::Worker { doing: "resuming", source: Box::new(source) };
         let restore = worker(WorkerError::restore(uri)(corrupt.into()));
         assert_eq!(
             assignment_failure(&restore),

@@ -123,8 +123,8 @@ pub enum AssignmentError {
     FetchBundle {
         /// Where it is.
         uri: String,
-        /// Why.
-        source: checkpoint::CheckpointError,
+        /// Why (boxed: it is the largest of these).
+        source: Box<checkpoint::CheckpointError>,
     },
     /// The bundle found is not the one the job was submitted with.
     #[error("the bundle at {uri} is {found}, but the job was submitted with {submitted}; resubmit the job")]
@@ -155,15 +155,15 @@ pub enum AssignmentError {
     Worker {
         /// What it was doing.
         doing: &'static str,
-        /// Why it failed.
-        source: crate::WorkerError,
+        /// Why it failed (boxed: errors travel by value through every call of an assignment).
+        source: Box<crate::WorkerError>,
     },
 }
 
 impl AssignmentError {
     /// What the worker was doing when `source` failed.
     pub(crate) fn doing(doing: &'static str) -> impl FnOnce(crate::WorkerError) -> AssignmentError {
-        move |source| AssignmentError::Worker { doing, source }
+        move |source| AssignmentError::Worker { doing, source: Box::new(source) }
     }
 }
 

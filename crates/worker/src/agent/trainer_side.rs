@@ -7,15 +7,15 @@ use super::report::{AgentSink, CoordinatorCommit, GenerationControl};
 use super::session::SessionSide;
 use super::{AgentConfig, AgentError, AgentExit, AssignmentError, Control, Leave, Shared, Status};
 use crate::WorkerError;
-use crate::ckpt::{Checkpoints, SaveLayout};
+use crate::ckpt::{Checkpoints, SaveLayout, StateSaver};
 use crate::compile_cache::CompileCache;
-use crate::driver::{self, Ended, Plan};
+use crate::driver::{self, Ended, OnInterrupt, Plan, TrainerSteps};
 use crate::metrics::WorkerMetrics;
 use crate::objective;
 use crate::peer::StateServer;
 use crate::slice::Slice;
 use crate::trainer::Trainer;
-use checkpoint::{Storage, StoreOptions};
+use checkpoint::{SaveOptions, Storage, StoreOptions};
 use client::{Client, LogLine};
 use collective::{AbortHandle, Endpoint};
 use job::JobSpec;
@@ -318,17 +318,24 @@ impl TrainerSide {
             .map_err(AssignmentError::doing("preparing the objective"))?;
         let ranks: Vec<usize> = a.virtual_ranks.iter().map(|&r| r as usize).collect();
         let plan = Plan {
-            job: spec,
+            steps: spec.steps,
+            optimizer: &spec.optimizer,
             start: self.steps_done,
+            evaluate_first: self.steps_done == 0,
+            // A quiesce: the state stays on the devices for the next generation.
+            on_interrupt: OnInterrupt::Leave,
+        };
+        let mut steps = TrainerSteps {
+            trainer,
+            objective: &*objective,
             ranks: &ranks,
             accum: spec.micro_batches_per_step() / u64::from(a.dp_size.max(1)),
             group,
-            evaluate_first: self.steps_done == 0,
         };
         let mut checkpoints = self.checkpoints(a, spec)?;
         let control = GenerationControl { shared: self.shared.clone(), generation: a.generation };
         let mut sink = AgentSink { side: self };
-        let run = driver::train(trainer, &plan, &*objective, checkpoints.as_mut(), &mut sink, &control)
+        let run = driver::train(&mut steps, &plan, checkpoints.as_mut(), &mut sink, &control)
             .map_err(AssignmentError::doing("training"))?;
         match run.ended {
             Ended::Finished => {
@@ -370,9 +377,10 @@ impl TrainerSide {
         let storage =
             Storage::open(&a.checkpoint_uri, &StoreOptions::default()).map_err(|e| opening(e.into()))?;
         let commit = Box::new(CoordinatorCommit::new(self, a.generation));
-        Checkpoints::new(storage, layout, every, a.save_id.clone(), commit, self.runtime.clone())
-            .map(Some)
-            .map_err(AssignmentError::doing("preparing the checkpoints"))
+        let saver =
+            StateSaver::new(storage, SaveOptions::default(), layout, a.save_id.clone(), self.runtime.clone())
+                .map_err(AssignmentError::doing("preparing the checkpoints"))?;
+        Ok(Some(Checkpoints::new(every, Box::new(saver), commit)))
     }
 
     /// Where the job's bundle is on this host: a `file://` bundle where it is, one in
@@ -405,7 +413,9 @@ impl TrainerSide {
             }
             // Another worker of this host fetched it meanwhile.
             Err(_) if dir.join(bundle::MANIFEST_FILE).exists() => Ok(dir),
-            Err(source) => Err(AssignmentError::FetchBundle { uri: bundle_uri.to_string(), source }),
+            Err(source) => {
+                Err(AssignmentError::FetchBundle { uri: bundle_uri.to_string(), source: Box::new(source) })
+            }
         }
     }
 
