@@ -15,8 +15,8 @@
 //! that fails (a peer lost mid-reduction, an abort) is discarded before apply, and the run ends
 //! there; the caller decides what follows.
 
-use crate::WorkerError;
 use crate::ckpt::{CheckpointEvent, Checkpoints};
+use crate::error::WorkerError;
 use crate::objective::{EvalReport, Objective};
 use crate::step::{Reduce, StepResult, run_step};
 use crate::trainer::Trainer;

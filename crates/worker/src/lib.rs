@@ -56,7 +56,6 @@ pub mod step;
 pub mod trainer;
 
 pub use driver::{Control, Ended, OnInterrupt, Plan, Sink, Steps, Trained, TrainerSteps};
-pub(crate) use error::PjrtContext;
 pub use error::{Part, WorkerError};
 pub use objective::{EvalReport, Objective};
 pub use phases::Phases;

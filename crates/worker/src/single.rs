@@ -8,10 +8,9 @@ use crate::ckpt::{
     restore_newest,
 };
 use crate::driver::{self, Control, Ended, OnInterrupt, Plan, Sink, Trained, TrainerSteps};
-use crate::objective;
+use crate::error::{Part, WorkerError};
 use crate::start;
 use crate::trainer::Trainer;
-use crate::{Part, WorkerError};
 use checkpoint::lineage::{line_of, new_line, save_id};
 use checkpoint::{SaveOptions, Storage, StoreCommitLog, StoreOptions};
 use job::JobSpec;
@@ -46,20 +45,15 @@ pub struct RunSummary {
 /// or the job seed), saving as the job's `checkpoint` section asks, reporting to `sink`. When
 /// `control` interrupts the run (Ctrl-C), it stops at the step boundary and saves the state of
 /// the steps done (where the job has checkpoints): the summary's `trained.ended` says so.
+/// Reads and uploads run on `handle`, the process's runtime; training stays on this thread.
 pub fn run(
     trainer: &mut Trainer,
     job: &JobSpec,
     sink: &mut dyn Sink,
     resume: &Resume,
     control: &dyn Control,
+    handle: &tokio::runtime::Handle,
 ) -> Result<RunSummary, WorkerError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("podctl-ckpt")
-        .enable_all()
-        .build()
-        .map_err(|source| WorkerError::Io { what: "starting the checkpoint runtime", source })?;
-    let handle = runtime.handle();
     let root = match (&job.checkpoint, job.checkpoint_uri()) {
         (Some(spec), Some(uri)) => Some((spec, Storage::open(&uri, &StoreOptions::default())?)),
         _ => None,
@@ -109,7 +103,7 @@ pub fn run(
         None => None,
     };
 
-    let objective = objective::for_job(trainer, job, handle)?;
+    let objective = start::objective(trainer, job, handle)?;
     let plan = Plan {
         steps: job.steps,
         optimizer: &job.optimizer,

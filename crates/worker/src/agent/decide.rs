@@ -2,7 +2,7 @@
 //! trainer side only carry them out (as the coordinator's `decide.rs` does for the leader).
 
 use super::{AgentExit, AssignmentError, Control, Leave};
-use crate::{Part, WorkerError};
+use crate::error::{Part, WorkerError};
 use collective::GroupSpec;
 use proto::v1::{Assignment, FailureKind, Peer, StepAck, StepReport, directive, resume};
 use std::net::{AddrParseError, SocketAddr};

@@ -6,14 +6,14 @@ use super::decide::{self, Failure, Next, Unassignable};
 use super::report::{AgentSink, CoordinatorCommit, GenerationControl};
 use super::session::SessionSide;
 use super::{AgentConfig, AgentError, AgentExit, AssignmentError, Control, Leave, Shared, Status};
-use crate::WorkerError;
 use crate::ckpt::{Checkpoints, SaveLayout, StateSaver};
 use crate::compile_cache::CompileCache;
 use crate::driver::{self, Ended, OnInterrupt, Plan, TrainerSteps};
+use crate::error::WorkerError;
 use crate::metrics::WorkerMetrics;
-use crate::objective;
 use crate::peer::StateServer;
 use crate::slice::Slice;
+use crate::start;
 use crate::trainer::Trainer;
 use checkpoint::{SaveOptions, Storage, StoreOptions};
 use client::{Client, LogLine};
@@ -131,7 +131,7 @@ impl TrainerSide {
 
     /// Registers (again) with the job and starts this registration's session, step reports and
     /// state announcement. The worker id is new each time; the compiled bundle stays.
-    pub(super) fn register(&mut self, runtime: &tokio::runtime::Runtime) -> Result<Registration, AgentError> {
+    pub(super) fn register(&mut self, runtime: &tokio::runtime::Handle) -> Result<Registration, AgentError> {
         self.registrations += 1;
         let config = &self.config;
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos();
@@ -314,7 +314,7 @@ impl TrainerSide {
         spec: &JobSpec,
         group: Option<&collective::Group>,
     ) -> Result<AssignmentEnd, AssignmentError> {
-        let objective = objective::for_job(trainer, spec, &self.runtime)
+        let objective = start::objective(trainer, spec, &self.runtime)
             .map_err(AssignmentError::doing("preparing the objective"))?;
         let ranks: Vec<usize> = a.virtual_ranks.iter().map(|&r| r as usize).collect();
         let plan = Plan {

@@ -34,8 +34,9 @@ mod restore;
 mod save;
 mod schedule;
 
+pub use crate::error::PassedOver;
 pub use lora::BASE_DIR;
-pub use restore::{PassedOver, Restored, read_params, restore, restore_newest};
+pub use restore::{Restored, read_params, restore, restore_newest};
 pub use save::{HostSave, PendingSave, SaveLayout, Saver, StateSaver};
 pub use schedule::{CheckpointEvent, Checkpoints, Commit, StoreCommit};
 

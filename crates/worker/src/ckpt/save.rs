@@ -3,7 +3,7 @@
 //! the devices at a step boundary, and the upload in the background.
 
 use super::lora::{BASE_DIR, base_save_id, ensure_base};
-use crate::WorkerError;
+use crate::error::WorkerError;
 use crate::trainer::Trainer;
 use bytes::Bytes;
 use checkpoint::layout::dir_name;

@@ -12,7 +12,7 @@
 use super::restore::Restored;
 use super::save::{HostSave, PendingSave, Saver};
 use super::{PassedOver, dir_uri};
-use crate::WorkerError;
+use crate::error::WorkerError;
 use crate::trainer::Trainer;
 use checkpoint::{Retention, Storage, StoreCommitLog, finalize, gc};
 use std::time::Duration;
@@ -133,9 +133,11 @@ impl Commit for StoreCommit {
     /// collection leaves the commit standing and is only logged.
     fn commit(&mut self, saved: HostSave, _last: bool) -> Result<CheckpointEvent, WorkerError> {
         let reports = std::slice::from_ref(&saved.report);
-        let commit = self.runtime.block_on(finalize(&self.storage, &saved.spec, reports, &self.log))?;
-        let deleted_objects = match self.runtime.block_on(gc(&self.storage, &self.log, &self.retention, &[]))
-        {
+        let (commit, collected) = self.runtime.block_on(async {
+            let commit = finalize(&self.storage, &saved.spec, reports, &self.log).await?;
+            Ok::<_, WorkerError>((commit, gc(&self.storage, &self.log, &self.retention, &[]).await))
+        })?;
+        let deleted_objects = match collected {
             Ok(report) => report.objects_deleted,
             Err(error) => {
                 tracing::warn!(%error, "checkpoint retention failed (the commit stands)");

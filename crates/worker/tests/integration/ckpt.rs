@@ -65,6 +65,7 @@ fn child() {
             write_state(&out, &trainer.download_state().unwrap());
         }
         Task::Train { bundle, job, hold_at, out } => {
+            let runtime = tokio::runtime::Runtime::new().unwrap();
             let job = job::JobSpec::from_yaml(&job, Path::new("test.yaml")).unwrap();
             let mut trainer = trainer(&bundle);
             std::fs::create_dir_all(&out).unwrap();
@@ -77,6 +78,7 @@ fn child() {
                 &mut recorder,
                 &Resume::Newest,
                 &worker::driver::Uninterrupted,
+                runtime.handle(),
             )
             .unwrap();
             std::fs::write(out.join("start_step"), summary.trained.start.to_string()).unwrap();
