@@ -644,7 +644,7 @@ mod tests {
         std::fs::create_dir_all(home.join(".config/gcloud")).unwrap();
         std::fs::write(
             home.join(".config/gcloud/application_default_credentials.json"),
-            &std::fs::read(&user).unwrap(),
+            std::fs::read(&user).unwrap(),
         )
         .unwrap();
         let gcloud = gcp_credentials(&env(&[("HOME", &home.display().to_string())])).unwrap();
