@@ -72,11 +72,10 @@ impl Report {
     }
 }
 
-pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
-    let runtime = crate::status::runtime()?;
+pub fn run(args: &DoctorArgs, runtime: &tokio::runtime::Handle) -> Result<ExitCode> {
     let mut report = Report::default();
-    let tools = check_toolchain(&mut report, &runtime);
-    let job = args.job.as_deref().and_then(|path| check_job(&mut report, &runtime, path));
+    let tools = check_toolchain(&mut report, runtime);
+    let job = args.job.as_deref().and_then(|path| check_job(&mut report, runtime, path));
     let plugin_from_job = job.as_ref().and_then(|j| j.runtime.plugin.clone());
     if let Some(tools) = &tools {
         report.line("plugin", check_plugin(tools, plugin_from_job.as_deref(), args.connect.is_remote()));
@@ -93,7 +92,7 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
 }
 
 /// podctl's layout, its Python, and JAX and the exporter in that Python.
-fn check_toolchain(report: &mut Report, runtime: &tokio::runtime::Runtime) -> Option<Toolchain> {
+fn check_toolchain(report: &mut Report, runtime: &tokio::runtime::Handle) -> Option<Toolchain> {
     let version = env!("CARGO_PKG_VERSION");
     let tools = match Toolchain::discover() {
         Ok(tools) => tools,
@@ -270,7 +269,7 @@ fn check_cache() -> Outcome {
 
 /// The job's object-store locations (credentials, one listing each), then the spec itself,
 /// whose Hugging Face model may live in one of them.
-fn check_job(report: &mut Report, runtime: &tokio::runtime::Runtime, path: &Path) -> Option<job::JobSpec> {
+fn check_job(report: &mut Report, runtime: &tokio::runtime::Handle, path: &Path) -> Option<job::JobSpec> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) => {
@@ -286,7 +285,7 @@ fn check_job(report: &mut Report, runtime: &tokio::runtime::Runtime, path: &Path
             unusable.insert(url);
         }
     }
-    let reader = CheckedReader { unusable: &unusable };
+    let reader = CheckedReader { unusable: &unusable, runtime };
     match job::JobSpec::from_yaml_with(&text, path, &reader) {
         Ok(spec) => {
             report.line("job", Ok(format!("{}: {} ({} steps)", path.display(), spec.name, spec.steps)));
@@ -303,13 +302,14 @@ fn check_job(report: &mut Report, runtime: &tokio::runtime::Runtime, path: &Path
 /// client would otherwise look for credentials where doctor must not: a metadata server).
 struct CheckedReader<'a> {
     unusable: &'a BTreeSet<String>,
+    runtime: &'a tokio::runtime::Handle,
 }
 
 impl job::ModelReader for CheckedReader<'_> {
     fn read_config(&self, uri: &str) -> Result<bundle::ModelConfig, String> {
         match self.unusable.iter().find(|url| uri.starts_with(url.as_str())) {
             Some(url) => Err(format!("'{uri}' is not read: {url} failed its check above")),
-            None => job::ModelReader::read_config(&crate::models::HfReader, uri),
+            None => job::ModelReader::read_config(&crate::models::HfReader(self.runtime.clone()), uri),
         }
     }
 }
@@ -644,7 +644,7 @@ mod tests {
         std::fs::create_dir_all(home.join(".config/gcloud")).unwrap();
         std::fs::write(
             home.join(".config/gcloud/application_default_credentials.json"),
-            &std::fs::read(&user).unwrap(),
+            std::fs::read(&user).unwrap(),
         )
         .unwrap();
         let gcloud = gcp_credentials(&env(&[("HOME", &home.display().to_string())])).unwrap();

@@ -46,12 +46,13 @@ pub enum Cluster<'a> {
 
 /// Runs `job` where `cluster` says; `start_over` begins a new line of checkpoints beside what
 /// the job's root holds instead of resuming (the coordinator applies the resume rule).
-pub fn run(job: &JobSpec, bundle: &Bundle, cluster: Cluster, start_over: bool) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the coordinator's runtime")?;
+pub fn run(
+    job: &JobSpec,
+    bundle: &Bundle,
+    cluster: Cluster,
+    start_over: bool,
+    runtime: &tokio::runtime::Handle,
+) -> Result<()> {
     runtime.block_on(async {
         match cluster {
             Cluster::Local { plugin, compile_cache, node } => {

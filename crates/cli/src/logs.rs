@@ -84,8 +84,8 @@ const ENDED_POLL: Duration = Duration::from_secs(2);
 const LAST_WORDS: Duration = Duration::from_secs(3);
 
 /// Runs `podctl logs`.
-pub fn run(args: &LogsArgs) -> anyhow::Result<()> {
-    crate::status::runtime()?.block_on(async {
+pub fn run(args: &LogsArgs, runtime: &tokio::runtime::Handle) -> anyhow::Result<()> {
+    runtime.block_on(async {
         let (client, _connection) = crate::status::client(&args.connect).await?;
         let printing = async {
             let mut seen = Seen::default();

@@ -46,10 +46,10 @@ pub struct PlanArgs {
     json: bool,
 }
 
-pub fn run(args: &PlanArgs) -> Result<()> {
+pub fn run(args: &PlanArgs, runtime: &tokio::runtime::Handle) -> Result<()> {
     let started = Instant::now();
     let overrides = crate::overrides(&args.set)?;
-    let job = JobSpec::load_overridden(&args.job, &overrides, &crate::models::HfReader)?;
+    let job = JobSpec::load_overridden(&args.job, &overrides, &crate::models::HfReader(runtime.clone()))?;
     let workload = job.workload()?;
     let accelerator = match &args.target {
         Some(name) => {

@@ -51,22 +51,14 @@ pub struct StopArgs {
     pub connect: ConnectArgs,
 }
 
-pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
-}
-
 /// Seconds since the epoch.
 pub fn unix_now() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// Runs `podctl stop`.
-pub fn stop(args: &StopArgs) -> anyhow::Result<()> {
-    runtime()?.block_on(async {
+pub fn stop(args: &StopArgs, runtime: &tokio::runtime::Handle) -> anyhow::Result<()> {
+    runtime.block_on(async {
         let (client, _connection) = client(&args.connect).await?;
         let state = client.stop_job(&args.job).await.with_context(|| format!("stopping {}", args.job))?;
         println!("{}: {}", args.job, state_name(state));
@@ -75,8 +67,8 @@ pub fn stop(args: &StopArgs) -> anyhow::Result<()> {
 }
 
 /// Runs `podctl status`.
-pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
-    runtime()?.block_on(async {
+pub fn run(args: &StatusArgs, runtime: &tokio::runtime::Handle) -> anyhow::Result<()> {
+    runtime.block_on(async {
         let (client, _connection) = client(&args.connect).await?;
         let mut out = Output::new(args.json, std::io::stdout().is_terminal());
         let watched = async {

@@ -185,7 +185,7 @@ fn site_packages(prefix: &Path) -> Vec<PathBuf> {
             dir.is_dir().then_some((minor, dir))
         })
         .collect();
-    dirs.sort_by(|a, b| b.0.cmp(&a.0));
+    dirs.sort_by_key(|b| std::cmp::Reverse(b.0));
     dirs.into_iter().map(|(_, dir)| dir).collect()
 }
 

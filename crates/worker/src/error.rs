@@ -5,7 +5,6 @@
 //! Every error the worker's modules return is a [`WorkerError`]; nothing below the agent turns
 //! one into text, and nothing decides on its text.
 
-use crate::ckpt::PassedOver;
 use fault::{Classify, Fault};
 use std::panic::Location;
 
@@ -56,7 +55,7 @@ pub enum WorkerError {
         reason: String,
     },
     /// Told to start from `uri` (by `asked_by`), where no committed checkpoint restores.
-    #[error("{asked_by} {uri}: no committed checkpoint restores there{}", crate::start::reasons(passed_over))]
+    #[error("{asked_by} {uri}: no committed checkpoint restores there{}", reasons(passed_over))]
     NothingRestores {
         /// The checkpoint root or directory.
         uri: String,
@@ -78,14 +77,6 @@ pub enum WorkerError {
     /// Told to stop before the job's last step.
     #[error("the run was interrupted before the job's last step")]
     Interrupted,
-    /// The operating system refused something a run needs.
-    #[error("{what}: {source}")]
-    Io {
-        /// What the worker was starting.
-        what: &'static str,
-        /// The OS error.
-        source: std::io::Error,
-    },
     /// An invariant of the worker's own broke: a bug, reported with where it was caught.
     #[error("{detail} (an invariant of podctl's worker broke at {at}; please report it)")]
     Broken {
@@ -164,7 +155,7 @@ impl Classify for WorkerError {
             WorkerError::NothingRestores { .. } => Fault::Input,
             WorkerError::NothingToLearn { .. } => Fault::Input,
             WorkerError::Interrupted => Fault::Interrupted,
-            WorkerError::Io { .. } | WorkerError::Broken { .. } => Fault::Failed,
+            WorkerError::Broken { .. } => Fault::Failed,
         }
     }
 }
@@ -227,4 +218,23 @@ mod tests {
         assert_eq!(WorkerError::from(lost).fault(), Fault::Unreachable);
         assert_eq!(WorkerError::from(collective::Error::Aborted).fault(), Fault::Interrupted);
     }
+}
+
+/// A committed checkpoint that a restore passed over, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PassedOver {
+    /// The checkpoint's directory.
+    pub uri: String,
+    /// The error that refused it, e.g. a chunk whose CRC does not match, naming the object and
+    /// its byte range.
+    pub reason: String,
+}
+
+/// ` (uri: reason; ...)` for the checkpoints a restore passed over, or nothing.
+pub(crate) fn reasons(passed_over: &[PassedOver]) -> String {
+    if passed_over.is_empty() {
+        return String::new();
+    }
+    let reasons: Vec<String> = passed_over.iter().map(|p| format!("{}: {}", p.uri, p.reason)).collect();
+    format!(" ({})", reasons.join("; "))
 }

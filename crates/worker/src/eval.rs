@@ -3,11 +3,11 @@
 //! `####` (and the job's reward, for comparison with training). Also how prompts are laid out
 //! for `rollout` and completions read back ([`Decoding`]), which GRPO's sampling shares.
 
+use crate::error::{Part, WorkerError};
 use crate::objective::EvalReport;
 use crate::phases::Phases;
 use crate::slice::{Arg, DeviceArray, Program};
 use crate::trainer::{Trainer, not_initialized};
-use crate::{Part, WorkerError};
 use data::{Example, Prompter, Reward, RewardWeights};
 use job::JobSpec;
 

@@ -25,13 +25,13 @@
 //! One optimizer step per batch of rollouts: the policy that sampled is the one being trained,
 //! so the ratio starts at 1 (to float rounding) and clipping matters only for off-policy steps.
 
+use crate::error::{Part, WorkerError};
 use crate::eval::{Completions, Decoding, HeldOut, PromptBatch};
 use crate::grpo_stats::{GrpoMetrics, Tally, advantages};
 use crate::objective::{EvalReport, Objective, RankShare, RankStep};
 use crate::phases::Phases;
 use crate::slice::{Arg, DeviceArray};
 use crate::trainer::{GrpoPrograms, Trainer, not_initialized};
-use crate::{Part, WorkerError};
 use data::{BatchSpec, Example, Loader, Reward};
 use job::{GrpoSpec, JobSpec};
 use std::collections::BTreeMap;
@@ -378,18 +378,6 @@ pub struct Grpo {
 }
 
 impl Grpo {
-    /// The objective of `job` on `trainer`'s bundle; the reference is read now, when the
-    /// objective needs one.
-    pub fn new(
-        trainer: &Trainer,
-        job: &JobSpec,
-        runtime: &tokio::runtime::Handle,
-    ) -> Result<Self, WorkerError> {
-        let task = GrpoTask::new(job, trainer.manifest())?;
-        let reference = crate::start::reference(trainer, job, runtime)?;
-        Ok(Self { task, reference })
-    }
-
     /// The objective of `task` with `reference`'s parameters (needed when `kl_beta > 0`).
     pub fn with_reference(task: GrpoTask, reference: Option<Vec<DeviceArray>>) -> Result<Self, WorkerError> {
         if task.spec.kl_beta > 0.0 && reference.is_none() {

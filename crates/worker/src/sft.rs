@@ -1,6 +1,6 @@
 //! Supervised fine-tuning: the loss of the data's targets under the model.
 
-use crate::WorkerError;
+use crate::error::WorkerError;
 use crate::eval::HeldOut;
 use crate::objective::{EvalReport, Objective, RankShare, RankStep};
 use crate::trainer::Trainer;
