@@ -169,7 +169,7 @@ pub fn run(command: Command, node: &dyn StartNode) -> anyhow::Result<ExitCode> {
             args.connect = args.connect.with_saved(&context::Config::load()?)?;
             return doctor::run(&args);
         }
-        Command::CompileStats { args } => return Ok(planner::exact::child_main(args.into_iter())),
+        Command::CompileStats { args } => return Ok(planner_exact::child_main(args.into_iter())),
     }
     Ok(ExitCode::SUCCESS)
 }

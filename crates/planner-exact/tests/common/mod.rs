@@ -3,7 +3,7 @@
 //! (the crate's `podctl-compile-stats` child with the CPU plugin or libtpu).
 #![allow(dead_code)]
 
-use planner::exact::{BundleRequest, DiskCache, ProcessCompiler};
+use planner_exact::{BundleRequest, DiskCache, ProcessCompiler};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::process::Command;
