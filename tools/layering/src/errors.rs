@@ -96,7 +96,7 @@ fn krate_of(path: &Path) -> String {
 
 /// The paths a file's `use` items give names to (every module of the file alike): `Refused` ->
 /// `client::ClientError::Refused`, `ClientError` -> `client::ClientError`.
-fn collect_uses(items: &[syn::Item], uses: &mut BTreeMap<String, Vec<String>>) {
+pub(crate) fn collect_uses(items: &[syn::Item], uses: &mut BTreeMap<String, Vec<String>>) {
     fn walk(tree: &syn::UseTree, prefix: &mut Vec<String>, uses: &mut BTreeMap<String, Vec<String>>) {
         match tree {
             syn::UseTree::Path(p) => {
@@ -134,11 +134,11 @@ fn collect_uses(items: &[syn::Item], uses: &mut BTreeMap<String, Vec<String>>) {
     }
 }
 
-fn line(span: proc_macro2::Span) -> usize {
+pub(crate) fn line(span: proc_macro2::Span) -> usize {
     span.start().line
 }
 
-fn is_test(attrs: &[syn::Attribute]) -> bool {
+pub(crate) fn is_test(attrs: &[syn::Attribute]) -> bool {
     attrs.iter().any(|a| {
         let path = a.path();
         if path.is_ident("test") || path.segments.last().is_some_and(|s| s.ident == "test") {

@@ -21,10 +21,12 @@
 //!
 //! Crates are named without the `podctl-` prefix of their package (`podctl-worker` is `worker`).
 //!
-//! Then the source checks ([`errors`]): no product code decides on an error's text.
+//! Then the source checks: no product code decides on an error's text ([`errors`]), and no
+//! gRPC type appears below the coordinator's services ([`wire`]).
 #![forbid(unsafe_code)]
 
 mod errors;
+mod wire;
 
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -329,6 +331,7 @@ fn run() -> Result<Vec<String>, String> {
         println!("  {}::{}::{} ({})", v.krate, v.owner, v.variant, v.at);
     }
     found.extend(decisions);
+    found.extend(wire::check(&sources)?);
     Ok(found)
 }
 
@@ -391,6 +394,13 @@ mod tests {
         );
         let (_, decisions) = errors::check(&sources).unwrap();
         assert_eq!(decisions, Vec::<String>::new());
+    }
+
+    #[test]
+    fn no_grpc_type_appears_below_the_coordinator_s_services() {
+        let (metadata, _) = workspace();
+        let sources = errors::product_sources(&metadata.workspace_root, &SOURCE_DIRS).unwrap();
+        assert_eq!(wire::check(&sources).unwrap(), Vec::<String>::new());
     }
 
     #[test]
