@@ -159,15 +159,5 @@ fn run(args: Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let mut args = std::env::args().skip(1).peekable();
-    if args.peek().map(String::as_str) == Some(CHILD) {
-        return planner_exact::child_main(args.skip(1));
-    }
-    match parse(args).and_then(run) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("error: {message}");
-            ExitCode::from(2)
-        }
-    }
+    common::example_main(CHILD, |args| parse(args).and_then(run))
 }
