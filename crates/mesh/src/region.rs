@@ -88,7 +88,13 @@ pub fn copy_region(
 /// buffer holding `src` and one holding `dst`. Trailing dimensions that all three span whole
 /// merge into one run, so identical layouts give a single call. [`copy_region`] copies by it;
 /// a checkpoint's restore reads by it, straight from a shard's bytes into a device's buffer.
-pub fn for_each_run(src: &Region, dst: &Region, overlap: &Region, elem: u64, mut f: impl FnMut(u64, u64, u64)) {
+pub fn for_each_run(
+    src: &Region,
+    dst: &Region,
+    overlap: &Region,
+    elem: u64,
+    mut f: impl FnMut(u64, u64, u64),
+) {
     let rank = overlap.ranges().len();
     let (src_shape, dst_shape, shape) = (src.shape(), dst.shape(), overlap.shape());
     let mut run = elem;
