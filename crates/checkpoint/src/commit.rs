@@ -248,11 +248,11 @@ pub async fn finalize(
         manifest_size: json.len() as u64,
         manifest_crc32c: crc32c::crc32c(&json),
     };
-    crate::fail_point!("checkpoint::manifest_put");
+    fault::fail_point!("checkpoint::manifest_put");
     storage.put(&storage.key(&dir, MANIFEST), json.into()).await?;
-    crate::fail_point!("checkpoint::commit_record");
+    fault::fail_point!("checkpoint::commit_record");
     log.record(&commit).await?;
-    crate::fail_point!("checkpoint::commit_marker");
+    fault::fail_point!("checkpoint::commit_marker");
     if !log.records_marker_in(storage) {
         write_marker(storage, &commit).await?;
     }

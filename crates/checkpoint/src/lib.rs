@@ -32,17 +32,6 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-/// A `fail::fail_point!` that exists only with the `failpoints` feature. The save path's points
-/// take no closure: they are for crashing the process (`panic`, which a test's child turns into
-/// an abort), pausing or slowing it, not for returning errors.
-macro_rules! fail_point {
-    ($name:expr) => {
-        #[cfg(feature = "failpoints")]
-        fail::fail_point!($name);
-    };
-}
-pub(crate) use fail_point;
-
 pub mod commit;
 mod error;
 pub mod export;

@@ -366,7 +366,7 @@ async fn upload(
             hasher.update(s);
         }
         let payload: PutPayload = stream.segments.iter().cloned().collect();
-        crate::fail_point!("checkpoint::host_put");
+        fault::fail_point!("checkpoint::host_put");
         storage.put(&key, payload).await?;
         progress.bytes_written.fetch_add(stream.total, Ordering::Relaxed);
     } else {
@@ -381,7 +381,7 @@ async fn upload(
             for b in &part {
                 hasher.update(b);
             }
-            crate::fail_point!("checkpoint::host_part");
+            fault::fail_point!("checkpoint::host_part");
             // A task per part keeps every upload moving while this one hashes the next part.
             let part = tokio::spawn(upload.put_part(part.into_iter().collect()));
             in_flight.push_back(async move {
@@ -409,7 +409,7 @@ async fn upload(
             }
             return Err(CheckpointError::store("put_part", format!("{key} (part {index})"), e));
         }
-        crate::fail_point!("checkpoint::host_complete");
+        fault::fail_point!("checkpoint::host_complete");
         upload.complete().await.map_err(|e| CheckpointError::store("complete_multipart", &key, e))?;
     }
     Ok(report(stream, options, name, hasher.finish()))
@@ -473,7 +473,7 @@ fn write_local(
         let mut result = Ok(());
         for part in parts(segments, options.part_size) {
             let bytes: u64 = part.iter().map(|b| b.len() as u64).sum();
-            crate::fail_point!("checkpoint::host_part");
+            fault::fail_point!("checkpoint::host_part");
             if let Err(e) = part.iter().try_for_each(|b| file.write_all(b)) {
                 result = Err(io("write")(e));
                 break;
@@ -495,7 +495,7 @@ fn write_local(
         Ok(crcs)
     });
     let finished = written.and_then(|crcs| {
-        crate::fail_point!("checkpoint::host_complete");
+        fault::fail_point!("checkpoint::host_complete");
         file.sync_all().map_err(io("sync"))?;
         std::fs::rename(&staging, path).map_err(io("rename"))?;
         sync_dir(dir).map_err(io("sync directory"))?;

@@ -177,7 +177,7 @@ pub fn run(
             args.connect = args.connect.with_saved(&context::Config::load()?)?;
             return doctor::run(&args, runtime);
         }
-        Command::CompileStats { args } => return Ok(planner::exact::child_main(args.into_iter())),
+        Command::CompileStats { args } => return Ok(planner_exact::child_main(args.into_iter())),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -111,7 +111,7 @@ pub fn run(args: &LogsArgs, runtime: &tokio::runtime::Handle) -> anyhow::Result<
                             }
                         }
                         _ = poll.tick(), if args.follow && !ended => {
-                            ended = client.get_job(&args.job).await.is_ok_and(|s| s.state.is_terminal());
+                            ended = client.get_job(&args.job).await.is_ok_and(|s| s.is_terminal());
                         }
                         () = tokio::time::sleep_until(last_line + LAST_WORDS), if ended => return Ok(()),
                     }

@@ -108,20 +108,16 @@ async fn watch_job(client: &Client, job: &str, interval_ms: u32, out: &mut Outpu
         // The stream ends when the job does, or when the leader changes: then watch again.
         while let Ok(Some(status)) = stream.next().await {
             out.job(&status, cluster.as_ref())?;
-            if is_terminal(&status) {
+            if status.is_terminal() {
                 return Ok(());
             }
         }
         let status = client.get_job(job).await?;
-        if is_terminal(&status) {
+        if status.is_terminal() {
             return out.job(&status, cluster.as_ref());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-fn is_terminal(status: &JobStatus) -> bool {
-    status.state.is_terminal()
 }
 
 /// Where frames go: JSON lines, a redrawn terminal frame, or plain text.
@@ -217,15 +213,15 @@ pub fn redraw_prefix(drawn: usize) -> String {
 }
 
 /// A job state in lower case (`running`, `recovering`, ...).
-pub fn state_name(state: JobState) -> &'static str {
+pub fn state_name(state: Option<JobState>) -> &'static str {
     match state {
-        JobState::Unknown => "unknown",
-        JobState::Pending => "pending",
-        JobState::Running => "running",
-        JobState::Recovering => "recovering",
-        JobState::Completed => "completed",
-        JobState::Failed => "failed",
-        JobState::Stopped => "stopped",
+        None => "unknown",
+        Some(JobState::Pending) => "pending",
+        Some(JobState::Running) => "running",
+        Some(JobState::Recovering) => "recovering",
+        Some(JobState::Completed) => "completed",
+        Some(JobState::Failed) => "failed",
+        Some(JobState::Stopped) => "stopped",
     }
 }
 
@@ -351,7 +347,7 @@ pub fn render_job(s: &JobStatus, cluster: Option<&ClusterInfo>, now_unix: f64) -
     if s.mfu > 0.0 {
         progress.push_str(&format!("  MFU {:.1}%", 100.0 * s.mfu));
     }
-    if s.state == JobState::Running && s.step_seconds > 0.0 && s.step < s.total_steps {
+    if s.state == Some(JobState::Running) && s.step_seconds > 0.0 && s.step < s.total_steps {
         progress.push_str(&format!("  eta {}", duration((s.total_steps - s.step) as f64 * s.step_seconds)));
     }
     lines.push(progress);
@@ -599,7 +595,7 @@ mod tests {
         JobStatus {
             job_id: "j-000001".into(),
             name: "tiny-arith".into(),
-            state: JobState::Running,
+            state: Some(JobState::Running),
             generation: 2,
             step: 150,
             total_steps: 300,
@@ -679,7 +675,7 @@ mod tests {
         let fresh = JobStatus {
             job_id: "j2".into(),
             name: "new".into(),
-            state: JobState::Pending,
+            state: Some(JobState::Pending),
             total_steps: 10,
             loss: f64::NAN,
             message: "waiting for 2 workers".into(),

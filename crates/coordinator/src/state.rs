@@ -31,29 +31,8 @@ pub const MAX_CHECKPOINTS_PER_JOB: usize = 1024;
 /// Jobs the cluster holds, finished ones included.
 pub const MAX_JOBS: usize = 10_000;
 
-/// Where a job is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum JobState {
-    /// Submitted, waiting for its workers.
-    Pending,
-    /// A generation is running steps.
-    Running,
-    /// A generation change is in progress (quiesce sent, assignment not yet committed).
-    Recovering,
-    /// Every step is committed.
-    Completed,
-    /// Given up.
-    Failed,
-    /// Stopped by a user.
-    Stopped,
-}
-
-impl JobState {
-    /// Whether the job is over.
-    pub fn is_terminal(self) -> bool {
-        matches!(self, Self::Completed | Self::Failed | Self::Stopped)
-    }
-}
+/// Where a job is in its life: the client's type, which the commands read too.
+pub use client::JobState;
 
 /// A registered worker, as the log knows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

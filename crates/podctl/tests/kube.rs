@@ -658,7 +658,7 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     api.delete("configmaps", NS, "podctl-job-gitops");
-    while admin.get_job(&gitops).await.unwrap().state != client::JobState::Stopped {
+    while admin.get_job(&gitops).await.unwrap().state != Some(client::JobState::Stopped) {
         assert!(started.elapsed() < Duration::from_secs(90), "deleting the declaration did not stop its job");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
