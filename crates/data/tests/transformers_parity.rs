@@ -11,7 +11,7 @@
 //! special ids, stop ids and vocabulary size must agree.
 
 use podctl_data::{
-    BatchSpec, ChatConfig, DataConfig, HfTokenizer, Loader, Message, Prompter, RenderOptions, Reward,
+    BatchSpec, ChatConfig, DataConfig, HfTokenizer, Loader, LocalFiles, Message, Prompt, Prompter, RenderOptions, Reward,
     RewardWeights, SpecialTokens, Tokenizer, hash_words, held_out_examples,
 };
 use serde::Deserialize;
@@ -319,7 +319,7 @@ fn qwen3_tokenizer_and_chat_template_equal_transformers() {
     let conversations = conversations();
     let reference = reference(dir.path(), &texts, &conversations);
     let shared: Arc<dyn Tokenizer> =
-        Arc::new(HfTokenizer::load(dir.path(), &SpecialTokens::default(), None).expect("loads"));
+        Arc::new(HfTokenizer::load(&LocalFiles, &dir.path().display().to_string(), &SpecialTokens::default(), None).expect("loads"));
     let tokenizer = shared.as_ref();
     println!(
         "transformers {}: {} strings, {} renderings",
@@ -350,7 +350,7 @@ fn qwen3_tokenizer_and_chat_template_equal_transformers() {
     assert!(diff.is_empty(), "decoding differs:\n{}", diff.join("\n"));
     // A plain prompt is what transformers' encode adds special tokens to: for Qwen, nothing.
     let plain = Prompter::plain(Arc::clone(&shared));
-    let prompts: Vec<Vec<u32>> = texts.iter().map(|t| plain.prompt_ids(t).expect("encodes")).collect();
+    let prompts: Vec<Vec<u32>> = texts.iter().map(|t| plain.prompt_ids(&Prompt::Text(t.clone())).expect("encodes")).collect();
     let diff = differences(&texts, &prompts, &reference.ids_with_special_tokens);
     assert!(diff.is_empty(), "plain prompts differ:\n{}", diff.join("\n"));
 
@@ -376,8 +376,9 @@ fn qwen3_tokenizer_and_chat_template_equal_transformers() {
         (ChatConfig { system: Some(SYSTEM.into()), enable_thinking: true, ..ChatConfig::default() }, 3),
     ] {
         let prompter = Prompter::chat(Arc::clone(&shared), chat).expect("has a template");
-        assert_eq!(prompter.prompt_text(QUESTION).expect("renders"), reference.rendered[index]);
-        assert_eq!(prompter.prompt_ids(QUESTION).expect("encodes"), reference.rendered_ids[index]);
+        let question = Prompt::Text(QUESTION.into());
+        assert_eq!(prompter.prompt_text(&question).expect("renders"), reference.rendered[index]);
+        assert_eq!(prompter.prompt_ids(&question).expect("encodes"), reference.rendered_ids[index]);
     }
 }
 
@@ -414,7 +415,7 @@ fn a_post_processor_bos_and_a_template_bos_equal_transformers() {
     ];
     let reference = reference(dir.path(), &texts, &conversations);
     let shared: Arc<dyn Tokenizer> =
-        Arc::new(HfTokenizer::load(dir.path(), &SpecialTokens::default(), None).expect("loads"));
+        Arc::new(HfTokenizer::load(&LocalFiles, &dir.path().display().to_string(), &SpecialTokens::default(), None).expect("loads"));
     let tokenizer = shared.as_ref();
     assert_eq!(tokenizer.bos_id(), reference.bos_token_id);
     assert_eq!((tokenizer.eos_id(), tokenizer.pad_id()), (reference.eos_token_id, reference.pad_token_id));
@@ -422,7 +423,7 @@ fn a_post_processor_bos_and_a_template_bos_equal_transformers() {
     for (i, text) in texts.iter().enumerate() {
         assert_eq!(tokenizer.encode(text).expect("encodes"), reference.ids[i], "{text:?}");
         // transformers' encode adds `<s>` before and `</s>` after; a prompt takes the BOS only.
-        let prompt = plain.prompt_ids(text).expect("encodes");
+        let prompt = plain.prompt_ids(&Prompt::Text(text.clone())).expect("encodes");
         let with_special = &reference.ids_with_special_tokens[i];
         assert_eq!(prompt[0], tokenizer.bos_id().expect("a BOS"), "{text:?}");
         assert_eq!(with_special[..prompt.len()], prompt[..], "{text:?}");
@@ -435,7 +436,7 @@ fn a_post_processor_bos_and_a_template_bos_equal_transformers() {
     }
     // A chat prompt carries the template's BOS, and only that one.
     let chat = Prompter::chat(Arc::clone(&shared), ChatConfig::default()).expect("has a template");
-    let ids = chat.prompt_ids("Ann has 47 marbles.").expect("encodes");
+    let ids = chat.prompt_ids(&Prompt::Text("Ann has 47 marbles.".into())).expect("encodes");
     assert_eq!(ids, reference.rendered_ids[0]);
     assert_eq!(ids.iter().filter(|&&id| Some(id) == chat.tokenizer().bos_id()).count(), 1);
     // The template's own refusal is an error naming the file.
@@ -467,7 +468,8 @@ fn gsm8k_sft_rows_with_qwen3_train_on_the_answer_and_its_end_of_turn() {
     config.validate().expect("valid");
     let (rows, seq_len) = (8, 256);
     let loader =
-        Loader::from_config(&config, BatchSpec::new(rows, rows, seq_len).expect("valid"), 3).expect("loader");
+        Loader::from_config(&config, BatchSpec::new(rows, rows, seq_len).expect("valid"), 3, &LocalFiles)
+            .expect("loader");
     loader.check_model_vocab(151_936, "qwen3-1.7b").expect("Qwen3's tokenizer fits Qwen3");
     let batch = loader.micro_batch(0, 0).expect("batch");
     let examples = loader.prompts(0, 0).expect("examples");
@@ -503,7 +505,7 @@ fn gsm8k_sft_rows_with_qwen3_train_on_the_answer_and_its_end_of_turn() {
     }
 
     // The held-out file, all of it, and every reference scores as its own exact match.
-    let held_out = held_out_examples(&config, 1_000, 0).expect("held out");
+    let held_out = held_out_examples(&config, 1_000, 0, &LocalFiles).expect("held out");
     assert_eq!(held_out.len(), 36);
     for example in &held_out {
         let reward = Reward::score(&example.answer, &example.answer, &RewardWeights::default());
