@@ -78,18 +78,6 @@ impl Message {
         }
     }
 
-    /// A message from a JSON value (an object with a string `role`).
-    pub fn from_value(value: &serde_json::Value) -> std::result::Result<Self, String> {
-        if !value.is_object() {
-            return Err(format!("a message must be an object, found {}", crate::jsonl::kind_of(value)));
-        }
-        match value.get("role") {
-            Some(serde_json::Value::String(_)) => Ok(Self(Value::from(minijinja::value::Serde(value)))),
-            Some(other) => Err(format!("`role` must be a string, found {}", crate::jsonl::kind_of(other))),
-            None => Err("a message needs a string `role`".into()),
-        }
-    }
-
     /// The role (`system`, `user`, `assistant`, `tool`, ...).
     pub fn role(&self) -> String {
         self.0.get_attr("role").ok().and_then(|role| role.as_str().map(str::to_owned)).unwrap_or_default()

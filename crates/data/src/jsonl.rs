@@ -110,12 +110,13 @@ pub fn parse_line(format: &RowFormat, line: &[u8]) -> std::result::Result<Exampl
     if line.iter().all(u8::is_ascii_whitespace) {
         return Err("blank line; remove it (every line must be one example)".into());
     }
-    let value: Value = serde_json::from_slice(line)
+    let value: Box<serde_json::value::RawValue> = serde_json::from_slice(line)
         .map_err(|error| format!("not valid JSON ({error}); write one object per line"))?;
-    let Value::Object(object) = value else {
+    let Ok(row) = serde_json::from_str::<crate::rows::Row>(value.get()) else {
+        let value: Value = serde_json::from_str(value.get()).unwrap_or(Value::Null);
         return Err(format!("expected an object, found {}", kind_of(&value)));
     };
-    format.example(object)
+    format.example(row)
 }
 
 /// How a JSON value is named in messages (`a number`, `null`, ...).

@@ -22,7 +22,9 @@ use parquet::basic::{ConvertedType, LogicalType, Type as PhysicalType};
 use parquet::file::metadata::ParquetMetaData;
 use parquet::file::reader::{ChunkReader, FileReader, Length};
 use parquet::file::serialized_reader::SerializedFileReader;
-use serde_json::{Map, Value};
+use crate::rows::Row;
+use parquet::record::Field;
+use serde_json::value::RawValue;
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -109,7 +111,7 @@ impl ParquetSource {
     }
 
     /// The rows of group `group` as JSON objects, decoded now or kept from before.
-    fn rows(&self, group: usize) -> Result<Arc<Vec<Map<String, Value>>>> {
+    fn rows(&self, group: usize) -> Result<Arc<Vec<Row>>> {
         if let Some(rows) = self.decoded.lock().ok().and_then(|mut decoded| decoded.get(group)) {
             return Ok(rows);
         }
@@ -125,10 +127,16 @@ impl ParquetSource {
         let mut rows = Vec::with_capacity((self.starts[group + 1] - first_row) as usize);
         for (offset, row) in reader.get_row_iter(None).map_err(|e| error(first_row, e.to_string()))?.enumerate() {
             let row = row.map_err(|e| error(first_row + offset as u64, e.to_string()))?;
-            let Value::Object(object) = row.to_json_value() else {
-                return Err(error(first_row + offset as u64, "a row is not a record".into()));
-            };
-            rows.push(object);
+            let cells = row
+                .get_column_iter()
+                .map(|(name, field)| {
+                    let mut text = String::new();
+                    write_json(&mut text, field);
+                    RawValue::from_string(text).map(|raw| (name.clone(), raw))
+                })
+                .collect::<std::result::Result<Row, _>>()
+                .map_err(|e| error(first_row + offset as u64, format!("a value does not convert to JSON: {e}")))?;
+            rows.push(cells);
         }
         if rows.len() as u64 != self.starts[group + 1] - first_row {
             return Err(error(first_row, format!("row group {index} holds fewer rows than its metadata says")));
@@ -205,6 +213,36 @@ impl ExampleSource for ParquetSource {
     }
 }
 
+/// A Parquet value as JSON text: records keep their fields in the schema's order (as
+/// `datasets` gives them to Python); leaves as the `parquet` crate's JSON of them.
+fn write_json(out: &mut String, field: &Field) {
+    match field {
+        Field::Group(row) => {
+            out.push('{');
+            for (i, (name, field)) in row.get_column_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&serde_json::Value::from(name.as_str()).to_string());
+                out.push(':');
+                write_json(out, field);
+            }
+            out.push('}');
+        }
+        Field::ListInternal(list) => {
+            out.push('[');
+            for (i, element) in list.elements().iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_json(out, element);
+            }
+            out.push(']');
+        }
+        leaf => out.push_str(&leaf.to_json_value().to_string()),
+    }
+}
+
 /// The columns `format` needs are there and hold what it needs; the message names the column.
 fn check_schema(metadata: &ParquetMetaData, format: &RowFormat) -> std::result::Result<(), String> {
     let root = metadata.file_metadata().schema_descr().root_schema();
@@ -253,13 +291,13 @@ fn describe(field: &parquet::schema::types::Type) -> String {
 /// Decoded row groups, least recently used dropped first.
 #[derive(Default)]
 struct Decoded {
-    groups: HashMap<usize, (Arc<Vec<Map<String, Value>>>, u64, u64)>,
+    groups: HashMap<usize, (Arc<Vec<Row>>, u64, u64)>,
     bytes: u64,
     clock: u64,
 }
 
 impl Decoded {
-    fn get(&mut self, group: usize) -> Option<Arc<Vec<Map<String, Value>>>> {
+    fn get(&mut self, group: usize) -> Option<Arc<Vec<Row>>> {
         self.clock += 1;
         let clock = self.clock;
         self.groups.get_mut(&group).map(|(rows, _, used)| {
@@ -268,7 +306,7 @@ impl Decoded {
         })
     }
 
-    fn insert(&mut self, group: usize, rows: Arc<Vec<Map<String, Value>>>, size: u64) {
+    fn insert(&mut self, group: usize, rows: Arc<Vec<Row>>, size: u64) {
         if size > DECODED_BYTES {
             return;
         }

@@ -1,11 +1,20 @@
 //! From a row (a JSONL line's object, a Parquet row) to an [`Example`], the same for either file
 //! format: the kind's columns become the prompt and the answer, the rest stay with the example
 //! for reward functions.
+//!
+//! A row is its columns' JSON texts ([`Row`]), parsed only here: a conversation's turns straight
+//! into chat messages, whose keys keep the order they were written in (a template's `tojson` of
+//! a tool call's arguments prints them in that order, as Python's dicts do).
 
 use crate::chat::Message;
 use crate::jsonl::kind_of;
 use crate::source::{Columns, Conversation, Example, Prompt};
-use serde_json::{Map, Value};
+use serde_json::Value;
+use serde_json::value::RawValue;
+use std::collections::BTreeMap;
+
+/// A row: each column's value as JSON text.
+pub type Row = BTreeMap<String, Box<RawValue>>;
 
 /// What a row holds, with the file's column names.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -76,12 +85,12 @@ impl RowFormat {
     }
 
     /// The example in a row's fields; the error names the field at fault and the fix.
-    pub fn example(&self, mut row: Map<String, Value>) -> Result<Example, String> {
+    pub fn example(&self, mut row: Row) -> Result<Example, String> {
         match self {
             RowFormat::PromptAnswer { prompt, answer, gsm8k } => {
-                let text = |row: &Map<String, Value>, name: &str| match row.get(name) {
-                    Some(Value::String(text)) => Ok(text.clone()),
-                    Some(other) => Err(format!("field `{name}` must be a string, found {}", kind_of(other))),
+                let text = |row: &Row, name: &str| match row.get(name).map(|raw| parse(raw)) {
+                    Some(Value::String(text)) => Ok(text),
+                    Some(other) => Err(format!("field `{name}` must be a string, found {}", kind_of(&other))),
                     None => Err(self.missing(name, row)),
                 };
                 let prompt_text = text(&row, prompt)?;
@@ -93,15 +102,12 @@ impl RowFormat {
                 Ok(Example { prompt: Prompt::Text(prompt_text), answer: answer_text, columns: columns(row) })
             }
             RowFormat::Chat { messages, answer } => {
-                let turns = match row.remove(messages) {
-                    Some(Value::Array(turns)) => turns,
-                    Some(other) => {
-                        return Err(format!(
-                            "field `{messages}` must be a list of {{\"role\", \"content\"}} turns, found {}",
-                            kind_of(&other)
-                        ));
-                    }
-                    None => return Err(self.missing(messages, &row)),
+                let Some(raw) = row.remove(messages) else { return Err(self.missing(messages, &row)) };
+                let Ok(turns) = serde_json::from_str::<Vec<Box<RawValue>>>(raw.get()) else {
+                    return Err(format!(
+                        "field `{messages}` must be a list of {{\"role\", \"content\"}} turns, found {}",
+                        kind_of(&parse(&raw))
+                    ));
                 };
                 if turns.is_empty() {
                     return Err(format!("field `{messages}` is an empty conversation; every row needs turns"));
@@ -109,15 +115,15 @@ impl RowFormat {
                 let turns = turns
                     .iter()
                     .enumerate()
-                    .map(|(i, turn)| Message::from_value(turn).map_err(|e| format!("field `{messages}[{i}]`: {e}")))
+                    .map(|(i, turn)| Message::from_json(turn.get()).map_err(|e| format!("field `{messages}[{i}]`: {e}")))
                     .collect::<Result<Vec<_>, _>>()?;
                 let conversation = Conversation::new(turns);
-                let reference = match (conversation.reply(), row.get(answer)) {
+                let reference = match (conversation.reply(), row.get(answer).map(|raw| parse(raw))) {
                     (Some(reply), _) => reply,
-                    (None, Some(Value::String(text))) => text.clone(),
+                    (None, Some(Value::String(text))) => text,
                     (None, Some(Value::Null) | None) => String::new(),
                     (None, Some(other)) => {
-                        return Err(format!("field `{answer}` must be a string, found {}", kind_of(other)));
+                        return Err(format!("field `{answer}` must be a string, found {}", kind_of(&other)));
                     }
                 };
                 Ok(Example { prompt: Prompt::Chat(conversation), answer: reference, columns: columns(row) })
@@ -125,7 +131,7 @@ impl RowFormat {
         }
     }
 
-    fn missing(&self, name: &str, row: &Map<String, Value>) -> String {
+    fn missing(&self, name: &str, row: &Row) -> String {
         let mut present: Vec<&str> = row.keys().map(String::as_str).collect();
         present.truncate(8);
         format!(
@@ -137,9 +143,14 @@ impl RowFormat {
     }
 }
 
+/// A cell's value (the texts come from a JSON parser or are written by one, so they parse).
+fn parse(raw: &RawValue) -> Value {
+    serde_json::from_str(raw.get()).unwrap_or(Value::Null)
+}
+
 /// The remaining fields, for reward functions.
-fn columns(row: Map<String, Value>) -> Columns {
-    row.into_iter().collect()
+fn columns(row: Row) -> Columns {
+    row.into_iter().map(|(name, raw)| (name, parse(&raw))).collect()
 }
 
 /// A GSM8K answer must end in `#### <number>`: the reward compares against that number.
@@ -166,9 +177,12 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn row(value: Value) -> Map<String, Value> {
-        let Value::Object(map) = value else { panic!("an object") };
-        map
+    fn row(value: Value) -> Row {
+        serde_json::from_value::<BTreeMap<String, Value>>(value)
+            .expect("an object")
+            .into_iter()
+            .map(|(name, value)| (name, RawValue::from_string(value.to_string()).expect("json")))
+            .collect()
     }
 
     #[test]
@@ -217,8 +231,8 @@ mod tests {
             (RowFormat::chat(), json!({"messages": "hi"}), "must be a list of"),
             (RowFormat::chat(), json!({"messages": []}), "empty conversation"),
             (RowFormat::chat(), json!({"messages": [{"content": "x"}]}), "field `messages[0]`: a message needs a string `role`"),
-            (RowFormat::chat(), json!({"messages": [{"role": 1}]}), "`role` must be a string, found a number"),
-            (RowFormat::chat(), json!({"messages": [3]}), "a message must be an object, found a number"),
+            (RowFormat::chat(), json!({"messages": [{"role": 1}]}), "field `messages[0]`: a message needs a string `role`"),
+            (RowFormat::chat(), json!({"messages": [3]}), "a message must be a JSON object, found number"),
         ];
         for (format, value, expected) in cases {
             let message = format.example(row(value.clone())).expect_err(expected);

@@ -73,6 +73,13 @@ struct Reference {
     decoded: Vec<String>,
     rendered: Vec<String>,
     rendered_ids: Vec<Vec<u32>>,
+    assistant_masks: Vec<Masked>,
+}
+
+#[derive(Deserialize)]
+struct Masked {
+    ids: Vec<u32>,
+    mask: Vec<u8>,
 }
 
 /// One conversation to render: its messages as JSON text (as transformers takes them; text, so
@@ -104,9 +111,26 @@ impl Conversation {
 }
 
 fn reference(dir: &Path, texts: &[String], conversations: &[Conversation]) -> Reference {
-    let head = json!({"model_dir": dir, "texts": texts}).to_string();
+    reference_with_masks(dir, texts, conversations, None, &[])
+}
+
+/// The reference, and transformers' assistant masks of `masked` rendered with `template`.
+fn reference_with_masks(
+    dir: &Path,
+    texts: &[String],
+    conversations: &[Conversation],
+    template: Option<&Path>,
+    masked: &[Conversation],
+) -> Reference {
+    let head = json!({"model_dir": dir, "texts": texts, "chat_template": template}).to_string();
     let conversations: Vec<String> = conversations.iter().map(Conversation::to_json).collect();
-    let request = format!("{}, \"conversations\": [{}]}}", &head[..head.len() - 1], conversations.join(", "));
+    let masked: Vec<String> = masked.iter().map(Conversation::to_json).collect();
+    let request = format!(
+        "{}, \"conversations\": [{}], \"masked\": [{}]}}",
+        &head[..head.len() - 1],
+        conversations.join(", "),
+        masked.join(", ")
+    );
     let mut child = Command::new(python())
         .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/transformers_reference.py"))
         .env("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -451,6 +475,84 @@ fn a_post_processor_bos_and_a_template_bos_equal_transformers() {
         message.contains("tokenizer_config.json") && message.contains("Only user and assistant roles"),
         "{message}"
     );
+}
+
+#[test]
+fn conversation_masks_equal_transformers_assistant_masks() {
+    // Qwen3's tokenizer with examples/chat_templates/qwen3_sft.jinja, whose {% generation %}
+    // blocks mark what the assistant writes: podctl's ids and loss mask of each conversation
+    // against transformers' `return_assistant_tokens_mask`, thinking off and on.
+    let dir = qwen3_dir();
+    let template = root().join("examples/chat_templates/qwen3_sft.jinja");
+    let masked: Vec<Conversation> =
+        conversations().into_iter().filter(|c| c.messages.iter().any(|m| m.contains("\"assistant\""))).collect();
+    assert_eq!(masked.len(), 6, "three conversations with assistant turns, thinking off and on");
+    let reference = reference_with_masks(dir.path(), &[], &[], Some(&template), &masked);
+    let tokenizer: Arc<dyn Tokenizer> = Arc::new(
+        {
+            let mut tokenizer =
+                HfTokenizer::load(&LocalFiles, &dir.path().display().to_string(), &SpecialTokens::default(), None)
+                    .expect("loads");
+            let source = std::fs::read_to_string(&template).expect("template");
+            tokenizer.set_chat_template(&source, &template, None).expect("compiles");
+            tokenizer
+        },
+    );
+    let mut learned = 0;
+    for (conversation, expected) in masked.iter().zip(&reference.assistant_masks) {
+        let thinking = conversation.kwargs[0].1.as_bool().expect("a flag");
+        let prompter = Prompter::chat(Arc::clone(&tokenizer), ChatConfig { enable_thinking: thinking, ..Default::default() })
+            .expect("has a template");
+        let messages = conversation.messages.iter().map(|m| Message::from_json(m).expect("message")).collect();
+        let (ids, mask) = prompter.conversation_ids(&podctl_data::Conversation::new(messages)).expect("renders");
+        assert_eq!(ids, expected.ids, "ids of {:?}", conversation.messages);
+        let mask: Vec<u8> = mask.into_iter().map(u8::from).collect();
+        assert_eq!(mask, expected.mask, "assistant mask of {:?}", conversation.messages);
+        learned += mask.iter().filter(|&&m| m == 1).count();
+    }
+    assert!(learned > 50, "the masks are not empty: {learned} assistant tokens");
+    // The same conversations as `kind: chat` rows of a JSONL file: each SFT row is the
+    // conversation's ids, the loss on the targets transformers marks (thinking off).
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    let rows: Vec<String> = masked
+        .iter()
+        .step_by(2)
+        .map(|c| format!("{{\"messages\": [{}], \"id\": 1}}", c.messages.join(", ")))
+        .collect();
+    std::fs::write(file.path(), rows.join("\n")).expect("write");
+    let config: DataConfig = serde_json::from_value(json!({
+        "kind": "chat",
+        "path": file.path(),
+        "tokenizer": {"kind": "hf", "path": dir.path()},
+        "chat": {"template": template},
+    }))
+    .expect("a data config");
+    config.validate().expect("valid");
+    let seq_len = 512;
+    let loader =
+        Loader::from_config(&config, BatchSpec::new(3, 3, seq_len).expect("valid"), 0, &LocalFiles).expect("loader");
+    let batch = loader.micro_batch(0, 0).expect("batch");
+    for (row, &index) in batch.example_indices.iter().enumerate() {
+        let expected = &reference.assistant_masks[2 * index as usize];
+        let span = row * seq_len..(row + 1) * seq_len;
+        let ids: Vec<i32> = expected.ids.iter().map(|&id| id as i32).collect();
+        assert_eq!(batch.tokens[span.clone()][..ids.len()], ids[..]);
+        let targets: Vec<f32> = expected.mask[1..].iter().map(|&m| f32::from(m)).collect();
+        assert_eq!(batch.loss_mask[span.clone()][..targets.len()], targets[..]);
+        assert!(batch.loss_mask[span][targets.len()..].iter().all(|&m| m == 0.0));
+    }
+    // The stock template marks nothing: SFT on conversations says so, naming the fix.
+    let stock = Prompter::chat(
+        Arc::new(
+            HfTokenizer::load(&LocalFiles, &dir.path().display().to_string(), &SpecialTokens::default(), None)
+                .expect("loads"),
+        ),
+        ChatConfig::default(),
+    )
+    .expect("has a template");
+    let messages = masked[0].messages.iter().map(|m| Message::from_json(m).expect("message")).collect();
+    let error = stock.conversation_ids(&podctl_data::Conversation::new(messages)).expect_err("no marks").to_string();
+    assert!(error.contains("data.chat.template") && error.contains("{% generation %}"), "{error}");
 }
 
 #[test]

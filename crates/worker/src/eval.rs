@@ -64,8 +64,8 @@ impl Decoding {
 
     /// The prompt's ids ([`Prompter::prompt_ids`]), its last `prompt_len` tokens when longer
     /// (the question is at the end), and whether it was cut.
-    pub(crate) fn encode_prompt(&self, text: &str) -> Result<(Vec<i32>, bool), WorkerError> {
-        let mut tokens: Vec<i32> = self.prompter.prompt_ids(text)?.into_iter().map(|id| id as i32).collect();
+    pub(crate) fn encode_prompt(&self, prompt: &data::Prompt) -> Result<(Vec<i32>, bool), WorkerError> {
+        let mut tokens: Vec<i32> = self.prompter.prompt_ids(prompt)?.into_iter().map(|id| id as i32).collect();
         let cut = tokens.len() > self.prompt_len;
         if cut {
             tokens.drain(..tokens.len() - self.prompt_len);
@@ -189,7 +189,7 @@ impl HeldOut {
         let Some(eval) = job.evaluation() else { return Ok(None) };
         let prompter = prompter.ok_or(data::DataError::NotAnExampleSource { operation: "evaluation" })?;
         Ok(Some(Self {
-            examples: data::held_out_examples(&job.data, eval.problems, job.seed)?,
+            examples: data::held_out_examples(&job.data, eval.problems, job.seed, &data::LocalFiles)?,
             every: eval.every,
             weights,
             decoding: Decoding::new(manifest, prompter.clone())?,
@@ -225,7 +225,7 @@ impl HeldOut {
                 report.correct += reward.exact_match as u64;
                 report.reward += reward.total as f64 / problems as f64;
                 if report.samples.len() < 3 {
-                    report.samples.push((example.prompt.clone(), text, example.answer.clone()));
+                    report.samples.push((example.prompt.display(), text, example.answer.clone()));
                 }
             }
         }

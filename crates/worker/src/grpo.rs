@@ -94,7 +94,7 @@ impl GrpoTask {
         let prompts_per_step = job.batch.global / spec.generations;
         let seq_len = job.seq_len as usize;
         let prompts =
-            Loader::from_config(&job.data, BatchSpec::new(prompts_per_step as usize, 1, seq_len)?, job.seed)?;
+            Loader::from_config(&job.data, BatchSpec::new(prompts_per_step as usize, 1, seq_len)?, job.seed, &data::LocalFiles)?;
         prompts.check_model_vocab(manifest.model.vocab_size, &job.model.name())?;
         let prompter = prompts.prompter().ok_or(data::DataError::NotAnExampleSource { operation: "GRPO" })?;
         let decoding = Decoding::new(manifest, prompter.clone())?;

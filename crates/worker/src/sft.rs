@@ -20,7 +20,7 @@ impl Sft {
     pub fn new(trainer: &Trainer, job: &JobSpec) -> Result<Self, WorkerError> {
         let batch =
             BatchSpec::new(job.batch.global as usize, job.batch.micro as usize, job.seq_len as usize)?;
-        let loader = Loader::from_config(&job.data, batch, job.seed)?;
+        let loader = Loader::from_config(&job.data, batch, job.seed, &data::LocalFiles)?;
         let manifest = trainer.manifest();
         loader.check_model_vocab(manifest.model.vocab_size, &job.model.name())?;
         let held_out = HeldOut::new(job, manifest, loader.prompter(), Default::default())?;
