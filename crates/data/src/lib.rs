@@ -27,6 +27,7 @@
 //! - [`held_out`]: the problems an evaluation scores (a held-out split or a test file).
 //! - [`token_file`]: [`TokenFile`], pre-tokenized `.bin` files read as windows of `seq_len + 1`.
 //! - [`reward`]: the verifiable reward for GSM8K-style answers (`#### 132`).
+//! - [`reward_fns`]: the other built-in rewards, a completion's format and its length.
 //! - [`permutation`]: [`EpochPermutation`], the seeded bijection that orders each epoch.
 //! - [`batch`]: [`BatchSpec`], [`Batch`] and the stateless [`Loader`].
 //! - [`config`]: the serde types of a job spec's data section.
@@ -53,6 +54,7 @@ pub mod parquet;
 pub mod permutation;
 pub mod prompt;
 pub mod reward;
+pub mod reward_fns;
 mod rng;
 pub mod rows;
 pub mod source;
@@ -75,6 +77,7 @@ pub use parquet::ParquetSource;
 pub use permutation::EpochPermutation;
 pub use prompt::Prompter;
 pub use reward::{Reward, RewardWeights, digit_credit, exact_match, extract_final_answer, leading_number};
+pub use reward_fns::{FormatReward, LengthReward, LengthUnit};
 pub use rows::RowFormat;
 pub use source::{Columns, Conversation, Example, ExampleSource, Prefetched, Prompt};
 pub use token_file::{TokenDtype, TokenFile};

@@ -33,9 +33,10 @@ use std::sync::{Arc, Mutex};
 /// recently used row group is dropped and decoded again when needed.
 pub const DECODED_BYTES: u64 = 512 << 20;
 
-/// How much a page header read asks the file for at a time (headers are tens of bytes; a read
-/// past the column chunk costs at most this).
-const HEADER_READ: u64 = 16 << 10;
+/// How much a page header read asks the file for at a time: headers are tens of bytes (more
+/// with long statistics, read in more pieces), and what a read takes past the column chunk is
+/// bytes of a row group that may not be wanted.
+const HEADER_READ: u64 = 1 << 10;
 
 /// A Parquet table of examples. See the module docs.
 pub struct ParquetSource {
