@@ -5,6 +5,10 @@
 //! every Nth step, always the newest commit; expire other commits; collect directories that
 //! were never committed (a failed or killed save) unless their save is active or was touched
 //! less than `min_orphan_age` ago.
+//!
+//! A save is named by its step *and* its id: one attempt (a process, a coordinator's
+//! generation) writes many steps under the same save id, so an id alone would protect every
+//! checkpoint of the attempt that is still saving, and retention would never expire its own.
 
 use crate::commit::{CommitLog, CommitRecord};
 use crate::error::Result;
@@ -81,12 +85,15 @@ pub struct GcPlan {
     pub orphans: Vec<String>,
 }
 
-/// Decides what to keep and what to delete. `active` are the ids of saves still running.
+/// A save still running: its step and save id, the two parts of its directory's name.
+pub type ActiveSave = (u64, String);
+
+/// Decides what to keep and what to delete. `active` are the saves still running.
 pub fn plan_gc(
     committed: &[CommitRecord],
     stored: &[StoredSave],
     retention: &Retention,
-    active: &BTreeSet<String>,
+    active: &BTreeSet<ActiveSave>,
     now_unix: i64,
 ) -> GcPlan {
     let mut commits = committed.to_vec();
@@ -103,14 +110,15 @@ pub fn plan_gc(
         let keep = rank < retention.keep_last
             || Some(c.step) == newest_step
             || (retention.keep_every > 0 && c.step % retention.keep_every == 0)
-            || active.contains(&c.save_id);
+            || active.contains(&(c.step, c.save_id.clone()));
         if keep { plan.keep.push(c) } else { plan.expire.push(c) }
     }
     let committed_dirs: BTreeSet<String> = committed.iter().map(CommitRecord::dir).collect();
     let min_age = i64::try_from(retention.min_orphan_age.as_secs()).unwrap_or(i64::MAX);
     for s in stored {
         let young = now_unix.saturating_sub(s.newest_write_unix) < min_age;
-        if !committed_dirs.contains(&s.dir) && !s.marked && !active.contains(&s.save_id) && !young {
+        let running = active.contains(&(s.step, s.save_id.clone()));
+        if !committed_dirs.contains(&s.dir) && !s.marked && !running && !young {
             plan.orphans.push(s.dir.clone());
         }
     }
@@ -151,19 +159,19 @@ pub struct GcReport {
     pub bytes_freed: u64,
 }
 
-/// Applies `retention` and removes orphans. `active` are the save ids still running, which are
-/// never touched. A commit is forgotten before any of its objects is deleted, and its marker
+/// Applies `retention` and removes orphans. `active` are the saves still running (step and save
+/// id), which are never touched. A commit is forgotten before any of its objects is deleted, and its marker
 /// goes before its data, so an interrupted collection never leaves a committed checkpoint with
 /// missing pieces, only an orphan for the next run.
 pub async fn gc(
     storage: &Storage,
     log: &impl CommitLog,
     retention: &Retention,
-    active: &[String],
+    active: &[ActiveSave],
 ) -> Result<GcReport> {
     let stored = scan(storage).await?;
     let committed = log.list().await?;
-    let active: BTreeSet<String> = active.iter().cloned().collect();
+    let active: BTreeSet<ActiveSave> = active.iter().cloned().collect();
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
     let plan = plan_gc(&committed, &stored, retention, &active, now);
     let mut report = GcReport::default();
@@ -323,11 +331,30 @@ mod tests {
         let saves = vec![stored(100, 0), stored(200, 0), stored(300, 0), stored(400, NOW - 10)];
         let r =
             Retention { keep_last: 1, keep_every: 0, min_orphan_age: Duration::from_secs(60), line: None };
-        let active = BTreeSet::from(["s300".to_string()]);
+        let active = BTreeSet::from([(300, "s300".to_string())]);
         let plan = plan_gc(&committed, &saves, &r, &active, NOW);
         assert_eq!(plan.orphans, vec![crate::layout::dir_name(200, "s200")]);
         assert_eq!(steps(&plan.keep), vec![100]);
         assert!(plan.expire.is_empty());
+    }
+
+    #[test]
+    fn an_attempt_still_saving_expires_its_own_older_commits() {
+        // A coordinator's generation saves every step under one id, `<line>.s<nonce>g<gen>`.
+        let attempt = |step: u64| CommitRecord { save_id: "r1.s0a0b0c0dg1".into(), ..commit(step) };
+        let committed: Vec<_> = [10, 20, 30, 40, 50, 60].map(attempt).to_vec();
+        let running = stored(70, NOW);
+        let running = StoredSave {
+            save_id: "r1.s0a0b0c0dg1".into(),
+            dir: crate::layout::dir_name(70, "r1.s0a0b0c0dg1"),
+            ..running
+        };
+        let r = Retention { keep_last: 3, keep_every: 0, min_orphan_age: Duration::ZERO, line: None };
+        let active = BTreeSet::from([(70, "r1.s0a0b0c0dg1".to_string())]);
+        let plan = plan_gc(&committed, &[running], &r, &active, NOW);
+        assert_eq!(steps(&plan.keep), vec![60, 50, 40]);
+        assert_eq!(steps(&plan.expire), vec![30, 20, 10]);
+        assert!(plan.orphans.is_empty(), "the running save is left alone: {:?}", plan.orphans);
     }
 
     #[test]

@@ -58,7 +58,7 @@ pub mod topology;
 
 pub use commit::{CommitLog, CommitRecord, StoreCommitLog, committed_newest_first, finalize};
 pub use error::{CheckpointError, Result};
-pub use gc::{GcReport, Listing, Retention, gc, list, remove};
+pub use gc::{ActiveSave, GcReport, Listing, Retention, gc, list, remove};
 pub use manifest::{DataPosition, Limits, Manifest};
 pub use restore::{Checkpoint, ReadOptions, RestoredShard, VerifyReport, newest_verified};
 pub use save::{

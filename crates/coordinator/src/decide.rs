@@ -10,6 +10,8 @@
 //! - [`decide_generation`]: when to start a new generation, when to form it, when to give up.
 //! - [`plan_generation`]: the members, `start_step` and where each member's state comes from.
 //! - [`step_to_commit`] / [`aggregate`]: when a step is committed and with which metrics.
+//! - [`retention`] / [`retention_due`]: which committed checkpoints a job keeps, and when the
+//!   leader must apply that to its root.
 
 use crate::state::{Job, JobState, MemberPlan, ResumePlan, StepCommit};
 use std::collections::{BTreeMap, BTreeSet};
@@ -26,6 +28,9 @@ pub enum Out {
     Preempted(String),
     /// It said it cannot go on.
     Failed(String),
+    /// It said the job's own inputs cannot run (its bundle, its spec, its model, a step with
+    /// nothing to learn from), which are the same for every member: the job fails.
+    Unrunnable(String),
     /// A peer named it as the one that vanished.
     Suspected {
         /// The peer that named it.
@@ -33,6 +38,19 @@ pub enum Out {
         /// The peer's reason.
         reason: String,
     },
+}
+
+/// What a worker's failure report says happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cause {
+    /// The worker's own failure: it leaves the generation.
+    Own,
+    /// The peer it names vanished or broke the protocol: the peer leaves.
+    Peer(String),
+    /// The checkpoint it names failed its integrity check: passed over, and the worker leaves.
+    Checkpoint(String),
+    /// The job's own inputs, which no member can run: the job fails.
+    Job,
 }
 
 /// The leader's memory of one worker: nothing here is replicated.
@@ -87,6 +105,23 @@ pub struct JobLive {
     pub step_reports: BTreeMap<u64, BTreeMap<String, StepReportData>>,
     /// When the leader first saw every step committed (the final checkpoint is awaited).
     pub finished_since: Option<Instant>,
+    /// The job's retention runs.
+    pub retention: RetentionLive,
+}
+
+/// The leader's memory of a job's retention: after every commit, and whenever the catalog
+/// holds more than the rule keeps (a leader that died between a commit and its retention), the
+/// leader applies the rule to the root; one run at a time.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RetentionLive {
+    /// A checkpoint was committed since the last run (which also collects orphans).
+    pub wanted: bool,
+    /// A run is under way.
+    pub running: bool,
+    /// The last run failed: not again before this.
+    pub retry_at: Option<Instant>,
+    /// Why the last run failed.
+    pub failed: Option<String>,
 }
 
 /// The timeouts the decisions use.
@@ -192,6 +227,7 @@ fn lost_reason(now: Instant, worker: Option<&WorkerLive>, lease: Duration) -> Op
     match &worker.out {
         Some(Out::Preempted(reason)) => Some(format!("preempted ({reason})")),
         Some(Out::Failed(reason)) => Some(format!("failed ({reason})")),
+        Some(Out::Unrunnable(reason)) => Some(format!("cannot run the job ({reason})")),
         Some(Out::Suspected { by, reason }) => Some(format!("named lost by {by} ({reason})")),
         None if now.saturating_duration_since(worker.last_seen) > lease => Some(format!(
             "lease expired (silent for {:.1} s)",
@@ -217,6 +253,14 @@ pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timin
         }
     }
     let removed: Vec<String> = lost.keys().cloned().collect();
+    let unrunnable =
+        job.active_workers().find_map(|(id, _)| match live.workers.get(id).and_then(|w| w.out.as_ref()) {
+            Some(Out::Unrunnable(reason)) => Some((id, reason)),
+            _ => None,
+        });
+    if let Some((worker, reason)) = unrunnable {
+        return Some(Decision::Fail { reason: format!("{worker} cannot run the job: {reason}") });
+    }
     match job.state {
         JobState::Pending => {
             let waited = candidates
@@ -244,6 +288,25 @@ pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timin
         JobState::Running if job.committed_step >= job.shape.total_steps => {
             let waited =
                 live.finished_since.map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
+            if job.checkpoints.iter().any(|c| c.record.step >= job.shape.total_steps) {
+                // Done once retention has left exactly the retained set, so whoever sees the
+                // job completed sees its root as it stays; a store that keeps failing gets the
+                // same wait as a missing final checkpoint.
+                let total = job.shape.total_steps;
+                if !retention_pending(job, live) {
+                    return Some(Decision::Complete {
+                        reason: format!("all {total} steps and the final checkpoint committed"),
+                    });
+                }
+                return (waited >= timing.final_checkpoint_wait).then(|| Decision::Complete {
+                    reason: format!(
+                        "all {total} steps and the final checkpoint committed; retention did not finish \
+                         in {:.0} s: {}",
+                        waited.as_secs_f64(),
+                        live.retention.failed.as_deref().unwrap_or("still running")
+                    ),
+                });
+            }
             if let Some((worker, reason)) = lost.iter().find(|(w, _)| job.member(w).is_some()) {
                 return Some(Decision::Complete {
                     reason: format!(
@@ -301,6 +364,35 @@ pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timin
         }
         JobState::Completed | JobState::Failed | JobState::Stopped => None,
     }
+}
+
+/// The job's retention rule. Scoped through its catalog, not a line: the catalog holds only the
+/// line's checkpoints (up to the one resumed from, and the job's own saves).
+pub fn retention(job: &Job) -> checkpoint::Retention {
+    checkpoint::Retention {
+        keep_last: job.shape.keep_last as usize,
+        keep_every: job.shape.keep_every,
+        ..Default::default()
+    }
+}
+
+/// Whether the job's catalog holds a commit its retention rule expires.
+pub fn catalog_exceeds_retention(job: &Job) -> bool {
+    let committed: Vec<_> = job.checkpoints.iter().map(|c| c.record.clone()).collect();
+    let plan = checkpoint::gc::plan_gc(&committed, &[], &retention(job), &BTreeSet::new(), 0);
+    !plan.expire.is_empty()
+}
+
+fn retention_pending(job: &Job, live: &JobLive) -> bool {
+    live.retention.wanted || live.retention.running || catalog_exceeds_retention(job)
+}
+
+/// Whether the leader should start a retention run for the job now: one is wanted (a commit
+/// since the last run, or a catalog over the rule), none is running, and a failed one has
+/// waited out its back-off.
+pub fn retention_due(now: Instant, job: &Job, live: &JobLive) -> bool {
+    let r = &live.retention;
+    !r.running && r.retry_at.is_none_or(|at| now >= at) && (r.wanted || catalog_exceeds_retention(job))
 }
 
 /// The next generation over `candidates` (ascending ids): placement, `start_step`, where each
@@ -731,6 +823,23 @@ mod tests {
     }
 
     #[test]
+    fn a_member_that_cannot_run_the_job_s_inputs_fails_it_at_once() {
+        let now = Instant::now();
+        let (job, mut live) = running(2, 4, now);
+        let a = job.members[0].worker_id.clone();
+        live.workers.get_mut(&a).unwrap().out = Some(Out::Failed("out of device memory".into()));
+        let Some(Decision::Begin { removed, .. }) = decide_generation(now, &job, &live, &TIMING) else {
+            panic!("its own failure: the job goes on without it")
+        };
+        assert_eq!(removed, [a.clone()]);
+        live.workers.get_mut(&a).unwrap().out = Some(Out::Unrunnable("step 3 has no target tokens".into()));
+        let Some(Decision::Fail { reason }) = decide_generation(now, &job, &live, &TIMING) else {
+            panic!("no member can run it: the job fails")
+        };
+        assert_eq!(reason, format!("{a} cannot run the job: step 3 has no target tokens"));
+    }
+
+    #[test]
     fn a_job_without_workers_fails_after_the_abandon_wait() {
         let now = Instant::now();
         let (mut job, mut live) = running(1, 2, now);
@@ -773,6 +882,86 @@ mod tests {
             panic!()
         };
         assert!(reason.contains("lost with"), "{reason}");
+    }
+
+    fn saved(job: &mut Job, step: u64, save_id: &str) {
+        job.checkpoints.push(CheckpointEntry {
+            record: checkpoint::CommitRecord {
+                step,
+                save_id: save_id.into(),
+                bundle: "00".into(),
+                manifest_size: 1,
+                manifest_crc32c: 0,
+            },
+            uri: format!("file:///c/{}", checkpoint::layout::dir_name(step, save_id)),
+            committed_unix: 0.0,
+            bytes: 1,
+        });
+    }
+
+    #[test]
+    fn retention_runs_after_a_commit_and_whenever_the_catalog_holds_more_than_it_keeps() {
+        let now = Instant::now();
+        let (mut job, mut live) = running(2, 100, now);
+        job.shape.keep_last = 3;
+        // One generation's saves share their id: the rule still counts them one by one.
+        for step in [10, 20, 30] {
+            saved(&mut job, step, "r1.s0a0b0c0dg1");
+        }
+        assert!(!catalog_exceeds_retention(&job));
+        assert!(!retention_due(now, &job, &live));
+        live.retention.wanted = true;
+        assert!(retention_due(now, &job, &live), "a commit wants a run (it also collects orphans)");
+        live.retention = RetentionLive::default();
+        // A leader that died between a commit and its retention left one too many: a new
+        // leader, with nothing in its memory, runs it anyway.
+        saved(&mut job, 40, "r1.s0a0b0c0dg1");
+        assert!(catalog_exceeds_retention(&job));
+        assert!(retention_due(now, &job, &live));
+        live.retention.running = true;
+        assert!(!retention_due(now, &job, &live), "one run at a time");
+        live.retention = RetentionLive {
+            wanted: true,
+            retry_at: Some(now + Duration::from_secs(5)),
+            failed: Some("store down".into()),
+            ..Default::default()
+        };
+        assert!(!retention_due(now, &job, &live), "a failed run backs off");
+        assert!(retention_due(now + Duration::from_secs(5), &job, &live));
+    }
+
+    #[test]
+    fn a_job_completes_once_its_final_checkpoint_is_committed_and_retention_has_run() {
+        let now = Instant::now();
+        let (mut job, mut live) = running(1, 100, now);
+        // `running` configures no checkpoints, so the job completed; make it one that saves.
+        job.state = JobState::Running;
+        job.shape.keep_last = 3;
+        live.finished_since = Some(now);
+        for step in [70, 80, 90, 100] {
+            saved(&mut job, step, "r1.s0a0b0c0dg1");
+        }
+        assert_eq!(decide_generation(now, &job, &live, &TIMING), None, "retention has not run");
+        job.checkpoints.remove(0);
+        live.retention.wanted = true;
+        assert_eq!(decide_generation(now, &job, &live, &TIMING), None, "a run is wanted");
+        live.retention.wanted = false;
+        let Some(Decision::Complete { reason }) = decide_generation(now, &job, &live, &TIMING) else {
+            panic!()
+        };
+        assert_eq!(reason, "all 100 steps and the final checkpoint committed");
+        // A store that keeps failing gets the final checkpoint's wait, then the job completes
+        // saying why its root holds more than the rule keeps.
+        live.retention =
+            RetentionLive { wanted: true, failed: Some("store down".into()), ..Default::default() };
+        let later = now + TIMING.final_checkpoint_wait;
+        for w in live.workers.values_mut() {
+            w.last_seen = later;
+        }
+        let Some(Decision::Complete { reason }) = decide_generation(later, &job, &live, &TIMING) else {
+            panic!()
+        };
+        assert!(reason.contains("retention did not finish") && reason.contains("store down"), "{reason}");
     }
 
     #[test]

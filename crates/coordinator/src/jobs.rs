@@ -1,6 +1,6 @@
 //! What is done to a job from outside the leader loop: submission (through `Jobs.Submit` or a
 //! Kubernetes declaration), stopping it, and committing a checkpoint once every member reported
-//! its part.
+//! its part; and the retention run the leader loop starts after each commit.
 //!
 //! Each runs on the leader and goes through Raft. The refusals are a typed [`JobError`]; the
 //! gRPC edge ([`crate::grpc`]) and the Kubernetes plane ([`crate::kubernetes`]) say them each in
@@ -11,6 +11,7 @@
 //! committed checkpoints' directories are made from it.
 
 use crate::ctx::{Ctx, NotServing};
+use crate::decide;
 use crate::leader::{broadcast_in_force, unix_now};
 use crate::memory::PendingSave;
 use crate::state::{CheckpointEntry, Command, Job, JobShape, Response, SubmitJob};
@@ -19,8 +20,11 @@ use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Longest time one checkpoint finalization may take (manifest write, commit, marker, GC).
+/// Longest time one checkpoint finalization may take (manifest write, commit, marker).
 const FINALIZE_TIMEOUT: Duration = Duration::from_secs(120);
+/// Longest time one retention run may take (listing the root, forgetting commits through Raft,
+/// deleting their objects).
+const RETENTION_TIMEOUT: Duration = Duration::from_secs(120);
 /// Longest time the resume rule may take at submission (listing the root, reading every chunk
 /// of the checkpoint resumed from). The client's submission waits longer.
 const RESUME_SCAN_TIMEOUT: Duration = Duration::from_secs(240);
@@ -31,18 +35,39 @@ pub enum JobError {
     /// This node cannot serve it now.
     #[error(transparent)]
     NotServing(#[from] NotServing),
-    /// The submitted spec is not valid.
-    #[error("{0}")]
-    InvalidSpec(String),
+    /// The submitted spec does not parse or validate.
+    #[error(transparent)]
+    InvalidSpec(#[from] job::JobError),
+    /// A field of the submitted spec does not work with the cluster or its checkpoint root.
+    #[error("{field}: {reason}")]
+    Unfit {
+        /// The field, e.g. `checkpoint.uri`.
+        field: &'static str,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
     /// The checkpoint root's newest line is another job's (the message names `--start-over`).
-    #[error("{0}")]
-    ForeignRoot(String),
+    #[error(transparent)]
+    ForeignRoot(#[from] checkpoint::lineage::ForeignRoot),
     /// The checkpoint root could not be read to decide where the job resumes.
-    #[error("{0}")]
-    Resume(String),
-    /// The cluster holds as many jobs as it may.
-    #[error("{0}")]
-    Full(String),
+    #[error(transparent)]
+    Resume(crate::resume::ResumeError),
+    /// Verifying the checkpoint root took longer than a submission may wait.
+    #[error("verifying the checkpoints under {root} took over {after:?}")]
+    ResumeTimeout {
+        /// The root.
+        root: String,
+        /// How long it may take.
+        after: Duration,
+    },
+    /// The replicated state refused the command.
+    #[error("{reason}")]
+    Refused {
+        /// Why, as a type.
+        why: crate::state::Refusal,
+        /// Why, for people.
+        reason: String,
+    },
     /// Members of one save sent different save specs.
     #[error("{worker_id} sent a save spec for step {step} that differs from another member's")]
     SaveSpecDiffers {
@@ -64,14 +89,31 @@ pub enum JobError {
     #[error("finalizing the checkpoint took over {0:?}")]
     FinalizeTimeout(Duration),
     /// Something this node should never see (no randomness, an answer of the wrong kind).
-    #[error("{0}")]
-    Internal(String),
+    #[error("{what}: {detail}")]
+    Internal {
+        /// What the node was doing.
+        what: &'static str,
+        /// What happened.
+        detail: String,
+    },
+}
+
+/// Retention could not be applied to a job's root (the commits stand; the leader retries).
+#[derive(Debug, thiserror::Error)]
+#[error("retention of job {job_id}'s checkpoints: {reason}")]
+pub struct RetentionError {
+    /// The job.
+    pub job_id: String,
+    /// Why.
+    pub reason: String,
 }
 
 /// What the leader derives from a spec.
 fn shape_of(spec: &job::JobSpec) -> Result<JobShape, JobError> {
-    let dp_size = u32::try_from(spec.mesh.dcn)
-        .map_err(|_| JobError::InvalidSpec(format!("mesh.dcn {} is too large", spec.mesh.dcn)))?;
+    let dp_size = u32::try_from(spec.mesh.dcn).map_err(|_| JobError::Unfit {
+        field: "mesh.dcn",
+        reason: format!("{} is too large", spec.mesh.dcn),
+    })?;
     Ok(JobShape {
         name: spec.name.clone(),
         dp_size,
@@ -86,7 +128,7 @@ fn shape_of(spec: &job::JobSpec) -> Result<JobShape, JobError> {
 fn new_token() -> Result<String, JobError> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes)
-        .map_err(|e| JobError::Internal(format!("no randomness for a job token: {e}")))?;
+        .map_err(|e| JobError::Internal { what: "drawing a job token", detail: e.to_string() })?;
     Ok(hex::encode(bytes))
 }
 
@@ -94,7 +136,7 @@ fn new_token() -> Result<String, JobError> {
 fn new_nonce() -> Result<String, JobError> {
     let mut bytes = [0u8; 4];
     getrandom::fill(&mut bytes)
-        .map_err(|e| JobError::Internal(format!("no randomness for a save id: {e}")))?;
+        .map_err(|e| JobError::Internal { what: "drawing a save id", detail: e.to_string() })?;
     Ok(hex::encode(bytes))
 }
 
@@ -113,7 +155,7 @@ async fn find_resume(
         });
     }
     let storage = checkpoint::Storage::open(checkpoint_uri, &ctx.config.store_options)
-        .map_err(|e| JobError::InvalidSpec(format!("checkpoint root {checkpoint_uri}: {e}")))?;
+        .map_err(|e| JobError::Unfit { field: "checkpoint.uri", reason: format!("{checkpoint_uri}: {e}") })?;
     let identity = spec.checkpoint_identity();
     // On a blocking thread of its own: the checkpoint crate's verification future is not `Send`
     // (a closure over borrowed read jobs), which a gRPC handler's future must be.
@@ -124,13 +166,16 @@ async fn find_resume(
             tokio::time::timeout(RESUME_SCAN_TIMEOUT, find).await
         })
     });
-    match find.await.map_err(|e| JobError::Internal(format!("the resume rule stopped: {e}")))? {
+    match find
+        .await
+        .map_err(|e| JobError::Internal { what: "applying the resume rule", detail: e.to_string() })?
+    {
         Ok(Ok(found)) => Ok(found),
-        Ok(Err(e @ crate::resume::ResumeError::ForeignRoot(_))) => Err(JobError::ForeignRoot(e.to_string())),
-        Ok(Err(e)) => Err(JobError::Resume(e.to_string())),
-        Err(_) => Err(JobError::Resume(format!(
-            "verifying the checkpoints under {checkpoint_uri} took over {RESUME_SCAN_TIMEOUT:?}"
-        ))),
+        Ok(Err(crate::resume::ResumeError::ForeignRoot(e))) => Err(JobError::ForeignRoot(e)),
+        Ok(Err(e)) => Err(JobError::Resume(e)),
+        Err(_) => {
+            Err(JobError::ResumeTimeout { root: checkpoint_uri.to_string(), after: RESUME_SCAN_TIMEOUT })
+        }
     }
 }
 
@@ -163,18 +208,26 @@ pub struct Submission {
 /// keeps one job per Kubernetes declaration.
 pub async fn submit(ctx: &Ctx, submission: Submission) -> Result<Submitted, JobError> {
     let Submission { spec_yaml, bundle_uri, bundle_id, source, start_over } = submission;
-    let spec = job::JobSpec::from_yaml(&spec_yaml, std::path::Path::new("<submitted spec>"))
-        .map_err(|e| JobError::InvalidSpec(e.to_string()))?;
+    let spec = job::JobSpec::from_yaml(&spec_yaml, std::path::Path::new("<submitted spec>"))?;
+    if let Some(template) = &ctx.config.kubernetes {
+        let devices = u32::try_from(spec.mesh.ici.fsdp * spec.mesh.ici.tp).unwrap_or(u32::MAX);
+        if let Some(reason) = template.refusal(devices) {
+            return Err(JobError::Unfit { field: "mesh", reason });
+        }
+    }
     let checkpoint_uri = spec.checkpoint_uri().unwrap_or_default();
     let found = find_resume(ctx, &spec, &checkpoint_uri, start_over).await?;
     if let Some(resumed) = found.resumed()
         && resumed.record.step > spec.steps
     {
-        return Err(JobError::InvalidSpec(format!(
-            "checkpoint {} is at step {}, past the job's {} steps; raise `steps`, or launch with \
-             --start-over to train afresh beside it",
-            resumed.uri, resumed.record.step, spec.steps
-        )));
+        return Err(JobError::Unfit {
+            field: "steps",
+            reason: format!(
+                "checkpoint {} is at step {}, past the job's {} steps; raise `steps`, or launch with \
+                 --start-over to train afresh beside it",
+                resumed.uri, resumed.record.step, spec.steps
+            ),
+        });
     }
     let token = new_token()?;
     let submit = SubmitJob {
@@ -193,8 +246,10 @@ pub async fn submit(ctx: &Ctx, submission: Submission) -> Result<Submitted, JobE
     };
     match ctx.propose(Command::SubmitJob(Box::new(submit))).await? {
         Response::JobSubmitted { job_id } => Ok(Submitted { job_id, token }),
-        Response::Refused { reason } => Err(JobError::Full(reason)),
-        other => Err(JobError::Internal(format!("unexpected answer to a submission: {other:?}"))),
+        Response::Refused { why, reason } => Err(JobError::Refused { why, reason }),
+        other => {
+            Err(JobError::Internal { what: "submitting", detail: format!("unexpected answer {other:?}") })
+        }
     }
 }
 
@@ -218,8 +273,8 @@ pub struct SaveReport {
 }
 
 /// Records a member's part of a save; once every member's part is in, commits the checkpoint
-/// (manifest, Raft entry, marker, retention). Returns the checkpoint's directory once it is
-/// committed, `None` while parts are missing.
+/// (manifest, Raft entry, marker) and asks the leader loop for a retention run. Returns the
+/// checkpoint's directory once it is committed, `None` while parts are missing.
 pub async fn report_checkpoint(
     ctx: &Arc<Ctx>,
     job: Job,
@@ -247,8 +302,7 @@ pub async fn report_checkpoint(
         Ok(complete.then(|| save.clone()))
     })?;
     let Some(save) = ready else { return Ok(None) };
-    // In its own task: a worker that goes away (stopped by the completion this very commit
-    // causes) must not cancel the commit or the retention after it.
+    // In its own task: a worker that goes away must not cancel the commit.
     let ctx = ctx.clone();
     let task = tokio::spawn(async move {
         let dir = tokio::time::timeout(FINALIZE_TIMEOUT, finalize(&ctx, &job, save))
@@ -258,16 +312,17 @@ pub async fn report_checkpoint(
             if let Some(saves) = m.saves.get_mut(&job.id) {
                 saves.remove(&key);
             }
+            // The leader loop applies retention (and, after the final one, completes the job).
+            m.jobs.entry(job.id.clone()).or_default().retention.wanted = true;
         });
-        // The final checkpoint completes the job: tell the workers.
-        broadcast_in_force(&ctx, &job.id);
+        ctx.leader.wake.notify_one();
         Ok(Some(dir))
     });
-    task.await.map_err(|e| JobError::Internal(format!("checkpoint finalization stopped: {e}")))?
+    task.await.map_err(|e| JobError::Internal { what: "finalizing a checkpoint", detail: e.to_string() })?
 }
 
-/// Writes the manifest, commits through Raft, writes the marker, then applies retention.
-/// Returns the checkpoint's directory.
+/// Writes the manifest, commits through Raft, writes the marker. Returns the checkpoint's
+/// directory.
 async fn finalize(ctx: &Arc<Ctx>, job: &Job, save: PendingSave) -> Result<String, JobError> {
     let step = save.spec.step;
     let not_committed = |reason: String| JobError::NotCommitted { step, reason };
@@ -285,20 +340,34 @@ async fn finalize(ctx: &Arc<Ctx>, job: &Job, save: PendingSave) -> Result<String
     let commit = checkpoint::finalize(&storage, &save.spec, &reports, &log)
         .await
         .map_err(|e| not_committed(e.to_string()))?;
-    let active: Vec<String> = ctx.leader.with(|m| {
-        m.saves.get(&job.id).map(|s| s.keys().map(|(_, id)| id.clone()).collect()).unwrap_or_default()
-    });
-    let retention = checkpoint::Retention {
-        keep_last: job.shape.keep_last as usize,
-        keep_every: job.shape.keep_every,
-        // Scoped to the job's line through the log: the catalog holds the line's checkpoints up
-        // to the one resumed from and the job's own saves, never another line's.
-        ..Default::default()
-    };
-    if let Err(e) = checkpoint::gc(&storage, &log, &retention, &active).await {
-        tracing::warn!(job_id = job.id, "checkpoint retention failed (the commit stands): {e}");
-    }
     Ok(checkpoint_dir(&log.root, &commit))
+}
+
+/// Applies the job's retention rule to its root: expires the commits the rule does not keep
+/// (forgotten through Raft, then marker, then data) and removes orphaned save directories,
+/// leaving alone the saves whose reports are coming in. Scoped through the job's catalog: it
+/// holds the line's checkpoints up to the one resumed from and the job's own saves, never
+/// another line's.
+pub async fn apply_retention(ctx: &Arc<Ctx>, job: &Job) -> Result<checkpoint::GcReport, RetentionError> {
+    let failed = |reason: String| RetentionError { job_id: job.id.clone(), reason };
+    let storage = checkpoint::Storage::open(&job.checkpoint_uri, &ctx.config.store_options)
+        .map_err(|e| failed(e.to_string()))?;
+    let log = RaftCommitLog {
+        ctx: ctx.clone(),
+        job_id: job.id.clone(),
+        generation: job.generation,
+        root: storage.url().to_string(),
+        bytes: 0,
+    };
+    let active: Vec<checkpoint::ActiveSave> =
+        ctx.leader.with(|m| m.saves.get(&job.id).map(|s| s.keys().cloned().collect()).unwrap_or_default());
+    let retention = decide::retention(job);
+    let gc = checkpoint::gc(&storage, &log, &retention, &active);
+    match tokio::time::timeout(RETENTION_TIMEOUT, gc).await {
+        Ok(Ok(report)) => Ok(report),
+        Ok(Err(e)) => Err(failed(e.to_string())),
+        Err(_) => Err(failed(format!("took over {RETENTION_TIMEOUT:?}"))),
+    }
 }
 
 /// A committed checkpoint's directory under the job's root.
@@ -337,7 +406,7 @@ impl CommitLog for RaftCommitLog {
         let command =
             Command::CommitCheckpoint { job_id: self.job_id.clone(), generation: self.generation, entry };
         match self.ctx.propose(command).await {
-            Ok(Response::Refused { reason }) => Err(commit_log_error("record", reason)),
+            Ok(Response::Refused { reason, .. }) => Err(commit_log_error("record", reason)),
             Ok(_) => Ok(()),
             Err(e) => Err(commit_log_error("record", e.to_string())),
         }
@@ -359,7 +428,7 @@ impl CommitLog for RaftCommitLog {
             save_id: commit.save_id.clone(),
         };
         match self.ctx.propose(command).await {
-            Ok(Response::Refused { reason }) => Err(commit_log_error("remove", reason)),
+            Ok(Response::Refused { reason, .. }) => Err(commit_log_error("remove", reason)),
             Ok(_) => Ok(()),
             Err(e) => Err(commit_log_error("remove", e.to_string())),
         }

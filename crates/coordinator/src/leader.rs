@@ -3,7 +3,8 @@
 //! The loop looks at every live job on a tick and whenever a heartbeat or report may have
 //! changed a decision (the leader's memory, [`crate::memory`], wakes it), calls the pure
 //! functions of [`crate::decide`], proposes what they return through Raft, and then tells every
-//! worker with a session the directive now in force.
+//! worker with a session the directive now in force. It also starts each job's retention runs
+//! ([`decide::retention_due`]), in tasks of their own so a slow store never holds it up.
 
 use crate::ctx::{Ctx, NotServing};
 use crate::decide::{self, Decision, StepReportData, Timing};
@@ -12,7 +13,10 @@ use crate::state::{Command, Job, JobState, MemberPlan, Response, ResumePlan};
 use openraft::ServerState;
 use proto::v1::{self, Directive, directive};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// How long a failed retention run waits before the next try.
+const RETENTION_RETRY: Duration = Duration::from_secs(5);
 
 /// Seconds since the Unix epoch, for the timestamps the leader puts in commands.
 pub fn unix_now() -> f64 {
@@ -152,6 +156,79 @@ async fn tick(ctx: &Arc<Ctx>) {
             tracing::warn!(job_id, "leader loop: {e}");
             return;
         }
+    }
+    start_retention(ctx, term, Instant::now());
+}
+
+/// Starts a retention run for every job due one, ended jobs included (a leader that died
+/// between a job's final commit and its retention leaves the run to this one).
+fn start_retention(ctx: &Arc<Ctx>, term: u64, now: Instant) {
+    let lives: std::collections::BTreeMap<String, decide::RetentionLive> =
+        ctx.leader.with(|m| m.jobs.iter().map(|(id, live)| (id.clone(), live.retention.clone())).collect());
+    let due: Vec<Job> = ctx.shared.read(|s| {
+        s.jobs
+            .values()
+            .filter(|job| {
+                let live = decide::JobLive {
+                    retention: lives.get(&job.id).cloned().unwrap_or_default(),
+                    ..Default::default()
+                };
+                decide::retention_due(now, job, &live)
+            })
+            .cloned()
+            .collect()
+    });
+    for job in due {
+        let started = ctx.leader.with(|m| {
+            if m.term != Some(term) {
+                return false;
+            }
+            let retention = &mut m.jobs.entry(job.id.clone()).or_default().retention;
+            // A commit while this run is under way asks for another.
+            retention.wanted = false;
+            retention.running = true;
+            true
+        });
+        if !started {
+            return;
+        }
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let result = crate::jobs::apply_retention(&ctx, &job).await;
+            match &result {
+                Ok(report) if !report.plan.expire.is_empty() || !report.plan.orphans.is_empty() => {
+                    let steps = |c: &[checkpoint::CommitRecord]| c.iter().map(|c| c.step).collect::<Vec<_>>();
+                    tracing::info!(
+                        job_id = job.id,
+                        kept = ?steps(&report.plan.keep),
+                        expired = ?steps(&report.plan.expire),
+                        orphans = report.plan.orphans.len(),
+                        "retention applied"
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(job_id = job.id, "{e}; retrying in {RETENTION_RETRY:?}"),
+            }
+            ctx.leader.with(|m| {
+                if m.term != Some(term) {
+                    return;
+                }
+                let retention = &mut m.jobs.entry(job.id.clone()).or_default().retention;
+                retention.running = false;
+                match result {
+                    Ok(_) => {
+                        retention.retry_at = None;
+                        retention.failed = None;
+                    }
+                    Err(e) => {
+                        retention.wanted = true;
+                        retention.retry_at = Some(Instant::now() + RETENTION_RETRY);
+                        retention.failed = Some(e.to_string());
+                    }
+                }
+            });
+            ctx.leader.wake.notify_one();
+        });
     }
 }
 

@@ -138,6 +138,7 @@ fn write(
         | Command::CompleteJob { .. }
         | Command::FailJob { .. }
         | Command::ForgetCheckpoint { .. }
+        | Command::RecordJobObject { .. }
         | Command::KvPut { .. } => {}
     }
     let total = job.shape.total_steps;
@@ -147,7 +148,6 @@ fn write(
         Command::NewGeneration { carried, .. } => {
             carried.last().is_some_and(|c| c.step >= total) && job.shape.checkpoint_every == 0
         }
-        Command::CommitCheckpoint { entry, .. } => entry.record.step >= total,
         _ => false,
     };
     if ends {

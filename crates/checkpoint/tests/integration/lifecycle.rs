@@ -96,7 +96,7 @@ async fn retention_keeps_last_k_every_nth_and_collects_orphans() {
         checkpoint::save_host(&storage, &spec, 0, buffers, &small_chunks()).await.unwrap();
     }
     let retention = Retention { keep_last: 2, keep_every: 200, min_orphan_age: Duration::ZERO, line: None };
-    let report = gc(&storage, &log, &retention, &["running".to_string()]).await.unwrap();
+    let report = gc(&storage, &log, &retention, &[(700, "running".to_string())]).await.unwrap();
     let kept: Vec<u64> = report.plan.keep.iter().map(|c| c.step).collect();
     assert_eq!(kept, vec![500, 400, 200]);
     assert_eq!(report.plan.orphans, vec!["000000000600-failed".to_string()]);
@@ -112,7 +112,7 @@ async fn retention_keeps_last_k_every_nth_and_collects_orphans() {
 
     // Keeping nothing still keeps the newest.
     let none = Retention { keep_last: 0, keep_every: 0, min_orphan_age: Duration::ZERO, line: None };
-    gc(&storage, &log, &none, &["running".to_string()]).await.unwrap();
+    gc(&storage, &log, &none, &[(700, "running".to_string())]).await.unwrap();
     let listed: Vec<u64> = log.list().await.unwrap().iter().map(|c| c.step).collect();
     assert_eq!(listed, vec![500]);
     let checkpoint = Checkpoint::open(&storage, &commits[4], &Limits::default()).await.unwrap();

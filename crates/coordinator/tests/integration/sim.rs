@@ -71,7 +71,8 @@ pub fn save_spec(a: &Assignment, step: u64) -> SaveSpec {
     let topology = Topology::new(members, IciMesh::new([("fsdp", 1)]).unwrap(), 1).unwrap();
     SaveSpec {
         step,
-        save_id: format!("g{}-s{step}", a.generation),
+        // As a real worker names its saves: one id for the generation's every step.
+        save_id: a.save_id.clone(),
         topology,
         arrays: vec![ArraySpec::new(
             "w",

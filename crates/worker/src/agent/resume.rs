@@ -1,8 +1,9 @@
 //! Bringing the state to an assignment's start step: afresh, kept, from a live peer, or from a
 //! committed checkpoint, as `decide::resume_plan` says.
 
-use super::decide::{self, ResumePlan};
-use super::trainer_side::{AssignmentError, TrainerSide, state_key};
+use super::AssignmentError;
+use super::decide::{self, ResumePlan, Unassignable};
+use super::trainer_side::{TrainerSide, state_key};
 use crate::ckpt;
 use crate::peer;
 use crate::start;
@@ -21,8 +22,7 @@ impl TrainerSide {
     /// Brings the state to the assignment's start step.
     pub(super) fn resume(&mut self, a: &Assignment, spec: &JobSpec) -> Result<(), AssignmentError> {
         let source = a.resume.as_ref().and_then(|r| r.source.as_ref());
-        let plan = decide::resume_plan(source, a.start_step, self.holds_state, self.steps_done)
-            .map_err(AssignmentError)?;
+        let plan = decide::resume_plan(source, a.start_step, self.holds_state, self.steps_done)?;
         match plan {
             ResumePlan::Fresh => {
                 self.fresh(spec)?;
@@ -36,10 +36,7 @@ impl TrainerSide {
             ResumePlan::Checkpoint { uri, step } => self.restore_checkpoint(&uri, step)?,
         }
         if self.steps_done != a.start_step {
-            return Err(AssignmentError(format!(
-                "the state is at step {} but the generation starts at step {}",
-                self.steps_done, a.start_step
-            )));
+            return Err(Unassignable::WrongStart { start_step: a.start_step, held: self.steps_done }.into());
         }
         Ok(())
     }
@@ -49,7 +46,7 @@ impl TrainerSide {
         let loaded = self.loaded.as_mut().expect("loaded before resume");
         self.holds_state = false;
         let from = start::fresh(&mut loaded.trainer, spec, &self.runtime)
-            .map_err(|e| AssignmentError(format!("starting the policy: {e}")))?;
+            .map_err(AssignmentError::doing("starting the policy"))?;
         self.holds_state = true;
         self.steps_done = 0;
         if let Some(from) = from {
@@ -61,7 +58,8 @@ impl TrainerSide {
     /// Offers the state on the devices to members that are new to the job.
     fn offer_state(&mut self, job_id: &str) -> Result<(), AssignmentError> {
         let loaded = self.loaded.as_ref().expect("loaded before resume");
-        let state = loaded.trainer.download_state().map_err(|e| AssignmentError(e.to_string()))?;
+        let state =
+            loaded.trainer.download_state().map_err(AssignmentError::doing("copying the state to offer"))?;
         self.state_server.publish(job_id, self.steps_done, state);
         Ok(())
     }
@@ -78,10 +76,13 @@ impl TrainerSide {
         let addr = self
             .runtime
             .block_on(self.client.kv_get(&a.job_id, &state_key(worker_id), PEER_LOOKUP_WAIT))
-            .map_err(|e| AssignmentError(format!("finding peer {worker_id}'s state server: {e}")))?;
-        let addr: SocketAddr = String::from_utf8_lossy(&addr)
-            .parse()
-            .map_err(|e| AssignmentError(format!("peer {worker_id}'s state address: {e}")))?;
+            .map_err(|source| AssignmentError::PeerLookup { worker_id: worker_id.to_string(), source })?;
+        let addr = String::from_utf8_lossy(&addr).into_owned();
+        let addr: SocketAddr = addr.parse().map_err(|source| Unassignable::PeerAddress {
+            worker_id: worker_id.to_string(),
+            addr: addr.clone(),
+            source,
+        })?;
         let loaded = self.loaded.as_mut().expect("loaded before resume");
         let layout = loaded.trainer.state_layout();
         let cancel = peer::Cancel::default();
@@ -89,11 +90,10 @@ impl TrainerSide {
         if self.shared.interrupted(a.generation) {
             cancel.cancel();
         }
-        let state = peer::fetch(addr, &a.job_id, step, &layout, PEER_STATE_WAIT, &cancel)
-            .map_err(|e| AssignmentError(e.to_string()))?;
+        let state = peer::fetch(addr, &a.job_id, step, &layout, PEER_STATE_WAIT, &cancel)?;
         let bytes: usize = state.iter().map(|(_, b)| b.len()).sum();
         self.holds_state = false;
-        loaded.trainer.upload_state(&state).map_err(|e| AssignmentError(e.to_string()))?;
+        loaded.trainer.upload_state(&state).map_err(AssignmentError::doing("placing the peer's state"))?;
         self.holds_state = true;
         self.steps_done = step;
         self.metrics.peer_catchups_total.add(1.0);
@@ -118,12 +118,7 @@ impl TrainerSide {
         let restored = self
             .runtime
             .block_on(ckpt::restore(&mut loaded.trainer, uri, step, &StoreOptions::default()))
-            .map_err(|e| {
-                if decide::fails_integrity(&e) {
-                    self.corrupt_checkpoint = Some(uri.to_string());
-                }
-                AssignmentError(format!("restoring checkpoint {uri}: {e}"))
-            })?;
+            .map_err(AssignmentError::doing("resuming"))?;
         self.holds_state = true;
         self.steps_done = restored.step;
         self.metrics.restores_total.add(1.0);
