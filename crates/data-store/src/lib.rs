@@ -115,7 +115,10 @@ pub struct StoreFiles {
 
 impl std::fmt::Debug for StoreFiles {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StoreFiles").field("cache", &self.cache).field("block", &self.block).finish_non_exhaustive()
+        f.debug_struct("StoreFiles")
+            .field("cache", &self.cache)
+            .field("block", &self.block)
+            .finish_non_exhaustive()
     }
 }
 
@@ -163,9 +166,8 @@ impl StoreFiles {
         let store = match stores.get(&bucket_url) {
             Some(store) => Arc::clone(store),
             None => {
-                let storage = Storage::open(&bucket_url, &self.options).map_err(|error| DataError::InvalidConfig {
-                    field: "data.path",
-                    message: error.to_string(),
+                let storage = Storage::open(&bucket_url, &self.options).map_err(|error| {
+                    DataError::InvalidConfig { field: "data.path", message: error.to_string() }
                 })?;
                 let store = Arc::clone(storage.object_store());
                 stores.insert(bucket_url, Arc::clone(&store));
@@ -330,9 +332,12 @@ impl RemoteFile {
 
     /// Block `block` from memory or the disk cache, `None` when neither has it.
     fn cached(&self, block: u64) -> std::result::Result<Option<Bytes>, StoreError> {
-        if let Some(bytes) = self.memory.lock().ok().and_then(|memory| {
-            memory.iter().find(|(b, _)| *b == block).map(|(_, bytes)| bytes.clone())
-        }) {
+        if let Some(bytes) = self
+            .memory
+            .lock()
+            .ok()
+            .and_then(|memory| memory.iter().find(|(b, _)| *b == block).map(|(_, bytes)| bytes.clone()))
+        {
             return Ok(Some(bytes));
         }
         let path = self.block_path(block);
@@ -487,7 +492,8 @@ impl DataFile for RemoteFile {
 
 /// Writes `path` whole or not at all: a temporary file beside it, renamed over it.
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::result::Result<(), StoreError> {
-    let temporary = path.with_extension(format!("partial-{}-{:?}", std::process::id(), std::thread::current().id()));
+    let temporary =
+        path.with_extension(format!("partial-{}-{:?}", std::process::id(), std::thread::current().id()));
     let io = |source| StoreError::Cache { path: path.to_path_buf(), source };
     std::fs::write(&temporary, bytes).map_err(io)?;
     std::fs::rename(&temporary, path).map_err(io)

@@ -181,7 +181,12 @@ impl Loader {
 
     /// The loader a job spec's data section describes; files are found through `files`, opened
     /// and checked now.
-    pub fn from_config(config: &DataConfig, spec: BatchSpec, seed: u64, files: &dyn DataFiles) -> Result<Self> {
+    pub fn from_config(
+        config: &DataConfig,
+        spec: BatchSpec,
+        seed: u64,
+        files: &dyn DataFiles,
+    ) -> Result<Self> {
         config.validate()?;
         match config {
             DataConfig::Arithmetic(arithmetic) => Self::from_examples(
@@ -190,12 +195,14 @@ impl Loader {
                 spec,
                 seed,
             ),
-            DataConfig::Jsonl(file) | DataConfig::Gsm8k(file) | DataConfig::Chat(file) => Self::from_examples(
-                open_examples(config, &file.path, files)?,
-                build_prompter(&file.tokenizer, config.chat().as_ref(), files)?,
-                spec,
-                seed,
-            ),
+            DataConfig::Jsonl(file) | DataConfig::Gsm8k(file) | DataConfig::Chat(file) => {
+                Self::from_examples(
+                    open_examples(config, &file.path, files)?,
+                    build_prompter(&file.tokenizer, config.chat().as_ref(), files)?,
+                    spec,
+                    seed,
+                )
+            }
             DataConfig::Tokens(tokens) => Self::from_token_file(
                 TokenFile::open(open_required(files, &tokens.path, "data.path")?, tokens.dtype)?,
                 spec,
@@ -333,9 +340,10 @@ impl Loader {
                 Source::Examples { examples, prompter } => {
                     let index = batch.example_indices[row];
                     let example = examples.example(index)?;
-                    let truncated = lay_out_example(prompter, &example, &mut window, mask).map_err(|error| {
-                        DataError::Example { at: examples.locate(index), source: Box::new(error) }
-                    })?;
+                    let truncated =
+                        lay_out_example(prompter, &example, &mut window, mask).map_err(|error| {
+                            DataError::Example { at: examples.locate(index), source: Box::new(error) }
+                        })?;
                     batch.truncated_rows += usize::from(truncated);
                 }
             }
@@ -383,8 +391,9 @@ fn lay_out_example(
         Prompt::Text(_) => {
             let prompt = prompter.prompt_ids(&example.prompt)?;
             let answer = prompter.answer_ids(&example.answer)?;
-            let learned: Vec<bool> =
-                std::iter::repeat_n(false, prompt.len()).chain(std::iter::repeat_n(true, answer.len())).collect();
+            let learned: Vec<bool> = std::iter::repeat_n(false, prompt.len())
+                .chain(std::iter::repeat_n(true, answer.len()))
+                .collect();
             (prompt.into_iter().chain(answer).collect::<Vec<u32>>(), learned)
         }
         Prompt::Chat(conversation) => {
@@ -417,7 +426,11 @@ fn lay_out_example(
 
 /// The examples of `uri` (the training file or the test file of a file kind), JSONL or Parquet
 /// by `data.format` or the file's name: one file, or a directory of Parquet shards.
-pub fn open_examples(config: &DataConfig, uri: &str, files: &dyn DataFiles) -> Result<Box<dyn ExampleSource>> {
+pub fn open_examples(
+    config: &DataConfig,
+    uri: &str,
+    files: &dyn DataFiles,
+) -> Result<Box<dyn ExampleSource>> {
     let (Some(file_config), Some(format)) = (config.files(), config.row_format()) else {
         return Err(DataError::NotAnExampleSource { operation: "reading example files" });
     };
@@ -451,7 +464,11 @@ pub fn open_examples(config: &DataConfig, uri: &str, files: &dyn DataFiles) -> R
 
 /// The tokenizer `config` names (read through `files`), with its chat template's date from
 /// `chat` and `chat.template` in place of its own, and prompts formatted as `chat` says.
-pub fn build_prompter(config: &TokenizerConfig, chat: Option<&ChatConfig>, files: &dyn DataFiles) -> Result<Prompter> {
+pub fn build_prompter(
+    config: &TokenizerConfig,
+    chat: Option<&ChatConfig>,
+    files: &dyn DataFiles,
+) -> Result<Prompter> {
     let tokenizer: std::sync::Arc<dyn Tokenizer> = match config {
         TokenizerConfig::Char {} => std::sync::Arc::new(CharTokenizer),
         TokenizerConfig::Hf(hf) => {

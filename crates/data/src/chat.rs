@@ -117,9 +117,9 @@ impl Message {
     fn holds_reserved_char(&self) -> bool {
         fn walk(value: &Value, depth: usize) -> bool {
             match value.kind() {
-                ValueKind::String => {
-                    value.as_str().is_some_and(|text| text.contains([GENERATION_OPEN, GENERATION_CLOSE, PROBE]))
-                }
+                ValueKind::String => value
+                    .as_str()
+                    .is_some_and(|text| text.contains([GENERATION_OPEN, GENERATION_CLOSE, PROBE])),
                 ValueKind::Seq | ValueKind::Map if depth < 64 => value.try_iter().is_ok_and(|items| {
                     items.into_iter().any(|item| {
                         let inner = if value.kind() == ValueKind::Map {
@@ -225,7 +225,8 @@ impl ChatTemplate {
         let path_for_date = path.to_path_buf();
         env.add_function("strftime_now", move |format: String| strftime(date, &format, &path_for_date));
         let (source, marks_generation) = generation_blocks_marked(source);
-        env.add_template_owned(NAME, source).map_err(|e| error(format!("does not compile: {}", describe(&e))))?;
+        env.add_template_owned(NAME, source)
+            .map_err(|e| error(format!("does not compile: {}", describe(&e))))?;
         Ok(Self {
             path: path.to_path_buf(),
             env,
@@ -921,7 +922,8 @@ mod tests {
 
     #[test]
     fn generation_blocks_render_their_body_and_say_where_it_is() {
-        let (source, marked) = generation_blocks_marked("a{%- generation -%} b {% endgeneration +%}c{% if x %}");
+        let (source, marked) =
+            generation_blocks_marked("a{%- generation -%} b {% endgeneration +%}c{% if x %}");
         assert!(marked);
         assert_eq!(
             source,
@@ -935,7 +937,8 @@ mod tests {
         // and transformers' generation extension: the same text, the span over "ok!\n").
         let source = "{% for m in messages %}\n  {%- if m.role == 'assistant' %}\n    {% generation %}\n{{ m.content }}!\n{% endgeneration %}\n  {%- else %}[{{ m.content }}]{% endif %}\n{% endfor %}";
         let messages = [Message::new("user", "hi"), Message::new("assistant", "ok")];
-        let (text, spans) = template(source).render_spans(&messages, &RenderOptions::default()).expect("renders");
+        let (text, spans) =
+            template(source).render_spans(&messages, &RenderOptions::default()).expect("renders");
         assert_eq!(text, "[hi]ok!\n");
         assert_eq!(spans, [4..8]);
         assert!(template(source).marks_generation());
@@ -958,7 +961,10 @@ mod tests {
         // Remembered per role sequence, whatever the contents.
         let again = [Message::new("user", "?"), Message::new("bot", "!"), Message::new("assistant", "")];
         assert_eq!(chat.unrendered_message(&again, &options), Some(1));
-        assert_eq!(Message::from_json(r#"{"role": "tool", "content": "x"}"#).expect("message").role(), "tool");
+        assert_eq!(
+            Message::from_json(r#"{"role": "tool", "content": "x"}"#).expect("message").role(),
+            "tool"
+        );
         assert_eq!(good[1].content().as_deref(), Some("ok"));
         assert_eq!(good[1].to_json(), serde_json::json!({"role": "assistant", "content": "ok"}));
     }

@@ -164,7 +164,11 @@ impl FileFormat {
     /// The format of `path` when the spec names none: Parquet for `.parquet` files and for
     /// directories (of shards), JSONL otherwise.
     pub fn of(path: &str, is_dir: bool) -> Self {
-        if is_dir || path.ends_with(".parquet") || path.ends_with('/') { FileFormat::Parquet } else { FileFormat::Jsonl }
+        if is_dir || path.ends_with(".parquet") || path.ends_with('/') {
+            FileFormat::Parquet
+        } else {
+            FileFormat::Jsonl
+        }
     }
 }
 
@@ -378,7 +382,10 @@ impl DataConfig {
                 ];
                 for (field, name) in columns {
                     if name.as_deref().is_some_and(str::is_empty) {
-                        return Err(invalid(field, "is empty; name the file's column or drop the field".into()));
+                        return Err(invalid(
+                            field,
+                            "is empty; name the file's column or drop the field".into(),
+                        ));
                     }
                 }
                 let chat = matches!(self, DataConfig::Chat(_));
@@ -393,7 +400,10 @@ impl DataConfig {
                 if !chat && config.columns.messages.is_some() {
                     return Err(invalid(
                         "data.columns.messages",
-                        format!("kind {} reads a prompt and an answer; use kind: chat for conversations", self.kind()),
+                        format!(
+                            "kind {} reads a prompt and an answer; use kind: chat for conversations",
+                            self.kind()
+                        ),
                     ));
                 }
                 if chat {
@@ -492,7 +502,8 @@ impl DataConfig {
     pub(crate) fn row_format(&self) -> Option<RowFormat> {
         let config = self.files()?;
         let columns = &config.columns;
-        let name = |given: &Option<String>, default: &str| given.clone().unwrap_or_else(|| default.to_owned());
+        let name =
+            |given: &Option<String>, default: &str| given.clone().unwrap_or_else(|| default.to_owned());
         Some(match self {
             DataConfig::Jsonl(_) => RowFormat::PromptAnswer {
                 prompt: name(&columns.prompt, "prompt"),
@@ -549,8 +560,13 @@ mod tests {
             "{ kind: jsonl, path: a.jsonl, tokenizer: { kind: hf, path: t.json, pad: '<pad>', bos: '<s>', eos: '</s>' } }",
         )
         .expect("parses");
-        let DataConfig::Jsonl(FileConfig { path, tokenizer: TokenizerConfig::Hf(hf), test: None, chat: None, .. }) =
-            &jsonl
+        let DataConfig::Jsonl(FileConfig {
+            path,
+            tokenizer: TokenizerConfig::Hf(hf),
+            test: None,
+            chat: None,
+            ..
+        }) = &jsonl
         else {
             panic!("{jsonl:?}")
         };

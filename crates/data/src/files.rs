@@ -166,7 +166,12 @@ pub fn check_range(file: &dyn DataFile, range: &Range<u64>) -> Result<()> {
             path: PathBuf::from(file.name()),
             source: std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
-                format!("bytes {}..{} are past the end of the file ({} bytes)", range.start, range.end, file.len()),
+                format!(
+                    "bytes {}..{} are past the end of the file ({} bytes)",
+                    range.start,
+                    range.end,
+                    file.len()
+                ),
             ),
         });
     }

@@ -147,7 +147,9 @@ fn read_optional(files: &dyn DataFiles, uri: &str) -> Result<Option<(PathBuf, By
     if len > MAX_CONFIG_BYTES {
         return Err(at(
             &path,
-            format!("is {len} bytes, more than the {MAX_CONFIG_BYTES} a tokenizer or generation config can be"),
+            format!(
+                "is {len} bytes, more than the {MAX_CONFIG_BYTES} a tokenizer or generation config can be"
+            ),
         ));
     }
     Ok(Some((path, file.read(0..len)?)))

@@ -101,7 +101,13 @@ impl ExampleSource for JsonlSource {
 
     fn prefetch(&self, indices: &[u64]) -> Result<Prefetched> {
         let total = self.bytes.len() as u64;
-        Ok(Prefetched { examples: indices.len() as u64, parts: 1, parts_total: 1, bytes: total, bytes_total: total })
+        Ok(Prefetched {
+            examples: indices.len() as u64,
+            parts: 1,
+            parts_total: 1,
+            bytes: total,
+            bytes_total: total,
+        })
     }
 }
 
@@ -214,16 +220,12 @@ mod tests {
 
         let gsm8k_error = |contents: String| {
             let file = file_with(&contents);
-            let message =
-                open(file.path(), RowFormat::gsm8k()).expect_err("invalid").to_string();
+            let message = open(file.path(), RowFormat::gsm8k()).expect_err("invalid").to_string();
             assert!(message.starts_with(&format!("{}:", file.path().display())), "names the file: {message}");
             message
         };
         let message = gsm8k_error(format!("{good}\n{{\"prompt\": \"q\", \"answer\": \"#### 1\"}}\n"));
-        assert!(
-            message.contains(":2: missing field `question` (the row has answer, prompt)"),
-            "{message}"
-        );
+        assert!(message.contains(":2: missing field `question` (the row has answer, prompt)"), "{message}");
         let message = gsm8k_error(format!("{good}\n{good}\n{{\"question\": \"q\"}}\n"));
         assert!(message.contains(":3: missing field `answer`"), "{message}");
         let message = gsm8k_error("{\"question\": \"q\", \"answer\": \"so the answer is 72\"}\n".to_string());

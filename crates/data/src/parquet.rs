@@ -14,6 +14,7 @@
 //! Decoded row groups are kept in memory up to [`DECODED_BYTES`].
 
 use crate::files::DataFile;
+use crate::rows::Row;
 use crate::rows::RowFormat;
 use crate::source::{Example, ExampleSource, Prefetched};
 use crate::{DataError, Result};
@@ -22,7 +23,6 @@ use parquet::basic::{ConvertedType, LogicalType, Type as PhysicalType};
 use parquet::file::metadata::ParquetMetaData;
 use parquet::file::reader::{ChunkReader, FileReader, Length};
 use parquet::file::serialized_reader::SerializedFileReader;
-use crate::rows::Row;
 use parquet::record::Field;
 use serde_json::value::RawValue;
 use std::collections::{BTreeSet, HashMap};
@@ -70,13 +70,13 @@ impl ParquetSource {
         let (mut starts, mut groups) = (vec![0u64], Vec::new());
         for file in files {
             let path = PathBuf::from(file.name());
-            let reader = SerializedFileReader::new(Chunks(Arc::clone(&file))).map_err(|error| {
-                DataError::Parquet {
+            let reader =
+                SerializedFileReader::new(Chunks(Arc::clone(&file))).map_err(|error| DataError::Parquet {
                     path: path.clone(),
                     message: format!("is not a Parquet file this reader can read ({error})"),
-                }
-            })?;
-            check_schema(reader.metadata(), &format).map_err(|message| DataError::Parquet { path, message })?;
+                })?;
+            check_schema(reader.metadata(), &format)
+                .map_err(|message| DataError::Parquet { path, message })?;
             let shard = shards.len();
             for (group, meta) in reader.metadata().row_groups().iter().enumerate() {
                 let rows = u64::try_from(meta.num_rows()).unwrap_or(0);
@@ -90,7 +90,10 @@ impl ParquetSource {
         let source = Self { shards, format, starts, groups, decoded: Mutex::new(Decoded::default()) };
         if source.is_empty() {
             let path = source.shards.first().map_or_else(PathBuf::new, |s| PathBuf::from(s.file.name()));
-            return Err(DataError::EmptyFile { path, what: format!("expected rows of {}", source.format.example_row()) });
+            return Err(DataError::EmptyFile {
+                path,
+                what: format!("expected rows of {}", source.format.example_row()),
+            });
         }
         Ok(source)
     }
@@ -126,7 +129,9 @@ impl ParquetSource {
         };
         let reader = shard.reader.get_row_group(index).map_err(|e| error(first_row, e.to_string()))?;
         let mut rows = Vec::with_capacity((self.starts[group + 1] - first_row) as usize);
-        for (offset, row) in reader.get_row_iter(None).map_err(|e| error(first_row, e.to_string()))?.enumerate() {
+        for (offset, row) in
+            reader.get_row_iter(None).map_err(|e| error(first_row, e.to_string()))?.enumerate()
+        {
             let row = row.map_err(|e| error(first_row + offset as u64, e.to_string()))?;
             let cells = row
                 .get_column_iter()
@@ -136,11 +141,16 @@ impl ParquetSource {
                     RawValue::from_string(text).map(|raw| (name.clone(), raw))
                 })
                 .collect::<std::result::Result<Row, _>>()
-                .map_err(|e| error(first_row + offset as u64, format!("a value does not convert to JSON: {e}")))?;
+                .map_err(|e| {
+                    error(first_row + offset as u64, format!("a value does not convert to JSON: {e}"))
+                })?;
             rows.push(cells);
         }
         if rows.len() as u64 != self.starts[group + 1] - first_row {
-            return Err(error(first_row, format!("row group {index} holds fewer rows than its metadata says")));
+            return Err(error(
+                first_row,
+                format!("row group {index} holds fewer rows than its metadata says"),
+            ));
         }
         let rows = Arc::new(rows);
         let size = shard.reader.metadata().row_group(index).total_byte_size().max(0) as u64;
@@ -186,8 +196,11 @@ impl ExampleSource for ParquetSource {
     }
 
     fn prefetch(&self, indices: &[u64]) -> Result<Prefetched> {
-        let groups: BTreeSet<usize> =
-            indices.iter().filter(|&&index| index < self.len()).map(|&index| self.group_of(index).0).collect();
+        let groups: BTreeSet<usize> = indices
+            .iter()
+            .filter(|&&index| index < self.len())
+            .map(|&index| self.group_of(index).0)
+            .collect();
         let mut ranges: HashMap<usize, Vec<std::ops::Range<u64>>> = HashMap::new();
         let mut bytes = 0;
         for &group in &groups {
@@ -268,7 +281,10 @@ fn check_schema(metadata: &ParquetMetaData, format: &RowFormat) -> std::result::
         match (wants_list, is_text, field.is_group()) {
             (false, true, _) | (true, _, true) => {}
             (false, false, _) => {
-                return Err(format!("column `{column}` must hold text (a UTF-8 string column), not {}", describe(field)));
+                return Err(format!(
+                    "column `{column}` must hold text (a UTF-8 string column), not {}",
+                    describe(field)
+                ));
             }
             (true, _, false) => {
                 return Err(format!(
@@ -312,7 +328,8 @@ impl Decoded {
             return;
         }
         while self.bytes + size > DECODED_BYTES {
-            let Some((&oldest, &(_, bytes, _))) = self.groups.iter().min_by_key(|(_, (_, _, used))| *used) else {
+            let Some((&oldest, &(_, bytes, _))) = self.groups.iter().min_by_key(|(_, (_, _, used))| *used)
+            else {
                 break;
             };
             self.groups.remove(&oldest);

@@ -147,7 +147,8 @@ impl Prompter {
                       tokenizer_config.json, no chat_template.jinja); use the model's own tokenizer directory"
                 .into(),
         })?;
-        let kwargs = chat.map(ChatConfig::template_kwargs).unwrap_or_else(|| ChatConfig::default().template_kwargs());
+        let kwargs =
+            chat.map(ChatConfig::template_kwargs).unwrap_or_else(|| ChatConfig::default().template_kwargs());
         Ok((template, RenderOptions { add_generation_prompt, kwargs }))
     }
 

@@ -66,7 +66,10 @@ impl LengthReward {
             return Err("max is 0; give the length (in units) from which the reward is -1".into());
         }
         if self.soft > self.max {
-            return Err(format!("soft {} is longer than max {}; the ramp lies below max", self.soft, self.max));
+            return Err(format!(
+                "soft {} is longer than max {}; the ramp lies below max",
+                self.soft, self.max
+            ));
         }
         Ok(())
     }

@@ -68,7 +68,9 @@ impl RowFormat {
             RowFormat::PromptAnswer { prompt, answer, gsm8k: true } => {
                 format!("{{\"{prompt}\": ..., \"{answer}\": \"... #### 72\"}}")
             }
-            RowFormat::PromptAnswer { prompt, answer, .. } => format!("{{\"{prompt}\": ..., \"{answer}\": ...}}"),
+            RowFormat::PromptAnswer { prompt, answer, .. } => {
+                format!("{{\"{prompt}\": ..., \"{answer}\": ...}}")
+            }
             RowFormat::Chat { messages, .. } => {
                 format!("{{\"{messages}\": [{{\"role\": \"user\", \"content\": ...}}, ...]}}")
             }
@@ -110,12 +112,16 @@ impl RowFormat {
                     ));
                 };
                 if turns.is_empty() {
-                    return Err(format!("field `{messages}` is an empty conversation; every row needs turns"));
+                    return Err(format!(
+                        "field `{messages}` is an empty conversation; every row needs turns"
+                    ));
                 }
                 let turns = turns
                     .iter()
                     .enumerate()
-                    .map(|(i, turn)| Message::from_json(turn.get()).map_err(|e| format!("field `{messages}[{i}]`: {e}")))
+                    .map(|(i, turn)| {
+                        Message::from_json(turn.get()).map_err(|e| format!("field `{messages}[{i}]`: {e}"))
+                    })
                     .collect::<Result<Vec<_>, _>>()?;
                 let conversation = Conversation::new(turns);
                 let reference = match (conversation.reply(), row.get(answer).map(|raw| parse(raw))) {
@@ -192,8 +198,12 @@ mod tests {
             .expect("valid");
         assert_eq!(example.prompt, Prompt::Text("q?".into()));
         assert_eq!(example.answer, "1 + 1 = 2\n#### 2");
-        assert_eq!(example.columns, Columns::from([("answer".into(), json!("1 + 1 = 2\n#### 2")), ("id".into(), json!(7))]));
-        let renamed = RowFormat::PromptAnswer { prompt: "problem".into(), answer: "solution".into(), gsm8k: false };
+        assert_eq!(
+            example.columns,
+            Columns::from([("answer".into(), json!("1 + 1 = 2\n#### 2")), ("id".into(), json!(7))])
+        );
+        let renamed =
+            RowFormat::PromptAnswer { prompt: "problem".into(), answer: "solution".into(), gsm8k: false };
         let example = renamed.example(row(json!({"problem": "p", "solution": "s"}))).expect("valid");
         assert_eq!((example.prompt.display(), example.answer.as_str()), ("p".to_string(), "s"));
     }
@@ -224,14 +234,30 @@ mod tests {
     fn bad_rows_name_the_field_and_the_fix() {
         let cases = [
             (RowFormat::gsm8k(), json!({"question": "q"}), "missing field `answer` (the row has question)"),
-            (RowFormat::gsm8k(), json!({"question": 3, "answer": "#### 1"}), "`question` must be a string, found a number"),
-            (RowFormat::gsm8k(), json!({"question": "q", "answer": "no marker"}), "no `#### <number>` final answer"),
+            (
+                RowFormat::gsm8k(),
+                json!({"question": 3, "answer": "#### 1"}),
+                "`question` must be a string, found a number",
+            ),
+            (
+                RowFormat::gsm8k(),
+                json!({"question": "q", "answer": "no marker"}),
+                "no `#### <number>` final answer",
+            ),
             (RowFormat::prompt_answer(), json!({"text": "x"}), "set data.columns.prompt"),
             (RowFormat::chat(), json!({"prompt": []}), "missing field `messages`"),
             (RowFormat::chat(), json!({"messages": "hi"}), "must be a list of"),
             (RowFormat::chat(), json!({"messages": []}), "empty conversation"),
-            (RowFormat::chat(), json!({"messages": [{"content": "x"}]}), "field `messages[0]`: a message needs a string `role`"),
-            (RowFormat::chat(), json!({"messages": [{"role": 1}]}), "field `messages[0]`: a message needs a string `role`"),
+            (
+                RowFormat::chat(),
+                json!({"messages": [{"content": "x"}]}),
+                "field `messages[0]`: a message needs a string `role`",
+            ),
+            (
+                RowFormat::chat(),
+                json!({"messages": [{"role": 1}]}),
+                "field `messages[0]`: a message needs a string `role`",
+            ),
             (RowFormat::chat(), json!({"messages": [3]}), "a message must be a JSON object, found number"),
         ];
         for (format, value, expected) in cases {

@@ -79,7 +79,11 @@ impl Conversation {
 
     /// The text of the last assistant turn after the prompt, if any.
     pub fn reply(&self) -> Option<String> {
-        self.messages[self.prompt_turns..].iter().rev().find(|m| m.role() == "assistant").and_then(Message::content)
+        self.messages[self.prompt_turns..]
+            .iter()
+            .rev()
+            .find(|m| m.role() == "assistant")
+            .and_then(Message::content)
     }
 }
 

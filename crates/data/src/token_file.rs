@@ -63,12 +63,20 @@ impl TokenFile {
     pub fn open(file: Arc<dyn DataFile>, dtype: TokenDtype) -> Result<Self> {
         let path = PathBuf::from(file.name());
         if file.is_empty() {
-            return Err(DataError::EmptyFile { path, what: format!("expected little-endian {} token ids", dtype.name()) });
+            return Err(DataError::EmptyFile {
+                path,
+                what: format!("expected little-endian {} token ids", dtype.name()),
+            });
         }
         let bytes = file.len();
         let partial_token_bytes = bytes % dtype.size();
         if partial_token_bytes != 0 {
-            return Err(DataError::TokenFileSize { path, bytes, token_bytes: dtype.size(), dtype: dtype.name() });
+            return Err(DataError::TokenFileSize {
+                path,
+                bytes,
+                token_bytes: dtype.size(),
+                dtype: dtype.name(),
+            });
         }
         Ok(Self { path, file, dtype })
     }
@@ -97,8 +105,11 @@ impl TokenFile {
     /// Reads windows `indices` (sorted) ahead, all at once.
     pub fn prefetch(&self, seq_len: usize, indices: &[u64]) -> Result<Prefetched> {
         let windows = self.num_windows(seq_len);
-        let ranges: Vec<_> =
-            indices.iter().filter(|&&index| index < windows).map(|&index| self.byte_range(seq_len, index)).collect();
+        let ranges: Vec<_> = indices
+            .iter()
+            .filter(|&&index| index < windows)
+            .map(|&index| self.byte_range(seq_len, index))
+            .collect();
         self.file.prefetch(&ranges)?;
         Ok(Prefetched {
             examples: indices.len() as u64,

@@ -290,7 +290,12 @@ impl HfTokenizer {
 
     /// Renders chats with `source` (read from `path`) instead of the files' template, as
     /// transformers does when `apply_chat_template` is given `chat_template=`.
-    pub fn set_chat_template(&mut self, source: &str, path: &Path, date: Option<chrono::NaiveDate>) -> Result<()> {
+    pub fn set_chat_template(
+        &mut self,
+        source: &str,
+        path: &Path,
+        date: Option<chrono::NaiveDate>,
+    ) -> Result<()> {
         self.chat_template = Some(ChatTemplate::new(source, path, self.special_texts.clone(), date)?);
         Ok(())
     }
@@ -335,8 +340,10 @@ impl Tokenizer for HfTokenizer {
     }
 
     fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
-        let encoding =
-            self.inner.encode_char_offsets(text, false).map_err(|error| self.library_error("encode", error))?;
+        let encoding = self
+            .inner
+            .encode_char_offsets(text, false)
+            .map_err(|error| self.library_error("encode", error))?;
         Ok((encoding.get_ids().to_vec(), encoding.get_offsets().to_vec()))
     }
 

@@ -228,7 +228,10 @@ fn token_windows_fill_every_target() {
     let tokens: Vec<u16> = (0..100u16).map(|t| t * 3 + 1).collect();
     let mut file = tempfile::NamedTempFile::new().expect("temp file");
     file.write_all(&tokens.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<_>>()).expect("write");
-    let config = DataConfig::Tokens(TokenFileConfig { path: file.path().display().to_string(), dtype: TokenDtype::U16 });
+    let config = DataConfig::Tokens(TokenFileConfig {
+        path: file.path().display().to_string(),
+        dtype: TokenDtype::U16,
+    });
     let loader = Loader::from_config(&config, spec(4, 2, seq_len), 11, &LocalFiles).expect("loader");
     // 99 targets / 8 = 12 whole windows.
     assert_eq!(loader.epoch_len(), Some(12));
@@ -261,7 +264,10 @@ fn token_windows_fill_every_target() {
 fn a_token_file_shorter_than_a_window_is_refused() {
     let mut file = tempfile::NamedTempFile::new().expect("temp file");
     file.write_all(&[1, 0, 2, 0, 3, 0]).expect("write");
-    let config = DataConfig::Tokens(TokenFileConfig { path: file.path().display().to_string(), dtype: TokenDtype::U16 });
+    let config = DataConfig::Tokens(TokenFileConfig {
+        path: file.path().display().to_string(),
+        dtype: TokenDtype::U16,
+    });
     let error = Loader::from_config(&config, spec(1, 1, 8), 0, &LocalFiles).expect_err("too short");
     assert!(error.to_string().contains("fewer than one window of seq_len + 1 = 9"), "{error}");
 }

@@ -76,7 +76,8 @@ fn datasets_parquet_reads_to_the_rows_of_its_jsonl() {
     assert_eq!(jsonl[0].answer, first["answer"].as_str().expect("text"));
 
     // Columns named otherwise, through data.columns.
-    let renamed = open("gsm8k", "renamed.parquet", json!({"columns": {"prompt": "problem", "answer": "solution"}}));
+    let renamed =
+        open("gsm8k", "renamed.parquet", json!({"columns": {"prompt": "problem", "answer": "solution"}}));
     let renamed = all(&*renamed);
     assert_eq!(
         renamed.iter().map(|e| (&e.prompt, &e.answer)).collect::<Vec<_>>(),
@@ -119,7 +120,9 @@ fn missing_columns_and_bad_rows_name_the_file_the_row_and_the_column() {
         .expect("no answer column")
         .to_string();
     assert!(
-        error.contains("no_answer.parquet") && error.contains("has no column `answer`") && error.contains("question"),
+        error.contains("no_answer.parquet")
+            && error.contains("has no column `answer`")
+            && error.contains("question"),
         "{error}"
     );
     // GSM8K rows read as prompt/answer rows whose prompt column is missing.

@@ -11,8 +11,8 @@
 //! special ids, stop ids and vocabulary size must agree.
 
 use podctl_data::{
-    BatchSpec, ChatConfig, DataConfig, HfTokenizer, Loader, LocalFiles, Message, Prompt, Prompter, RenderOptions, Reward,
-    RewardWeights, SpecialTokens, Tokenizer, hash_words, held_out_examples,
+    BatchSpec, ChatConfig, DataConfig, HfTokenizer, Loader, LocalFiles, Message, Prompt, Prompter,
+    RenderOptions, Reward, RewardWeights, SpecialTokens, Tokenizer, hash_words, held_out_examples,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -342,8 +342,10 @@ fn qwen3_tokenizer_and_chat_template_equal_transformers() {
     let texts = strings();
     let conversations = conversations();
     let reference = reference(dir.path(), &texts, &conversations);
-    let shared: Arc<dyn Tokenizer> =
-        Arc::new(HfTokenizer::load(&LocalFiles, &dir.path().display().to_string(), &SpecialTokens::default(), None).expect("loads"));
+    let shared: Arc<dyn Tokenizer> = Arc::new(
+        HfTokenizer::load(&LocalFiles, &dir.path().display().to_string(), &SpecialTokens::default(), None)
+            .expect("loads"),
+    );
     let tokenizer = shared.as_ref();
     println!(
         "transformers {}: {} strings, {} renderings",
@@ -374,7 +376,8 @@ fn qwen3_tokenizer_and_chat_template_equal_transformers() {
     assert!(diff.is_empty(), "decoding differs:\n{}", diff.join("\n"));
     // A plain prompt is what transformers' encode adds special tokens to: for Qwen, nothing.
     let plain = Prompter::plain(Arc::clone(&shared));
-    let prompts: Vec<Vec<u32>> = texts.iter().map(|t| plain.prompt_ids(&Prompt::Text(t.clone())).expect("encodes")).collect();
+    let prompts: Vec<Vec<u32>> =
+        texts.iter().map(|t| plain.prompt_ids(&Prompt::Text(t.clone())).expect("encodes")).collect();
     let diff = differences(&texts, &prompts, &reference.ids_with_special_tokens);
     assert!(diff.is_empty(), "plain prompts differ:\n{}", diff.join("\n"));
 
@@ -438,8 +441,10 @@ fn a_post_processor_bos_and_a_template_bos_equal_transformers() {
         ),
     ];
     let reference = reference(dir.path(), &texts, &conversations);
-    let shared: Arc<dyn Tokenizer> =
-        Arc::new(HfTokenizer::load(&LocalFiles, &dir.path().display().to_string(), &SpecialTokens::default(), None).expect("loads"));
+    let shared: Arc<dyn Tokenizer> = Arc::new(
+        HfTokenizer::load(&LocalFiles, &dir.path().display().to_string(), &SpecialTokens::default(), None)
+            .expect("loads"),
+    );
     let tokenizer = shared.as_ref();
     assert_eq!(tokenizer.bos_id(), reference.bos_token_id);
     assert_eq!((tokenizer.eos_id(), tokenizer.pad_id()), (reference.eos_token_id, reference.pad_token_id));
@@ -484,27 +489,36 @@ fn conversation_masks_equal_transformers_assistant_masks() {
     // against transformers' `return_assistant_tokens_mask`, thinking off and on.
     let dir = qwen3_dir();
     let template = root().join("examples/chat_templates/qwen3_sft.jinja");
-    let masked: Vec<Conversation> =
-        conversations().into_iter().filter(|c| c.messages.iter().any(|m| m.contains("\"assistant\""))).collect();
+    let masked: Vec<Conversation> = conversations()
+        .into_iter()
+        .filter(|c| c.messages.iter().any(|m| m.contains("\"assistant\"")))
+        .collect();
     assert_eq!(masked.len(), 6, "three conversations with assistant turns, thinking off and on");
     let reference = reference_with_masks(dir.path(), &[], &[], Some(&template), &masked);
-    let tokenizer: Arc<dyn Tokenizer> = Arc::new(
-        {
-            let mut tokenizer =
-                HfTokenizer::load(&LocalFiles, &dir.path().display().to_string(), &SpecialTokens::default(), None)
-                    .expect("loads");
-            let source = std::fs::read_to_string(&template).expect("template");
-            tokenizer.set_chat_template(&source, &template, None).expect("compiles");
-            tokenizer
-        },
-    );
+    let tokenizer: Arc<dyn Tokenizer> = Arc::new({
+        let mut tokenizer = HfTokenizer::load(
+            &LocalFiles,
+            &dir.path().display().to_string(),
+            &SpecialTokens::default(),
+            None,
+        )
+        .expect("loads");
+        let source = std::fs::read_to_string(&template).expect("template");
+        tokenizer.set_chat_template(&source, &template, None).expect("compiles");
+        tokenizer
+    });
     let mut learned = 0;
     for (conversation, expected) in masked.iter().zip(&reference.assistant_masks) {
         let thinking = conversation.kwargs[0].1.as_bool().expect("a flag");
-        let prompter = Prompter::chat(Arc::clone(&tokenizer), ChatConfig { enable_thinking: thinking, ..Default::default() })
-            .expect("has a template");
-        let messages = conversation.messages.iter().map(|m| Message::from_json(m).expect("message")).collect();
-        let (ids, mask) = prompter.conversation_ids(&podctl_data::Conversation::new(messages)).expect("renders");
+        let prompter = Prompter::chat(
+            Arc::clone(&tokenizer),
+            ChatConfig { enable_thinking: thinking, ..Default::default() },
+        )
+        .expect("has a template");
+        let messages =
+            conversation.messages.iter().map(|m| Message::from_json(m).expect("message")).collect();
+        let (ids, mask) =
+            prompter.conversation_ids(&podctl_data::Conversation::new(messages)).expect("renders");
         assert_eq!(ids, expected.ids, "ids of {:?}", conversation.messages);
         let mask: Vec<u8> = mask.into_iter().map(u8::from).collect();
         assert_eq!(mask, expected.mask, "assistant mask of {:?}", conversation.messages);
@@ -529,8 +543,8 @@ fn conversation_masks_equal_transformers_assistant_masks() {
     .expect("a data config");
     config.validate().expect("valid");
     let seq_len = 512;
-    let loader =
-        Loader::from_config(&config, BatchSpec::new(3, 3, seq_len).expect("valid"), 0, &LocalFiles).expect("loader");
+    let loader = Loader::from_config(&config, BatchSpec::new(3, 3, seq_len).expect("valid"), 0, &LocalFiles)
+        .expect("loader");
     let batch = loader.micro_batch(0, 0).expect("batch");
     for (row, &index) in batch.example_indices.iter().enumerate() {
         let expected = &reference.assistant_masks[2 * index as usize];
@@ -544,14 +558,20 @@ fn conversation_masks_equal_transformers_assistant_masks() {
     // The stock template marks nothing: SFT on conversations says so, naming the fix.
     let stock = Prompter::chat(
         Arc::new(
-            HfTokenizer::load(&LocalFiles, &dir.path().display().to_string(), &SpecialTokens::default(), None)
-                .expect("loads"),
+            HfTokenizer::load(
+                &LocalFiles,
+                &dir.path().display().to_string(),
+                &SpecialTokens::default(),
+                None,
+            )
+            .expect("loads"),
         ),
         ChatConfig::default(),
     )
     .expect("has a template");
     let messages = masked[0].messages.iter().map(|m| Message::from_json(m).expect("message")).collect();
-    let error = stock.conversation_ids(&podctl_data::Conversation::new(messages)).expect_err("no marks").to_string();
+    let error =
+        stock.conversation_ids(&podctl_data::Conversation::new(messages)).expect_err("no marks").to_string();
     assert!(error.contains("data.chat.template") && error.contains("{% generation %}"), "{error}");
 }
 

@@ -137,7 +137,8 @@ impl RewardFunction {
     }
 
     fn python(text: &str, name: Option<String>, weight: f32) -> Result<Self, String> {
-        let Some((module, function)) = text.rsplit_once(':').filter(|(module, _)| module.ends_with(".py")) else {
+        let Some((module, function)) = text.rsplit_once(':').filter(|(module, _)| module.ends_with(".py"))
+        else {
             return Err(format!(
                 "{text:?} is not a reward function: use numeric_answer, {{ format: <regex> }}, \
                  {{ length: {{ max: <n> }} }} or a Python function as module.py:function"
@@ -206,7 +207,9 @@ impl RewardEntry {
         match kinds.iter().filter(|&&given| given).count() {
             1 => {}
             0 => {
-                return Err("names no reward function: give one of numeric_answer, format, length, python".into());
+                return Err(
+                    "names no reward function: give one of numeric_answer, format, length, python".into()
+                );
             }
             _ => return Err("names more than one reward function; write each as an entry of its own".into()),
         }
@@ -225,7 +228,8 @@ impl RewardEntry {
 
 impl Serialize for RewardFunction {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut entry = RewardEntry { weight: Some(self.weight), name: Some(self.name.clone()), ..Default::default() };
+        let mut entry =
+            RewardEntry { weight: Some(self.weight), name: Some(self.name.clone()), ..Default::default() };
         match &self.kind {
             RewardKind::NumericAnswer => entry.numeric_answer = Some(Empty {}),
             RewardKind::Format(pattern) => entry.format = Some(pattern.clone()),
@@ -349,7 +353,10 @@ impl GrpoSpec {
         for (i, function) in self.rewards.iter().enumerate() {
             let at = format!("entry {} ({})", i + 1, function.name);
             if !function.weight.is_finite() {
-                return invalid(format!("{at}: weight {} is not a finite number; use e.g. 0.5", function.weight));
+                return invalid(format!(
+                    "{at}: weight {} is not a finite number; use e.g. 0.5",
+                    function.weight
+                ));
             }
             let name_ok = !function.name.is_empty()
                 && function.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
@@ -381,7 +388,10 @@ impl GrpoSpec {
         if !(self.reward_timeout_seconds.is_finite() && self.reward_timeout_seconds > 0.0) {
             return Err(JobError::Invalid {
                 field: "grpo.reward_timeout_seconds",
-                reason: format!("{} must be a positive number of seconds, e.g. 60", self.reward_timeout_seconds),
+                reason: format!(
+                    "{} must be a positive number of seconds, e.g. 60",
+                    self.reward_timeout_seconds
+                ),
             });
         }
         Ok(())

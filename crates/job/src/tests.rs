@@ -321,8 +321,10 @@ grpo:
     assert_eq!((g.reward_workers, g.reward_timeout_seconds), (3, 60.0));
     assert_eq!(parse(&spec.to_yaml()).unwrap(), spec, "the spec goes to workers and back unchanged");
     // None named: the numeric answer alone.
-    let plain = parse(&TINY.replace("seq_len: 128\n", "grpo: { prompt_len: 32, max_new_tokens: 96, generations: 8 }\n"))
-        .unwrap();
+    let plain = parse(
+        &TINY.replace("seq_len: 128\n", "grpo: { prompt_len: 32, max_new_tokens: 96, generations: 8 }\n"),
+    )
+    .unwrap();
     assert_eq!(plain.grpo.unwrap().reward_functions(), [RewardFunction::numeric_answer()]);
 }
 
@@ -342,7 +344,10 @@ fn bad_rewards_name_the_entry_and_the_fix() {
         ("rewards: [{ format: '(' }]", "`grpo.rewards`: entry 1 (format): \"(\" is not a regular expression"),
         ("rewards: [{ length: { max: 0 } }]", "entry 1 (length): max is 0"),
         ("rewards: [{ length: { max: 8, soft: 9 } }]", "soft 9 is longer than max 8"),
-        ("rewards: [numeric_answer, { numeric_answer: {}, weight: 2 }]", "entry 2 (numeric_answer): entry 1 has the same name"),
+        (
+            "rewards: [numeric_answer, { numeric_answer: {}, weight: 2 }]",
+            "entry 2 (numeric_answer): entry 1 has the same name",
+        ),
         ("rewards: [{ numeric_answer: {}, weight: .nan }]", "weight NaN is not a finite number"),
         ("rewards: [{ format: a, length: { max: 3 } }]", "names more than one reward function"),
         ("rewards: [{ weight: 2 }]", "names no reward function"),

@@ -12,7 +12,9 @@ pub mod pool;
 
 pub use pool::{Call, PythonFunction, RewardError, RewardPool};
 
-use data::{Example, FormatReward, LengthReward, LengthUnit, Message, Prompt, Prompter, Reward, RewardWeights};
+use data::{
+    Example, FormatReward, LengthReward, LengthUnit, Message, Prompt, Prompter, Reward, RewardWeights,
+};
 use job::{GrpoSpec, RewardKind};
 use serde_json::Value;
 use std::path::Path;
@@ -76,12 +78,14 @@ impl Rewards {
         for function in spec.reward_functions() {
             let scorer = match &function.kind {
                 RewardKind::NumericAnswer => Scorer::Numeric,
-                RewardKind::Format(pattern) => Scorer::Format(FormatReward::new(pattern).map_err(|message| {
-                    RewardError::Load { function: function.name.clone(), message }
-                })?),
+                RewardKind::Format(pattern) => Scorer::Format(
+                    FormatReward::new(pattern)
+                        .map_err(|message| RewardError::Load { function: function.name.clone(), message })?,
+                ),
                 RewardKind::Length(length) => Scorer::Length(*length),
                 RewardKind::Python { module, function: name } => {
-                    python_functions.push(PythonFunction { module: module_file(module)?, function: name.clone() });
+                    python_functions
+                        .push(PythonFunction { module: module_file(module)?, function: name.clone() });
                     Scorer::Python(python_functions.len() - 1)
                 }
             };
@@ -139,13 +143,14 @@ impl Rewards {
                     })
                     .collect(),
                 Scorer::Python(index) => {
-                    let mut pool = self.pool.as_ref().expect("a pool for Python functions").lock().map_err(|_| {
-                        RewardError::Died {
-                            function: self.functions[*index].0.clone(),
-                            what: "was left broken by a reward call that panicked".into(),
-                            stderr: String::new(),
-                        }
-                    })?;
+                    let mut pool =
+                        self.pool.as_ref().expect("a pool for Python functions").lock().map_err(|_| {
+                            RewardError::Died {
+                                function: self.functions[*index].0.clone(),
+                                what: "was left broken by a reward call that panicked".into(),
+                                stderr: String::new(),
+                            }
+                        })?;
                     let calls = calls.get_or_insert_with(|| split(rows, group, pool.processes(), prompter));
                     let replies = pool.call(*index, calls, step, steps)?;
                     replies.into_iter().flatten().map(|value| value.map(|v| v as f32)).collect()
@@ -172,14 +177,16 @@ impl Rewards {
 fn split(rows: &[Completion<'_>], group: usize, processes: usize, prompter: &Prompter) -> Vec<Call> {
     let groups = rows.len() / group.max(1);
     let shares = processes.clamp(1, groups.max(1));
-    let columns: std::collections::BTreeSet<&String> = rows.iter().flat_map(|row| row.example.columns.keys()).collect();
+    let columns: std::collections::BTreeSet<&String> =
+        rows.iter().flat_map(|row| row.example.columns.keys()).collect();
     (0..shares)
         .map(|share| {
             let (first, last) = (share * groups / shares * group, (share + 1) * groups / shares * group);
             let rows = &rows[first..last.max(first)];
             let mut kwargs = serde_json::Map::new();
             for &column in &columns {
-                let values = rows.iter().map(|row| row.example.columns.get(column).cloned().unwrap_or(Value::Null));
+                let values =
+                    rows.iter().map(|row| row.example.columns.get(column).cloned().unwrap_or(Value::Null));
                 kwargs.insert(column.clone(), Value::Array(values.collect()));
             }
             kwargs.insert(

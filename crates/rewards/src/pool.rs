@@ -32,7 +32,9 @@ const LOAD_TIMEOUT: Duration = Duration::from_secs(300);
 #[derive(Debug, thiserror::Error)]
 pub enum RewardError {
     /// The Python interpreter could not be started.
-    #[error("cannot start the reward functions' Python {python}: {source}; set PODCTL_PYTHON to the project's Python")]
+    #[error(
+        "cannot start the reward functions' Python {python}: {source}; set PODCTL_PYTHON to the project's Python"
+    )]
     Start {
         /// The interpreter.
         python: PathBuf,
@@ -100,6 +102,21 @@ pub enum RewardError {
         /// The end of its stderr.
         stderr: String,
     },
+}
+
+impl fault::Classify for RewardError {
+    /// A function that does not load, raises, returns what is not a reward or takes too long is
+    /// the job's to fix; an interpreter that does not start or a process that dies is this host's.
+    fn fault(&self) -> fault::Fault {
+        match self {
+            RewardError::Load { .. }
+            | RewardError::Raised { .. }
+            | RewardError::WrongLength { .. }
+            | RewardError::BadValue { .. }
+            | RewardError::Timeout { .. } => fault::Fault::Input,
+            RewardError::Start { .. } | RewardError::Died { .. } => fault::Fault::Failed,
+        }
+    }
 }
 
 fn tail(stderr: &str) -> String {
@@ -206,12 +223,14 @@ impl RewardPool {
         processes: usize,
         timeout: Duration,
     ) -> Result<Self, RewardError> {
-        let functions = functions
-            .into_iter()
-            .map(|f| PythonFunction { module: dir.join(&f.module), ..f })
-            .collect();
-        let mut pool =
-            Self { python: python.to_path_buf(), functions, timeout, members: (0..processes.max(1)).map(|_| None).collect() };
+        let functions =
+            functions.into_iter().map(|f| PythonFunction { module: dir.join(&f.module), ..f }).collect();
+        let mut pool = Self {
+            python: python.to_path_buf(),
+            functions,
+            timeout,
+            members: (0..processes.max(1)).map(|_| None).collect(),
+        };
         for index in 0..pool.members.len() {
             pool.member(index)?;
         }
@@ -292,8 +311,10 @@ impl RewardPool {
         match member.receive(Instant::now() + LOAD_TIMEOUT) {
             Ok(Reply::Loaded { loaded }) if loaded == self.functions.len() => Ok(member),
             Ok(Reply::Error { error }) => {
-                let function =
-                    error.function.and_then(|i| self.functions.get(i)).map_or(everything, PythonFunction::label);
+                let function = error
+                    .function
+                    .and_then(|i| self.functions.get(i))
+                    .map_or(everything, PythonFunction::label);
                 Err(RewardError::Load { function, message: error.message })
             }
             Ok(_) => Err(member.died(&everything, "answered the load with something else".into())),
@@ -306,7 +327,13 @@ impl RewardPool {
 
     /// Calls function `index` with each process's share of the rows (`calls`, at most one per
     /// process), at 0-based `step` of `steps`; returns each share's rewards, in order.
-    pub fn call(&mut self, index: usize, calls: &[Call], step: u64, steps: u64) -> Result<Vec<Vec<Option<f64>>>, RewardError> {
+    pub fn call(
+        &mut self,
+        index: usize,
+        calls: &[Call],
+        step: u64,
+        steps: u64,
+    ) -> Result<Vec<Vec<Option<f64>>>, RewardError> {
         let function = self.functions[index].label();
         let state = serde_json::json!({"global_step": step, "max_steps": steps});
         let deadline = Instant::now() + self.timeout;
@@ -336,16 +363,28 @@ impl RewardPool {
                 Ok(Reply::Rewards { rewards }) => Err(RewardError::WrongLength {
                     function: function.clone(),
                     step: step + 1,
-                    message: format!("returned {} rewards for {} completions", rewards.len(), calls[member].rows()),
+                    message: format!(
+                        "returned {} rewards for {} completions",
+                        rewards.len(),
+                        calls[member].rows()
+                    ),
                 }),
                 Ok(Reply::Error { error }) => Err(match error.kind.as_str() {
-                    "length" => {
-                        RewardError::WrongLength { function: function.clone(), step: step + 1, message: error.message }
-                    }
-                    "value" => {
-                        RewardError::BadValue { function: function.clone(), step: step + 1, message: error.message }
-                    }
-                    _ => RewardError::Raised { function: function.clone(), step: step + 1, traceback: error.message },
+                    "length" => RewardError::WrongLength {
+                        function: function.clone(),
+                        step: step + 1,
+                        message: error.message,
+                    },
+                    "value" => RewardError::BadValue {
+                        function: function.clone(),
+                        step: step + 1,
+                        message: error.message,
+                    },
+                    _ => RewardError::Raised {
+                        function: function.clone(),
+                        step: step + 1,
+                        traceback: error.message,
+                    },
                 }),
                 Ok(Reply::Loaded { .. }) => {
                     let process = self.members[member].as_ref().expect("sent to it");
@@ -383,7 +422,10 @@ impl Member {
     fn send(&mut self, message: &Value) -> Result<(), String> {
         let mut line = serde_json::to_vec(message).map_err(|e| e.to_string())?;
         line.push(b'\n');
-        self.stdin.write_all(&line).and_then(|()| self.stdin.flush()).map_err(|e| format!("stopped reading ({e})"))
+        self.stdin
+            .write_all(&line)
+            .and_then(|()| self.stdin.flush())
+            .map_err(|e| format!("stopped reading ({e})"))
     }
 
     fn receive(&mut self, deadline: Instant) -> Result<Reply, NoReply> {
@@ -403,7 +445,11 @@ impl Member {
     fn died(&self, function: &str, what: String) -> RewardError {
         // Give the stderr reader a moment to take the process's last words.
         std::thread::sleep(Duration::from_millis(50));
-        let stderr = self.stderr.lock().map(|lines| lines.iter().cloned().collect::<Vec<_>>().join("\n")).unwrap_or_default();
+        let stderr = self
+            .stderr
+            .lock()
+            .map(|lines| lines.iter().cloned().collect::<Vec<_>>().join("\n"))
+            .unwrap_or_default();
         RewardError::Died { function: function.to_owned(), what, stderr }
     }
 }

@@ -12,7 +12,8 @@ use std::sync::Arc;
 
 fn python() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let python = std::env::var_os("PODCTL_PYTHON").map(PathBuf::from).unwrap_or_else(|| root.join(".venv/bin/python"));
+    let python =
+        std::env::var_os("PODCTL_PYTHON").map(PathBuf::from).unwrap_or_else(|| root.join(".venv/bin/python"));
     assert!(python.exists(), "{} is missing: run scripts/setup.sh", python.display());
     python
 }
@@ -81,9 +82,8 @@ fn python_functions_score_in_trls_form_and_failures_name_them() {
     let examples = [example("1+1", "#### 2"), example("skip 2+2", "#### 4")];
     let texts = ["#### 2", "#### 3", "#### 4", "no"];
     let ids: Vec<Vec<i32>> = texts.iter().map(|t| t.bytes().map(i32::from).collect()).collect();
-    let rows: Vec<Completion<'_>> = (0..4)
-        .map(|i| Completion { example: &examples[i / 2], text: texts[i], ids: &ids[i] })
-        .collect();
+    let rows: Vec<Completion<'_>> =
+        (0..4).map(|i| Completion { example: &examples[i / 2], text: texts[i], ids: &ids[i] }).collect();
 
     let all = rewards(
         dir.path(),
@@ -105,7 +105,11 @@ fn python_functions_score_in_trls_form_and_failures_name_them() {
     for row in 0..4 {
         let some_none = if row < 2 { 2.0 * 0.5 } else { 0.0 };
         let expected = numeric[row] + 0.5 * echo[row] + some_none + format[row];
-        assert!((scores.totals[row] - expected).abs() < 1e-5, "row {row}: {} vs {expected}", scores.totals[row]);
+        assert!(
+            (scores.totals[row] - expected).abs() < 1e-5,
+            "row {row}: {} vs {expected}",
+            scores.totals[row]
+        );
     }
     // The same completions again: the same bits.
     assert_eq!(all.score(&rows, 2, &prompter, 6, 10).expect("scores"), scores);
@@ -118,7 +122,10 @@ fn python_functions_score_in_trls_form_and_failures_name_them() {
     ] {
         let one = rewards(dir.path(), json!([format!("my_rewards.py:{function}")])).expect("loads");
         let error = one.score(&rows, 2, &prompter, 6, 10).expect_err(function).to_string();
-        assert!(error.contains(&format!("my_rewards.py:{function}")) && error.contains(needle), "{function}: {error}");
+        assert!(
+            error.contains(&format!("my_rewards.py:{function}")) && error.contains(needle),
+            "{function}: {error}"
+        );
         assert!(error.contains("step 7"), "{error}");
     }
 
@@ -142,10 +149,9 @@ fn python_functions_score_in_trls_form_and_failures_name_them() {
     dies.score(&rows, 2, &prompter, 1, 10).expect("a fresh process");
 
     // Modules that do not load: at the start, not at the first step.
-    for (functions, needle) in [
-        (json!(["missing.py:f"]), "missing.py"),
-        (json!(["my_rewards.py:nowhere"]), "defines no `nowhere`"),
-    ] {
+    for (functions, needle) in
+        [(json!(["missing.py:f"]), "missing.py"), (json!(["my_rewards.py:nowhere"]), "defines no `nowhere`")]
+    {
         let error = rewards(dir.path(), functions).expect_err("does not load").to_string();
         assert!(error.contains("cannot load it") && error.contains(needle), "{error}");
     }

@@ -81,11 +81,13 @@ impl Tally {
         }
     }
 
-    pub(crate) fn count_row(&mut self, reward: &Reward, length: i32, max_new: usize) {
+    /// Counts a completion whose reward (of all the job's functions) is `total` and whose
+    /// numeric answer's terms are `reward`.
+    pub(crate) fn count_row(&mut self, reward: &Reward, total: f32, length: i32, max_new: usize) {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
         self.rows += 1.0;
-        self.reward += reward.total;
-        self.reward_squares += reward.total * reward.total;
+        self.reward += total;
+        self.reward_squares += total * total;
         self.correct += flag(reward.exact_match);
         self.digits_right += reward.digits_right;
         self.has_marker += flag(reward.has_marker);
