@@ -1,4 +1,4 @@
-"""Runs a GRPO job's Python reward functions for a podctl worker (crates/worker/src/rewards.rs),
+"""Runs a GRPO job's Python reward functions for a podctl worker (crates/rewards/src/pool.rs),
 which starts a few of these processes beside itself with the project's Python and talks to each
 over its stdin and stdout, one JSON object per line. Only the standard library is imported here;
 the reward modules import what they need.
@@ -9,8 +9,9 @@ A reward function has TRL's signature, so one written for TRL's GRPOTrainer work
 
 `prompts` and `completions` are strings, or (for chat-templated jobs) lists of
 {"role", "content"} messages and [{"role": "assistant", "content": ...}]; `kwargs` holds the data
-row's other columns (one list per column), `completion_ids` (token ids) and `trainer_state`
-(`global_step`, `max_steps`). `None` means the function does not apply to that completion.
+row's other columns (one list per column), `completion_ids` (token ids), `trainer_state`
+(`global_step`, `max_steps`) and TRL's `log_extra` and `log_metric` hooks (which record nothing
+here). `None` means the function does not apply to that completion.
 
 The conversation:
 
@@ -110,6 +111,9 @@ def main():
         function = functions[request["call"]]
         kwargs = dict(request["kwargs"])
         kwargs["trainer_state"] = types.SimpleNamespace(**request["trainer_state"])
+        # TRL also hands over hooks to log extra columns and metrics; accepted, not recorded here.
+        kwargs.setdefault("log_extra", lambda column, values: None)
+        kwargs.setdefault("log_metric", lambda name, value: None)
         try:
             values = function(prompts=request["prompts"], completions=request["completions"], **kwargs)
         except BaseException:

@@ -93,11 +93,14 @@ impl JobFiles {
                 continue;
             }
             tracing::info!(
-                "data {uri}: {} of its {} read from the bucket in {} ranged reads, {} from the local cache",
-                bytes(reads.fetched),
-                bytes(reads.size),
+                "data {uri}: {} of its {} bytes read from the bucket in {} ranged reads, {} bytes from the local \
+                 cache ({} of {})",
+                reads.fetched,
+                reads.size,
                 reads.requests,
-                bytes(reads.cached)
+                reads.cached,
+                bytes(reads.fetched + reads.cached),
+                bytes(reads.size)
             );
             logged.insert(uri, reads);
         }
