@@ -167,3 +167,38 @@ fn missing_columns_and_bad_rows_name_the_file_the_row_and_the_column() {
     .to_string();
     assert!(error.contains("gsm8k.jsonl") && error.contains("not a Parquet file"), "{error}");
 }
+
+#[test]
+fn a_role_the_chat_template_does_not_know_names_the_file_the_row_and_the_turn() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("chat.jsonl");
+    let turn = |role: &str, content: &str| json!({"role": role, "content": content});
+    let rows = [
+        json!({"messages": [turn("user", "What is 2 + 2?"), turn("assistant", "#### 4")]}),
+        json!({"messages": [turn("user", "What is 3 + 3?"), turn("bot", "#### 6")]}),
+    ];
+    std::fs::write(&path, rows.iter().map(|row| format!("{row}\n")).collect::<String>()).expect("write");
+    let model = root().join("tests/fixtures/hf-gsm8k/model");
+    let config: DataConfig = serde_json::from_value(json!({
+        "kind": "chat", "path": path, "tokenizer": {"kind": "hf", "path": model},
+        "chat": {"template": root().join("examples/chat_templates/qwen3_sft.jinja")},
+    }))
+    .expect("a data config");
+    let loader = podctl_data::Loader::from_config(
+        &config,
+        podctl_data::BatchSpec::new(1, 1, 128).expect("valid"),
+        0,
+        &LocalFiles,
+    )
+    .expect("opens");
+    // The row with the unknown role, wherever the seeded order puts it.
+    let errors: Vec<String> =
+        (0..2).filter_map(|step| loader.micro_batch(step, 0).err()).map(|error| error.to_string()).collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    let error = &errors[0];
+    assert!(
+        error.contains("chat.jsonl") && error.contains("line 2") && error.contains("messages[1].role")
+            && error.contains("\"bot\" is a role the chat template"),
+        "{error}"
+    );
+}

@@ -37,7 +37,9 @@ pub struct Completion<'a> {
 pub struct Scores {
     /// `per_function[f][row]`: function `f`'s reward of row `row`, `None` where it does not apply.
     pub per_function: Vec<Vec<Option<f32>>>,
-    /// Each row's reward: the weighted sum of the functions that score it.
+    /// Each row's reward: the weighted sum of the functions that score it; NaN for a row that
+    /// none scores (TRL's "unscorable" completion: left out of its group's statistics, with an
+    /// advantage of 0, never counted as a reward of 0).
     pub totals: Vec<f32>,
 }
 
@@ -161,11 +163,13 @@ impl Rewards {
         // A fixed order of additions, so the sum is the same bits on every run.
         let totals = (0..rows.len())
             .map(|row| {
-                self.functions
+                let mut terms = self
+                    .functions
                     .iter()
                     .zip(&per_function)
                     .filter_map(|((_, weight, _), values)| values[row].map(|value| weight * value))
-                    .fold(0.0f32, |sum, term| sum + term)
+                    .peekable();
+                if terms.peek().is_none() { f32::NAN } else { terms.fold(0.0f32, |sum, term| sum + term) }
             })
             .collect();
         Ok(Scores { per_function, totals })
