@@ -494,7 +494,16 @@ fn conversation_masks_equal_transformers_assistant_masks() {
         .filter(|c| c.messages.iter().any(|m| m.contains("\"assistant\"")))
         .collect();
     assert_eq!(masked.len(), 6, "three conversations with assistant turns, thinking off and on");
-    let reference = reference_with_masks(dir.path(), &[], &[], Some(&template), &masked);
+    // GRPO's prompt-only form: each conversation through its last user turn, with the generation
+    // prompt, as TRL hands a conversational prompt to generation.
+    let prompt_only: Vec<Conversation> = masked
+        .iter()
+        .map(|c| {
+            let last_user = c.messages.iter().rposition(|m| m.contains("\"user\"")).expect("a user turn");
+            Conversation { messages: c.messages[..=last_user].to_vec(), add_generation_prompt: true, kwargs: c.kwargs.clone() }
+        })
+        .collect();
+    let reference = reference_with_masks(dir.path(), &[], &prompt_only, Some(&template), &masked);
     let tokenizer: Arc<dyn Tokenizer> = Arc::new({
         let mut tokenizer = HfTokenizer::load(
             &LocalFiles,
@@ -525,6 +534,21 @@ fn conversation_masks_equal_transformers_assistant_masks() {
         learned += mask.iter().filter(|&&m| m == 1).count();
     }
     assert!(learned > 50, "the masks are not empty: {learned} assistant tokens");
+    let stock_tokenizer: Arc<dyn Tokenizer> = Arc::new(
+        HfTokenizer::load(&LocalFiles, &dir.path().display().to_string(), &SpecialTokens::default(), None)
+            .expect("loads"),
+    );
+    for ((conversation, whole), expected) in prompt_only.iter().zip(&masked).zip(&reference.rendered_ids) {
+        let thinking = conversation.kwargs[0].1.as_bool().expect("a flag");
+        let prompter = Prompter::chat(
+            Arc::clone(&stock_tokenizer),
+            ChatConfig { enable_thinking: thinking, ..Default::default() },
+        )
+        .expect("has a template");
+        let messages = whole.messages.iter().map(|m| Message::from_json(m).expect("message")).collect();
+        let prompt = Prompt::Chat(podctl_data::Conversation::new(messages));
+        assert_eq!(&prompter.prompt_ids(&prompt).expect("renders"), expected, "prompt of {:?}", whole.messages);
+    }
     // The same conversations as `kind: chat` rows of a JSONL file: each SFT row is the
     // conversation's ids, the loss on the targets transformers marks (thinking off).
     let file = tempfile::NamedTempFile::new().expect("temp file");
