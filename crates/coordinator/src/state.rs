@@ -774,7 +774,10 @@ impl ClusterState {
                     job.kube_object = uid;
                     Response::Applied
                 } else {
-                    refused(format!("job {job_id} has job object {} already", job.kube_object))
+                    refused(
+                        Refusal::State,
+                        format!("job {job_id} has job object {} already", job.kube_object),
+                    )
                 }
             }
         }
@@ -1299,7 +1302,9 @@ pub(crate) mod tests {
         assert_eq!(state.apply(record("u1")), Response::Applied);
         // A second leader records the same object again: nothing changes.
         assert_eq!(state.apply(record("u1")), Response::Applied);
-        assert!(matches!(state.apply(record("u2")), Response::Refused { reason } if reason.contains("u1")));
+        assert!(
+            matches!(state.apply(record("u2")), Response::Refused { why: Refusal::State, reason } if reason.contains("u1"))
+        );
         assert_eq!(state.jobs[&job_id].kube_object, "u1");
     }
 }

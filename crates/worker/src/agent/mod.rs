@@ -123,8 +123,8 @@ pub enum AssignmentError {
     FetchBundle {
         /// Where it is.
         uri: String,
-        /// Why.
-        source: checkpoint::CheckpointError,
+        /// Why (boxed: it would double the size of every assignment result).
+        source: Box<checkpoint::CheckpointError>,
     },
     /// The bundle found is not the one the job was submitted with.
     #[error("the bundle at {uri} is {found}, but the job was submitted with {submitted}; resubmit the job")]

@@ -405,7 +405,9 @@ impl TrainerSide {
             }
             // Another worker of this host fetched it meanwhile.
             Err(_) if dir.join(bundle::MANIFEST_FILE).exists() => Ok(dir),
-            Err(source) => Err(AssignmentError::FetchBundle { uri: bundle_uri.to_string(), source }),
+            Err(source) => {
+                Err(AssignmentError::FetchBundle { uri: bundle_uri.to_string(), source: Box::new(source) })
+            }
         }
     }
 
