@@ -68,6 +68,21 @@ fn reads(log: &str) -> BTreeMap<String, (u64, u64, u64)> {
     out
 }
 
+/// Bytes of `uri`'s blocks in the data cache (the directory whose `source` names it).
+fn cached_bytes(cache: &Path, uri: &str) -> u64 {
+    let mut total = 0;
+    for file_dir in std::fs::read_dir(cache).unwrap().map(|entry| entry.unwrap().path()) {
+        if std::fs::read_to_string(file_dir.join("source")).is_ok_and(|source| source.trim() == uri) {
+            for version in std::fs::read_dir(&file_dir).unwrap().map(|entry| entry.unwrap().path()) {
+                if version.is_dir() {
+                    total += std::fs::read_dir(&version).unwrap().map(|b| b.unwrap().metadata().unwrap().len()).sum::<u64>();
+                }
+            }
+        }
+    }
+    total
+}
+
 #[test]
 fn a_grpo_job_reads_its_share_of_a_bucket_and_a_restart_reads_nothing_again() {
     let server = moto();
@@ -133,6 +148,11 @@ fn a_grpo_job_reads_its_share_of_a_bucket_and_a_restart_reads_nothing_again() {
         assert!(reads.contains_key("s3://data/gsm8k/test.jsonl"), "slice {slice} evaluates: {reads:?}");
         read_by.push(fetched + cached);
     }
+
+    // The shares differ: the cache holds more of the file than either host read.
+    let cached = cached_bytes(&cache, train);
+    println!("the cache holds {cached} bytes of {train}; the slices read {read_by:?}");
+    assert!(read_by.iter().all(|&share| share < cached), "{read_by:?} of {cached}");
 
     // The same job again: the workers start afresh, and every block they need is in the cache.
     let (_, logs) = launch("again");

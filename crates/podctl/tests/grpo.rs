@@ -182,9 +182,11 @@ fn two_slices_give_the_metrics_of_one_slice() {
 
 /// A reward function in TRL's form, run by the worker's pool of Python processes: 1 for a
 /// completion without a digit.
-const NO_DIGITS: &str = "def no_digits(prompts, completions, completion_ids, **kwargs):\n\
-    assert len(prompts) == len(completions) == len(completion_ids) == len(kwargs['answer'])\n\
-    return [0.0 if any(c.isdigit() for c in text) else 1.0 for text in completions]\n";
+const NO_DIGITS: &str = r#"
+def no_digits(prompts, completions, completion_ids, **kwargs):
+    assert len(prompts) == len(completions) == len(completion_ids)
+    return [0.0 if any(c.isdigit() for c in text) else 1.0 for text in completions]
+"#;
 
 #[test]
 fn a_format_reward_beside_the_numeric_one_rises_and_each_function_has_its_curve() {
