@@ -197,7 +197,8 @@ fn a_role_the_chat_template_does_not_know_names_the_file_the_row_and_the_turn() 
     assert_eq!(errors.len(), 1, "{errors:?}");
     let error = &errors[0];
     assert!(
-        error.contains("chat.jsonl") && error.contains("line 2") && error.contains("messages[1].role")
+        error.contains("chat.jsonl:2:")
+            && error.contains("messages[1].role")
             && error.contains("\"bot\" is a role the chat template"),
         "{error}"
     );

@@ -500,7 +500,11 @@ fn conversation_masks_equal_transformers_assistant_masks() {
         .iter()
         .map(|c| {
             let last_user = c.messages.iter().rposition(|m| m.contains("\"user\"")).expect("a user turn");
-            Conversation { messages: c.messages[..=last_user].to_vec(), add_generation_prompt: true, kwargs: c.kwargs.clone() }
+            Conversation {
+                messages: c.messages[..=last_user].to_vec(),
+                add_generation_prompt: true,
+                kwargs: c.kwargs.clone(),
+            }
         })
         .collect();
     let reference = reference_with_masks(dir.path(), &[], &prompt_only, Some(&template), &masked);
@@ -547,7 +551,12 @@ fn conversation_masks_equal_transformers_assistant_masks() {
         .expect("has a template");
         let messages = whole.messages.iter().map(|m| Message::from_json(m).expect("message")).collect();
         let prompt = Prompt::Chat(podctl_data::Conversation::new(messages));
-        assert_eq!(&prompter.prompt_ids(&prompt).expect("renders"), expected, "prompt of {:?}", whole.messages);
+        assert_eq!(
+            &prompter.prompt_ids(&prompt).expect("renders"),
+            expected,
+            "prompt of {:?}",
+            whole.messages
+        );
     }
     // The same conversations as `kind: chat` rows of a JSONL file: each SFT row is the
     // conversation's ids, the loss on the targets transformers marks (thinking off).

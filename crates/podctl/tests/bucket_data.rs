@@ -75,7 +75,10 @@ fn cached_bytes(cache: &Path, uri: &str) -> u64 {
         if std::fs::read_to_string(file_dir.join("source")).is_ok_and(|source| source.trim() == uri) {
             for version in std::fs::read_dir(&file_dir).unwrap().map(|entry| entry.unwrap().path()) {
                 if version.is_dir() {
-                    total += std::fs::read_dir(&version).unwrap().map(|b| b.unwrap().metadata().unwrap().len()).sum::<u64>();
+                    total += std::fs::read_dir(&version)
+                        .unwrap()
+                        .map(|b| b.unwrap().metadata().unwrap().len())
+                        .sum::<u64>();
                 }
             }
         }
@@ -131,7 +134,8 @@ fn a_grpo_job_reads_its_share_of_a_bucket_and_a_restart_reads_nothing_again() {
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(out.status.success(), "{name}:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-        let log = |slice: u32| std::fs::read_to_string(run.join(format!("workers/slice-{slice}.log"))).unwrap();
+        let log =
+            |slice: u32| std::fs::read_to_string(run.join(format!("workers/slice-{slice}.log"))).unwrap();
         (stdout, [log(0), log(1)])
     };
 
@@ -144,7 +148,10 @@ fn a_grpo_job_reads_its_share_of_a_bucket_and_a_restart_reads_nothing_again() {
         println!("slice {slice}: {reads:?}");
         let (fetched, size, cached) = reads[train];
         // Its share: the footer and the row groups of its prompts (2 of 4 per step), not the file.
-        assert!(fetched + cached > 0 && fetched + cached < size * 3 / 4, "slice {slice}: {fetched} + {cached} of {size}");
+        assert!(
+            fetched + cached > 0 && fetched + cached < size * 3 / 4,
+            "slice {slice}: {fetched} + {cached} of {size}"
+        );
         assert!(reads.contains_key("s3://data/gsm8k/test.jsonl"), "slice {slice} evaluates: {reads:?}");
         read_by.push(fetched + cached);
     }
@@ -161,7 +168,10 @@ fn a_grpo_job_reads_its_share_of_a_bucket_and_a_restart_reads_nothing_again() {
         println!("slice {slice} again: {reads:?}");
         assert_eq!(reads[train].2, read_by[slice], "slice {slice} reads the same share, from the cache");
         for (uri, (fetched, _, cached)) in &reads {
-            assert_eq!(*fetched, 0, "slice {slice} read {uri} from the bucket again ({cached} from the cache)");
+            assert_eq!(
+                *fetched, 0,
+                "slice {slice} read {uri} from the bucket again ({cached} from the cache)"
+            );
         }
     }
 }

@@ -24,7 +24,11 @@ const FUNCTIONS: [(&str, f32); 4] =
 #[ignore = "needs TRL's venv (.venv-bench); run with --run-ignored only"]
 fn a_trl_reward_module_scores_the_same_in_trl_and_in_podctl() {
     let trl_python = root().join(".venv-bench/bin/python");
-    assert!(trl_python.exists(), "{} is missing: run scripts/bench/grpo_vs_trl.sh once", trl_python.display());
+    assert!(
+        trl_python.exists(),
+        "{} is missing: run scripts/bench/grpo_vs_trl.sh once",
+        trl_python.display()
+    );
     let model = root().join("tests/fixtures/hf-gsm8k/model");
     let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
 
@@ -48,7 +52,10 @@ fn a_trl_reward_module_scores_the_same_in_trl_and_in_podctl() {
         .map(|(question, answer, level)| Example {
             prompt: Prompt::Text((*question).into()),
             answer: (*answer).into(),
-            columns: Columns::from([("answer".to_string(), json!(answer)), ("level".to_string(), json!(level))]),
+            columns: Columns::from([
+                ("answer".to_string(), json!(answer)),
+                ("level".to_string(), json!(level)),
+            ]),
         })
         .collect();
     let ids: Vec<Vec<i32>> = completions.iter().map(|c| (0..c.len() as i32 / 3).collect()).collect();
@@ -75,7 +82,12 @@ fn a_trl_reward_module_scores_the_same_in_trl_and_in_podctl() {
     let dir = tempfile::tempdir().unwrap();
     let case_path = dir.path().join("case.json");
     std::fs::write(&case_path, case.to_string()).unwrap();
-    let out = Command::new(&trl_python).arg(tests.join("trl_reference.py")).arg(&model).arg(&case_path).output().unwrap();
+    let out = Command::new(&trl_python)
+        .arg(tests.join("trl_reference.py"))
+        .arg(&model)
+        .arg(&case_path)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "trl_reference.py: {}", String::from_utf8_lossy(&out.stderr));
     let trl: Value = serde_json::from_slice(&out.stdout).unwrap();
 
@@ -85,7 +97,9 @@ fn a_trl_reward_module_scores_the_same_in_trl_and_in_podctl() {
         "rewards": FUNCTIONS.map(|(name, weight)| json!({"python": format!("trl_rewards.py:{name}"), "weight": weight})),
     }))
     .unwrap();
-    let python = std::env::var_os("PODCTL_PYTHON").map(PathBuf::from).unwrap_or_else(|| root().join(".venv/bin/python"));
+    let python = std::env::var_os("PODCTL_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv/bin/python"));
     let rewards = Rewards::new(&spec, &python, &tests, |module| Ok(PathBuf::from(module))).unwrap();
     let tokenizer = serde_json::from_value(json!({"kind": "hf", "path": model})).unwrap();
     let prompter = build_prompter(&tokenizer, Some(&data::ChatConfig::default()), &LocalFiles).unwrap();
@@ -103,9 +117,13 @@ fn a_trl_reward_module_scores_the_same_in_trl_and_in_podctl() {
             trl["per_function"][f].as_array().unwrap().iter().map(|v| v.as_f64().map(|v| v as f32)).collect();
         assert_eq!(ours.per_function[f], theirs, "{name}");
     }
-    let theirs: Vec<f32> = trl["totals"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+    let theirs: Vec<f32> =
+        trl["totals"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
     for (row, (a, b)) in ours.totals.iter().zip(&theirs).enumerate() {
         assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "row {row}: podctl {a}, TRL {b}");
     }
-    assert!(ours.per_function[1].contains(&None) && ours.per_function[3].contains(&None), "None is exercised");
+    assert!(
+        ours.per_function[1].contains(&None) && ours.per_function[3].contains(&None),
+        "None is exercised"
+    );
 }

@@ -215,7 +215,9 @@ pub(crate) fn advantages(rewards: &[f32], generations: usize, scale: bool) -> (V
             spread += 1;
         }
         let denominator = if scale { var.sqrt() + STD_EPS } else { 1.0 };
-        out.extend(group.iter().map(|&r| if r.is_nan() { 0.0 } else { ((r as f64 - mean) / denominator) as f32 }));
+        out.extend(
+            group.iter().map(|&r| if r.is_nan() { 0.0 } else { ((r as f64 - mean) / denominator) as f32 }),
+        );
     }
     (out, spread)
 }
