@@ -354,6 +354,9 @@ pub fn render_job(s: &JobStatus, cluster: Option<&ClusterInfo>, now_unix: f64) -
     if let Some(phases) = phase_line(&s.metrics, s.step_seconds) {
         lines.push(phases);
     }
+    if let Some(rewards) = rewards_line(&s.metrics) {
+        lines.push(rewards);
+    }
     if let Some(accuracy) = s.metrics.get("eval_accuracy") {
         let before = s.metrics.get("eval_accuracy_initial");
         let before = before.map(|b| format!(" (before training {:.1}%)", 100.0 * b)).unwrap_or_default();
@@ -412,6 +415,19 @@ pub fn render_job(s: &JobStatus, cluster: Option<&ClusterInfo>, now_unix: f64) -
 /// The newest step's phase split (`phase_<name>_seconds` of its report), longest first, each
 /// with its share of the step: `phases gradients 1.62s 81% · rollout 0.35s 17% · ...`, and what
 /// they add up to. `None` when the report has no phases.
+/// A GRPO step's reward and each reward function's mean (`reward_<name>`), e.g. `rewards 0.412 ·
+/// numeric_answer 0.380 · format 0.750`; `None` for a step without reward functions.
+pub fn rewards_line(metrics: &BTreeMap<String, f64>) -> Option<String> {
+    let total = metrics.get("reward")?;
+    let functions: Vec<String> = metrics
+        .iter()
+        .filter_map(|(key, value)| {
+            Some(format!("{} {value:.3}", key.strip_prefix("reward_").filter(|n| *n != "std")?))
+        })
+        .collect();
+    (!functions.is_empty()).then(|| format!("rewards {total:.3} · {}", functions.join(" · ")))
+}
+
 pub fn phase_line(metrics: &BTreeMap<String, f64>, step_seconds: f64) -> Option<String> {
     let mut phases: Vec<(&str, f64)> = metrics
         .iter()
@@ -738,6 +754,9 @@ mod tests {
         assert_eq!(lines[3], "checkpoint step 100  3.0 MiB  30s ago  file:///ckpt/100");
         assert_eq!(phase_line(&BTreeMap::new(), 0.5), None);
         let unknown_step = phase_line(&s.metrics, 0.0).unwrap();
+        s.metrics.extend([("reward_numeric_answer".to_string(), 0.25), ("reward_format".to_string(), 0.75)]);
+        s.metrics.insert("reward_std".to_string(), 0.1);
+        assert_eq!(render_job(&s, None, 1030.0)[3], "rewards 0.500 · format 0.750 · numeric_answer 0.250");
         assert!(unknown_step.starts_with("phases gradients 0.375s · rollout"), "{unknown_step}");
     }
 

@@ -25,6 +25,10 @@ pub enum WorkerError {
     /// The data could not be produced.
     #[error(transparent)]
     Data(#[from] data::DataError),
+    /// A reward function failed (it raised, returned what is not a reward, took too long, or
+    /// its Python process died).
+    #[error(transparent)]
+    Reward(#[from] rewards::RewardError),
     /// A checkpoint could not be saved, committed or read.
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] checkpoint::CheckpointError),
@@ -146,6 +150,7 @@ impl Classify for WorkerError {
             WorkerError::Pjrt { source, .. } => source.fault(),
             WorkerError::Bundle(e) => e.fault(),
             WorkerError::Data(e) => e.fault(),
+            WorkerError::Reward(e) => e.fault(),
             WorkerError::Checkpoint(e) => e.fault(),
             WorkerError::Restore { source, .. } => source.fault(),
             WorkerError::Hf(e) => e.fault(),

@@ -15,6 +15,8 @@
 //! - [`step`]: one global step of any objective over the data-parallel ranks this worker
 //!   hosts: every rank's gradient, the reduction between workers, apply.
 //! - [`phases`]: where a step's time went, by named phase, returned with every step.
+//! - [`data_files`]: the job's data files on this host: local, or ranged reads from a bucket
+//!   into a local cache.
 //! - [`eval`]: held-out evaluation of either objective through the bundle's `rollout`.
 //! - [`WorkerError`] (`error.rs`): why the worker stopped, as types, and what that means
 //!   ([`fault::Fault`]).
@@ -38,6 +40,7 @@
 pub mod agent;
 pub mod ckpt;
 pub mod compile_cache;
+pub mod data_files;
 pub mod driver;
 mod error;
 pub mod eval;

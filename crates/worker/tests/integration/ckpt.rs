@@ -95,7 +95,13 @@ fn trainer(bundle: &Path) -> Trainer {
 
 fn loader() -> data::Loader {
     let config: data::DataConfig = serde_json::from_str(r#"{"kind": "arithmetic"}"#).unwrap();
-    data::Loader::from_config(&config, data::BatchSpec::new(GLOBAL, MICRO, SEQ_LEN).unwrap(), SEED).unwrap()
+    data::Loader::from_config(
+        &config,
+        data::BatchSpec::new(GLOBAL, MICRO, SEQ_LEN).unwrap(),
+        SEED,
+        &data::LocalFiles,
+    )
+    .unwrap()
 }
 
 fn save_slice(bundle: &Path, group: &GroupSpec, root: &str, out: &Path) {

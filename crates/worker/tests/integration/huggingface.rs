@@ -311,8 +311,13 @@ fn transformers_loads_a_trained_export_and_agrees_with_podctl() {
         serde_json::from_value(serde_json::json!({"kind": "tokens", "path": corpus_path, "dtype": "u16"}))
             .unwrap();
     let sft = worker::sft::Sft::from_loader(
-        data::Loader::from_config(&config, data::BatchSpec::new(4, ROWS as usize, SEQ as usize).unwrap(), 3)
-            .unwrap(),
+        data::Loader::from_config(
+            &config,
+            data::BatchSpec::new(4, ROWS as usize, SEQ as usize).unwrap(),
+            3,
+            &data::LocalFiles,
+        )
+        .unwrap(),
     );
     let tokens = reference("untied-bf16").0.logit_tokens;
     let before = trainer_logits(&trainer, &program, &tokens);

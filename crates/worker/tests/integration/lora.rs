@@ -70,7 +70,7 @@ fn loader(job: &JobSpec) -> data::Loader {
     let spec =
         data::BatchSpec::new(job.batch.global as usize, job.batch.micro as usize, job.seq_len as usize)
             .unwrap();
-    data::Loader::from_config(&job.data, spec, job.seed).unwrap()
+    data::Loader::from_config(&job.data, spec, job.seed, &data::LocalFiles).unwrap()
 }
 
 #[test]
