@@ -156,7 +156,7 @@ fn the_wheel_trains_a_job_from_any_directory_as_an_unprivileged_user() {
     std::fs::write(
         work.join("job.yaml"),
         "name: from-the-wheel\nmodel: tiny\nmesh: { ici: { fsdp: 2, tp: 1 } }\nbatch: { global: 8, micro: 4 }\n\
-         seq_len: 64\nsteps: 5\ndata: { kind: arithmetic }\n",
+         seq_len: 128\nsteps: 5\ndata: { kind: arithmetic }\n",
     )
     .unwrap();
     let launch = run(&["launch", "job.yaml"]);
