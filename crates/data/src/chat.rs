@@ -810,6 +810,8 @@ fn write_python_string_repr(out: &mut String, text: &str) {
 }
 
 #[cfg(test)]
+// Spans are ranges: one span is a list of one range, not a range to expand.
+#[allow(clippy::single_range_in_vec_init)]
 mod tests {
     use super::*;
 

@@ -221,6 +221,8 @@ fn assistant_mask(offsets: &[(usize, usize)], spans: &[Range<usize>]) -> Vec<boo
 }
 
 #[cfg(test)]
+// Spans are ranges: one span is a list of one range, not a range to expand.
+#[allow(clippy::single_range_in_vec_init)]
 mod tests {
     use super::*;
     use crate::tokenizer::CharTokenizer;

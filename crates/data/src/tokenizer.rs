@@ -7,6 +7,9 @@ use crate::hf_files::TokenizerFiles;
 use crate::{DataError, Result};
 use std::path::{Path, PathBuf};
 
+/// A token's `(start, end)` character offsets in the text it came from.
+pub type CharSpan = (usize, usize);
+
 /// A tokenizer and the special ids a [`crate::Loader`] and a rollout need.
 ///
 /// `encode` never adds special tokens (a [`crate::Prompter`] adds what the tokenizer says, so
@@ -18,7 +21,7 @@ pub trait Tokenizer: Send + Sync {
     fn encode(&self, text: &str) -> Result<Vec<u32>>;
     /// The ids of `text` (as `encode`) and the characters of `text` each id covers, as
     /// `(start, end)` character (not byte) offsets, which is how transformers sees them.
-    fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<(usize, usize)>)>;
+    fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<CharSpan>)>;
     /// The text of `ids`, with special tokens left out.
     fn decode(&self, ids: &[u32]) -> Result<String>;
     /// Number of ids (every id is below this).

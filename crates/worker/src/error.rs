@@ -81,6 +81,14 @@ pub enum WorkerError {
     /// Told to stop before the job's last step.
     #[error("the run was interrupted before the job's last step")]
     Interrupted,
+    /// The operating system refused something a run needs.
+    #[error("{what}: {source}")]
+    Io {
+        /// What the worker was doing.
+        what: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// An invariant of the worker's own broke: a bug, reported with where it was caught.
     #[error("{detail} (an invariant of podctl's worker broke at {at}; please report it)")]
     Broken {
@@ -160,7 +168,7 @@ impl Classify for WorkerError {
             WorkerError::NothingRestores { .. } => Fault::Input,
             WorkerError::NothingToLearn { .. } => Fault::Input,
             WorkerError::Interrupted => Fault::Interrupted,
-            WorkerError::Broken { .. } => Fault::Failed,
+            WorkerError::Io { .. } | WorkerError::Broken { .. } => Fault::Failed,
         }
     }
 }

@@ -31,7 +31,7 @@ fn train_with(bundle: &bundle::Bundle, steps: u64, cache: Option<&CompileCache>)
     trainer.init(3).unwrap();
     let config: data::DataConfig = serde_json::from_str(r#"{"kind": "arithmetic"}"#).unwrap();
     let batch = data::BatchSpec::new(8, 4, 128).unwrap();
-    let sft = Sft::from_loader(data::Loader::from_config(&config, batch, 7).unwrap());
+    let sft = Sft::from_loader(data::Loader::from_config(&config, batch, 7, &data::LocalFiles).unwrap());
     let optimizer = job::OptimizerSpec { lr: 1e-3, ..job::OptimizerSpec::default() };
     let plan = Plan {
         steps,
