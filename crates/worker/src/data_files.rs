@@ -116,7 +116,7 @@ fn cache_dir() -> Result<PathBuf, WorkerError> {
         .or_else(|| var("HOME").map(|dir| dir.join(".cache/podctl/data")))
         .ok_or_else(|| {
             WorkerError::incompatible(
-                crate::Part::Job,
+                crate::error::Part::Job,
                 "the job reads data from a bucket but this host has no cache directory: set PODCTL_DATA_CACHE",
             )
         })

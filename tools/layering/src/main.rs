@@ -485,7 +485,12 @@ mod tests {
         reached.sort();
         assert_eq!(
             reached,
-            ["`coordinator` reaches `pjrt`", "`job` reaches `pjrt`", "`planner` reaches `pjrt`"],
+            [
+                "`coordinator` reaches `pjrt`",
+                "`job` reaches `pjrt`",
+                "`planner` reaches `pjrt`",
+                "`rewards` reaches `pjrt`"
+            ],
             "{found:?}"
         );
         assert!(
