@@ -116,8 +116,8 @@ async fn save(
             generation: a.generation,
             step,
             save_id: spec.save_id.clone(),
-            host_report_json: serde_json::to_vec(&report).unwrap(),
-            save_spec_json: serde_json::to_vec(&spec).unwrap(),
+            host_report: Some(client::checkpoint::host_report_to_wire(&report)),
+            save_spec: Some(client::checkpoint::save_spec_to_wire(&spec)),
         })
         .await
 }
