@@ -10,15 +10,6 @@ use std::path::Path;
 use std::time::Duration;
 use tonic::Code;
 
-fn opts(total_steps: u64, checkpoint_every: u64) -> SimOptions {
-    SimOptions {
-        step_time: Duration::from_millis(30),
-        heartbeat: Duration::from_millis(200),
-        total_steps,
-        checkpoint_every,
-    }
-}
-
 #[tokio::test]
 async fn an_oversized_rpc_is_refused_with_a_clear_status() {
     let dir = tempfile::tempdir().unwrap();
@@ -74,7 +65,7 @@ async fn job_b_cannot_read_or_write_job_a() {
     let a_worker = client(vec![addr.clone()], &a.job_token, Some(mtls.clone()));
     a_worker.kv_put(&a.job_id, "secret-key", b"a's value".to_vec(), None).await.unwrap();
     // (The simulated worker may be stopped before it sees the last ack: ask the coordinator.)
-    let report = sim::run(a_worker.clone(), a.job_id.clone(), "a0".into(), opts(8, 4)).await;
+    let report = sim::run(a_worker.clone(), a.job_id.clone(), "a0".into(), SimOptions::quick(8, 4)).await;
     assert!(report.stop_reason.contains("Completed"), "{report:?}");
     let listed = a_worker.checkpoints(&a.job_id).await.unwrap();
     assert_eq!(listed.iter().map(|c| c.step).collect::<Vec<_>>(), vec![4, 8]);
@@ -286,7 +277,7 @@ async fn no_token_appears_in_logs_or_on_disk() {
     let job = admin.submit(&submit_request(spec("quiet", 1, 6, Some(3), dir.path()))).await.unwrap();
     let worker =
         client(vec![addr.clone()], &job.job_token, Some(coordinator::tls::client_tls(&files).unwrap()));
-    let report = sim::run(worker.clone(), job.job_id.clone(), "w0".into(), opts(6, 3)).await;
+    let report = sim::run(worker.clone(), job.job_id.clone(), "w0".into(), SimOptions::quick(6, 3)).await;
     assert!(report.stop_reason.contains("Completed"), "{report:?}");
     let listed = worker.checkpoints(&job.job_id).await.unwrap();
     assert_eq!(listed.iter().map(|c| c.step).collect::<Vec<_>>(), vec![3, 6]);

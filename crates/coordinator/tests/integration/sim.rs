@@ -24,6 +24,18 @@ pub struct SimOptions {
     pub checkpoint_every: u64,
 }
 
+impl SimOptions {
+    /// Steps of 30 ms, heartbeats every 200 ms.
+    pub fn quick(total_steps: u64, checkpoint_every: u64) -> Self {
+        Self {
+            step_time: Duration::from_millis(30),
+            heartbeat: Duration::from_millis(200),
+            total_steps,
+            checkpoint_every,
+        }
+    }
+}
+
 /// What a simulated worker saw.
 #[derive(Debug, Clone, Default)]
 pub struct SimReport {
