@@ -254,7 +254,11 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// A cold `dd` read of the checkpoint, then a restore with its files evicted from the page
 /// cache the same way, then one warm.
-fn restore(runtime: &tokio::runtime::Runtime, dir: &Path, gib: f64) -> (Duration, Duration, Option<u64>, Duration) {
+fn restore(
+    runtime: &tokio::runtime::Runtime,
+    dir: &Path,
+    gib: f64,
+) -> (Duration, Duration, Option<u64>, Duration) {
     runtime.block_on(async {
         let storage = Storage::open(dir.to_str().unwrap(), &Default::default()).unwrap();
         let log = StoreCommitLog::new(storage.clone());

@@ -37,7 +37,12 @@ pub fn save_spec_to_wire(spec: &SaveSpec) -> v1::SaveSpec {
         save_id: spec.save_id.clone(),
         topology: Some(v1::Topology {
             dcn: t.dcn() as u64,
-            ici: t.ici().axes().iter().map(|a| v1::MeshAxis { name: a.name.clone(), size: a.size as u64 }).collect(),
+            ici: t
+                .ici()
+                .axes()
+                .iter()
+                .map(|a| v1::MeshAxis { name: a.name.clone(), size: a.size as u64 })
+                .collect(),
             hosts_per_slice: t.hosts_per_slice() as u64,
         }),
         arrays: spec
@@ -47,11 +52,19 @@ pub fn save_spec_to_wire(spec: &SaveSpec) -> v1::SaveSpec {
                 name: a.name.clone(),
                 shape: a.shape.clone(),
                 dtype: element_type(a.dtype) as i32,
-                sharding: a.sharding.dims().iter().map(|axes| v1::ShardedDim { axes: axes.clone() }).collect(),
+                sharding: a
+                    .sharding
+                    .dims()
+                    .iter()
+                    .map(|axes| v1::ShardedDim { axes: axes.clone() })
+                    .collect(),
             })
             .collect(),
         bundle: spec.bundle.clone(),
-        data_position: Some(v1::DataPosition { seed: spec.data_position.seed, step: spec.data_position.step }),
+        data_position: Some(v1::DataPosition {
+            seed: spec.data_position.seed,
+            step: spec.data_position.step,
+        }),
         rng_state: spec.rng_state.clone(),
         metadata: spec.metadata.iter().map(|(k, v)| (k.clone(), v.to_string())).collect(),
     }
@@ -64,7 +77,9 @@ pub fn save_spec_from_wire(wire: v1::SaveSpec) -> Result<SaveSpec, WireError> {
         .ici
         .into_iter()
         .enumerate()
-        .map(|(i, a)| Ok(MeshAxis { size: size(|| format!("save_spec.topology.ici[{i}].size"), a.size)?, name: a.name }))
+        .map(|(i, a)| {
+            Ok(MeshAxis { size: size(|| format!("save_spec.topology.ici[{i}].size"), a.size)?, name: a.name })
+        })
         .collect::<Result<Vec<_>, WireError>>()?;
     let ici = IciMesh::try_from(ici).map_err(|e| wrong("save_spec.topology.ici", e.to_string()))?;
     let topology = Topology::new(
@@ -90,8 +105,9 @@ pub fn save_spec_from_wire(wire: v1::SaveSpec) -> Result<SaveSpec, WireError> {
         .metadata
         .into_iter()
         .map(|(key, text)| {
-            let value = serde_json::from_str(&text)
-                .map_err(|e| wrong(format!("save_spec.metadata[{key:?}]"), format!("is not one JSON value: {e}")))?;
+            let value = serde_json::from_str(&text).map_err(|e| {
+                wrong(format!("save_spec.metadata[{key:?}]"), format!("is not one JSON value: {e}"))
+            })?;
             Ok((key, value))
         })
         .collect::<Result<_, WireError>>()?;
@@ -220,7 +236,8 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, &dtype)| {
-                let sharding = Sharding::new(vec![vec!["dcn".into(), "fsdp".into()], vec![], vec!["tp".into()]]);
+                let sharding =
+                    Sharding::new(vec![vec!["dcn".into(), "fsdp".into()], vec![], vec!["tp".into()]]);
                 ArraySpec::new(format!("params/{i}"), vec![8, 3, 2], dtype, sharding)
             })
             .collect();
@@ -234,7 +251,10 @@ mod tests {
             bundle: "00ff".into(),
             data_position: DataPosition { seed: u64::MAX, step: 12 },
             rng_state: vec![1, 2, 3],
-            metadata: BTreeMap::from([("identity".to_string(), identity), ("none".to_string(), serde_json::Value::Null)]),
+            metadata: BTreeMap::from([
+                ("identity".to_string(), identity),
+                ("none".to_string(), serde_json::Value::Null),
+            ]),
         }
     }
 
@@ -244,8 +264,18 @@ mod tests {
             step: 12,
             save_id: "s-12".into(),
             chunk_size: 1 << 20,
-            object: ObjectEntry { name: "host-3.shards".into(), host: 3, size: 96, chunk_crc32c: vec![7, u32::MAX] },
-            shards: vec![ReportedShard { array: "params/0".into(), region: vec![[6, 8], [0, 3], [1, 2]], offset: 0, length: 12 }],
+            object: ObjectEntry {
+                name: "host-3.shards".into(),
+                host: 3,
+                size: 96,
+                chunk_crc32c: vec![7, u32::MAX],
+            },
+            shards: vec![ReportedShard {
+                array: "params/0".into(),
+                region: vec![[6, 8], [0, 3], [1, 2]],
+                offset: 0,
+                length: 12,
+            }],
         }
     }
 

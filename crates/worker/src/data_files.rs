@@ -43,7 +43,8 @@ impl JobFiles {
         let store = if uris.iter().all(|uri| data::files::is_local(uri)) {
             None
         } else {
-            let mut files = StoreFiles::new(checkpoint::StoreOptions::default(), runtime.clone(), cache_dir()?);
+            let mut files =
+                StoreFiles::new(checkpoint::StoreOptions::default(), runtime.clone(), cache_dir()?);
             if let Some(bytes) = std::env::var("PODCTL_DATA_BLOCK_BYTES").ok().and_then(|b| b.parse().ok()) {
                 files = files.with_block_bytes(bytes);
             }

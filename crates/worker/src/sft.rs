@@ -21,7 +21,11 @@ pub struct Sft {
 impl Sft {
     /// The objective of `job`'s data and batch shape, with its held-out evaluation; refuses a
     /// tokenizer whose ids the model cannot embed. Data in a bucket is read on `runtime`.
-    pub fn new(trainer: &Trainer, job: &JobSpec, runtime: &tokio::runtime::Handle) -> Result<Self, WorkerError> {
+    pub fn new(
+        trainer: &Trainer,
+        job: &JobSpec,
+        runtime: &tokio::runtime::Handle,
+    ) -> Result<Self, WorkerError> {
         let batch =
             BatchSpec::new(job.batch.global as usize, job.batch.micro as usize, job.seq_len as usize)?;
         let files = JobFiles::for_job(job, runtime)?;
