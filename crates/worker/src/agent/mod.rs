@@ -343,7 +343,7 @@ fn serve_metrics(
     metrics: Arc<WorkerMetrics>,
     worker: Arc<Mutex<String>>,
 ) -> Result<(), AgentError> {
-    // A bind does not wait, so no block_on: bound with std, served by the runtime.
+    // A bind does not wait: bound with std, then served by the runtime.
     let listener = std::net::TcpListener::bind(listen)
         .and_then(|listener| {
             listener.set_nonblocking(true)?;
