@@ -287,9 +287,12 @@ mod tests {
         assert_eq!(host_report_from_wire(host_report_to_wire(&report)).unwrap(), report);
     }
 
+    /// Breaks one field of a spec on the wire.
+    type Break = Box<dyn Fn(&mut v1::SaveSpec)>;
+
     #[test]
     fn a_wrong_field_is_named() {
-        let cases: Vec<(Box<dyn Fn(&mut v1::SaveSpec)>, &str, &str)> = vec![
+        let cases: Vec<(Break, &str, &str)> = vec![
             (Box::new(|w| w.topology = None), "save_spec.topology", "missing"),
             (Box::new(|w| w.data_position = None), "save_spec.data_position", "missing"),
             (Box::new(|w| w.arrays[2].dtype = 0), "save_spec.arrays[2].dtype", "0 is not an element type"),
