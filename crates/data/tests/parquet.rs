@@ -203,3 +203,40 @@ fn a_role_the_chat_template_does_not_know_names_the_file_the_row_and_the_turn() 
         "{error}"
     );
 }
+
+/// Found by the fuzzer: a footer whose column chunk starts at a negative offset. The `parquet`
+/// crate panics on such a chunk when it is read; the file must be refused when opened, by name.
+#[test]
+fn a_footer_with_a_chunk_outside_the_file_is_refused_when_opened() {
+    use podctl_data::ParquetSource;
+    use podctl_data::files::LocalFile;
+    use podctl_data::rows::RowFormat;
+    use std::sync::Arc;
+    let path = root().join("crates/data/tests/fixtures/damaged/negative-chunk-offset.parquet");
+    let bytes = std::fs::read(&path).expect("the damaged fixture");
+    let file = LocalFile::from_bytes("negative-chunk-offset.parquet", bytes);
+    let error = ParquetSource::open(vec![Arc::new(file)], RowFormat::chat()).expect_err("a damaged file");
+    let message = error.to_string();
+    assert!(message.contains("negative-chunk-offset.parquet"), "{message}");
+    assert!(message.contains("is damaged: row group 4, column 0"), "{message}");
+    assert!(message.contains("outside the file's 4991 bytes"), "{message}");
+}
+
+/// Found by the fuzzer: a page the `parquet` crate's decoder asserts on ("Decoder for dict should
+/// have been set"). Reading the row is an error naming the file and the row group, not a panic.
+#[test]
+fn a_page_the_decoder_panics_on_is_an_error_naming_the_file() {
+    use podctl_data::ParquetSource;
+    use podctl_data::files::LocalFile;
+    use podctl_data::rows::RowFormat;
+    use std::sync::Arc;
+    let path = root().join("crates/data/tests/fixtures/damaged/dictionary-page-missing.parquet");
+    let bytes = std::fs::read(&path).expect("the damaged fixture");
+    let file = LocalFile::from_bytes("dictionary-page-missing.parquet", bytes);
+    let source = ParquetSource::open(vec![Arc::new(file)], RowFormat::chat()).expect("its footer is sound");
+    let errors: Vec<String> =
+        (0..source.len()).filter_map(|row| source.example(row).err()).map(|e| e.to_string()).collect();
+    assert!(!errors.is_empty(), "every row decoded");
+    assert!(errors.iter().any(|e| e.contains("is damaged; the Parquet decoder failed")), "{errors:?}");
+    assert!(errors.iter().all(|e| e.contains("dictionary-page-missing.parquet")), "{errors:?}");
+}
