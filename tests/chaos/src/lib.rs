@@ -67,18 +67,9 @@ pub fn build_binaries(home: &Path, release: bool) -> Result<PathBuf> {
     let mut command = Command::new(cargo);
     command.current_dir(home);
     if release {
-        command.args([
-            "build",
-            "-q",
-            "--release",
-            "-p",
-            "podctl",
-            "--bin",
-            "podctl",
-            "-p",
-            "podctl-coordinator",
-        ]);
-        command.args(["--bin", "podctl-coordinator"]);
+        let binaries =
+            ["-p", "podctl", "--bin", "podctl", "-p", "podctl-coordinator", "--bin", "podctl-coordinator"];
+        command.args(["build", "-q", "--release"]).args(binaries);
     } else {
         // The features `cargo nextest run --workspace` resolves (dev-dependencies' included), so
         // that under it this is a no-op. `cargo build -p podctl -p podctl-coordinator` resolves
