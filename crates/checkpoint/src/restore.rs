@@ -452,7 +452,7 @@ impl Checkpoint {
     /// with it), the reader reads each fetch, and a checker verifies it. A fetch whose pieces
     /// tile it (every byte wanted by exactly one target, the common case) is read straight into
     /// the targets; any other through a scratch buffer the checker copies from.
-    fn read_object(&self, jobs: Vec<Job<'_>>, failure: &Failure) -> Result<()> {
+    fn read_object<'a>(&self, jobs: Vec<Job<'a>>, failure: &Failure) -> Result<()> {
         let object = jobs[0].fetch.object;
         let key = self.object_key(object);
         let path = self.storage.local_path(&key).ok_or_else(|| {
@@ -465,7 +465,7 @@ impl Checkpoint {
         let (give_back, spares) = mpsc::channel::<Vec<u8>>();
         // Takes the channels, so that the toucher and the checker stop however reading ends.
         type Read<'a> = (Job<'a>, Option<Vec<u8>>);
-        let read_all = |touched: mpsc::Receiver<Job<'_>>, to_check: mpsc::SyncSender<Read<'_>>| -> Result<()> {
+        let read_all = |touched: mpsc::Receiver<Job<'a>>, to_check: mpsc::SyncSender<Read<'a>>| -> Result<()> {
             let mut advised = 0;
             for (i, mut job) in touched.into_iter().enumerate() {
                 if failure.happened() {
@@ -503,7 +503,7 @@ impl Checkpoint {
             Ok(())
         };
         let (to_read, touched) = mpsc::sync_channel(FETCHES_TOUCHED_AHEAD);
-        let (to_check, checks) = mpsc::sync_channel(FETCHES_READ_AHEAD_OF_CHECKS);
+        let (to_check, checks) = mpsc::sync_channel::<Read<'a>>(FETCHES_READ_AHEAD_OF_CHECKS);
         std::thread::scope(|scope| {
             scope.spawn(move || {
                 for mut job in jobs {
