@@ -4,7 +4,8 @@
 //! save, measured in a child process from /proc/self/status. Run: `benches/run.sh`.
 //!
 //! Flags: `--gib F` (state size, default 1.0), `--dir PATH` (scratch directory on the disk to
-//! measure, default the system temp dir), `--skip-orbax`.
+//! measure, default the system temp dir), `--rounds N` (3), `--skip-orbax`, and the restore's
+//! [`ReadOptions`]: `--fetch-mib N` (largest read), `--in-flight N` (reads at once).
 
 extern crate podctl_checkpoint as checkpoint;
 
@@ -184,9 +185,14 @@ fn dd(dir: &Path, bytes: u64) -> Duration {
 /// Restores every array whole in one batch (as a worker restores its state), then checks them
 /// bitwise (untimed). Returns the time to open the checkpoint (manifest, object sizes) and the
 /// whole time.
-async fn restore_once(storage: &Storage, commit: &checkpoint::CommitRecord, gib: f64) -> (Duration, Duration) {
+async fn restore_once(
+    storage: &Storage,
+    commit: &checkpoint::CommitRecord,
+    gib: f64,
+    read: ReadOptions,
+) -> (Duration, Duration) {
     let start = Instant::now();
-    let checkpoint = Checkpoint::open(storage, commit, &Default::default()).await.unwrap();
+    let checkpoint = Checkpoint::open(storage, commit, &Default::default()).await.unwrap().with_read_options(read);
     let opened = start.elapsed();
     let wanted: Vec<(&str, Region)> =
         checkpoint.manifest().arrays.iter().map(|a| (a.name.as_str(), Region::full(&a.shape))).collect();
@@ -251,7 +257,7 @@ fn dd_read(dir: &Path) -> Duration {
 
 /// A cold `dd` read of the checkpoint and a restore with its files evicted from the page cache
 /// the same way (`dd_first` says which goes first), then a warm restore.
-fn restore(dir: &Path, gib: f64, dd_first: bool) -> Restored {
+fn restore(dir: &Path, gib: f64, read: ReadOptions, dd_first: bool) -> Restored {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async {
         let storage = Storage::open(dir.to_str().unwrap(), &Default::default()).unwrap();
@@ -259,9 +265,9 @@ fn restore(dir: &Path, gib: f64, dd_first: bool) -> Restored {
         let commit = committed_newest_first(&log).await.unwrap().remove(0);
         let dd = if dd_first { dd_read(dir) } else { Duration::ZERO };
         let resident = evict(dir);
-        let (open, cold) = restore_once(&storage, &commit, gib).await;
+        let (open, cold) = restore_once(&storage, &commit, gib, read).await;
         let dd = if dd_first { dd } else { dd_read(dir) };
-        let (_, warm) = restore_once(&storage, &commit, gib).await;
+        let (_, warm) = restore_once(&storage, &commit, gib, read).await;
         Restored { dd, open, cold, resident, warm }
     })
 }
@@ -302,7 +308,7 @@ struct Round {
     orbax: Option<(f64, f64, f64, f64, Option<u64>)>,
 }
 
-fn podctl_round(scratch: &Path, gib: f64, dd_first: bool, round: &mut Round) {
+fn podctl_round(scratch: &Path, gib: f64, read: ReadOptions, dd_first: bool, round: &mut Round) {
     let ours_dir = scratch.join("podctl");
     let _ = std::fs::remove_dir_all(&ours_dir);
     let child = run_json(Command::new(std::env::current_exe().unwrap()).args([
@@ -318,7 +324,7 @@ fn podctl_round(scratch: &Path, gib: f64, dd_first: bool, round: &mut Round) {
     let handed = child["bytes"].as_u64().unwrap();
     round.growth = kib("hwm_kib").saturating_sub(kib("rss_before_kib")) as f64 / handed as f64;
     round.save_overhead_mib = kib("hwm_kib").saturating_sub(kib("rss_loaded_kib")) as f64 / MIB;
-    let restored = restore(&ours_dir, gib, dd_first);
+    let restored = restore(&ours_dir, gib, read, dd_first);
     (round.dd_read, round.open, round.restore, round.resident, round.warm) = (
         restored.dd.as_secs_f64(),
         restored.open.as_secs_f64(),
@@ -364,11 +370,10 @@ fn gb_per_s(bytes: u64, took: f64) -> f64 {
 
 /// The cold restore beside the disk's cold sequential read of the same bytes and beside Orbax,
 /// min and median over the rounds, with the settings.
-fn cold_restore_table(all: &[Round], bytes: u64, arrays: usize) {
-    let read = ReadOptions::default();
+fn cold_restore_table(all: &[Round], bytes: u64, arrays: usize, read: ReadOptions) {
     println!(
         "cold restore of {:.1} MiB ({:.3} GB) in {arrays} arrays, {} rounds; settings: chunk {} KiB CRC32C, \
-         fetch <= {} MiB, {} objects read at once, each in order with read-ahead; dd bs=16M; \
+         reads <= {} MiB, {} at once, in file order; dd bs=16M; \
          both sides' files evicted with sync + POSIX_FADV_DONTNEED",
         bytes as f64 / MIB,
         bytes as f64 / 1e9,
@@ -418,6 +423,15 @@ fn main() {
     }
     let rounds: usize = flag("--rounds").map_or(3, |v| v.parse().expect("--rounds takes a count"));
     let skip_orbax = args.iter().any(|a| a == "--skip-orbax");
+    let defaults = ReadOptions::default();
+    let read = ReadOptions {
+        max_fetch_bytes: flag("--fetch-mib").map_or(defaults.max_fetch_bytes, |v| {
+            v.parse::<u64>().expect("--fetch-mib takes a whole number of MiB") << 20
+        }),
+        max_fetches_in_flight: flag("--in-flight").map_or(defaults.max_fetches_in_flight, |v| {
+            v.parse().expect("--in-flight takes a count")
+        }),
+    };
     let base = flag("--dir").map_or_else(std::env::temp_dir, PathBuf::from);
     let scratch = tempfile::Builder::new().prefix("podctl-ckpt-bench").tempdir_in(&base).unwrap();
     let arrays = model_arrays(gib);
@@ -444,13 +458,13 @@ fn main() {
         let dd_first = r % 2 == 0;
         // Alternate who goes first, so neither always runs right after dd or on a warmer disk.
         if skip_orbax {
-            podctl_round(scratch.path(), gib, dd_first, &mut round);
+            podctl_round(scratch.path(), gib, read, dd_first, &mut round);
         } else if r % 2 == 0 {
-            podctl_round(scratch.path(), gib, dd_first, &mut round);
+            podctl_round(scratch.path(), gib, read, dd_first, &mut round);
             versions = orbax_round(scratch.path(), &list_path, &mut round);
         } else {
             versions = orbax_round(scratch.path(), &list_path, &mut round);
-            podctl_round(scratch.path(), gib, dd_first, &mut round);
+            podctl_round(scratch.path(), gib, read, dd_first, &mut round);
         }
         let resident = |r: Option<u64>| {
             r.map_or("fincore missing".into(), |b| format!("{:.1} MiB resident", b as f64 / MIB))
@@ -527,7 +541,7 @@ fn main() {
         bytes as f64 / MIB,
         m(&|r| r.save_overhead_mib)
     );
-    cold_restore_table(&all, bytes, arrays.len());
+    cold_restore_table(&all, bytes, arrays.len(), read);
     if skip_orbax {
         return;
     }
