@@ -11,8 +11,8 @@ extern crate podctl_checkpoint as checkpoint;
 
 use bytes::Bytes;
 use checkpoint::{
-    ArraySpec, Checkpoint, DataPosition, HostUpload, ReadOptions, SaveOptions, SaveSpec, ShardBuffer, Storage,
-    StoreCommitLog, Topology, committed_newest_first, finalize,
+    ArraySpec, Checkpoint, DataPosition, HostUpload, ReadOptions, SaveOptions, SaveSpec, ShardBuffer,
+    Storage, StoreCommitLog, Topology, committed_newest_first, finalize,
 };
 use mesh::{DType, IciMesh, Region, Sharding};
 use std::path::{Path, PathBuf};
@@ -192,7 +192,8 @@ async fn restore_once(
     read: ReadOptions,
 ) -> (Duration, Duration) {
     let start = Instant::now();
-    let checkpoint = Checkpoint::open(storage, commit, &Default::default()).await.unwrap().with_read_options(read);
+    let checkpoint =
+        Checkpoint::open(storage, commit, &Default::default()).await.unwrap().with_read_options(read);
     let opened = start.elapsed();
     let wanted: Vec<(&str, Region)> =
         checkpoint.manifest().arrays.iter().map(|a| (a.name.as_str(), Region::full(&a.shape))).collect();
@@ -428,9 +429,8 @@ fn main() {
         max_fetch_bytes: flag("--fetch-mib").map_or(defaults.max_fetch_bytes, |v| {
             v.parse::<u64>().expect("--fetch-mib takes a whole number of MiB") << 20
         }),
-        max_fetches_in_flight: flag("--in-flight").map_or(defaults.max_fetches_in_flight, |v| {
-            v.parse().expect("--in-flight takes a count")
-        }),
+        max_fetches_in_flight: flag("--in-flight")
+            .map_or(defaults.max_fetches_in_flight, |v| v.parse().expect("--in-flight takes a count")),
     };
     let base = flag("--dir").map_or_else(std::env::temp_dir, PathBuf::from);
     let scratch = tempfile::Builder::new().prefix("podctl-ckpt-bench").tempdir_in(&base).unwrap();

@@ -410,7 +410,7 @@ impl Checkpoint {
     /// `file://` reads on up to `max_fetches_in_flight` threads taking the fetches in file order;
     /// the caller is a blocking thread. Several reads in flight keep the disk busy and spread the
     /// CPU work over the cores: copying out of the page cache, and faulting in the fresh target
-    /// pages, which costs more than the copy; one thread alone reads at half the disk's speed.
+    /// pages, which costs more than the copy; one thread alone reads at about half of `dd`.
     fn run_local(&self, jobs: Vec<Job<'_>>) -> Result<()> {
         let mut files: Vec<Option<std::fs::File>> = (0..self.manifest.objects.len()).map(|_| None).collect();
         for job in &jobs {
