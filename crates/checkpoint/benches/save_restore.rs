@@ -4,14 +4,15 @@
 //! save, measured in a child process from /proc/self/status. Run: `benches/run.sh`.
 //!
 //! Flags: `--gib F` (state size, default 1.0), `--dir PATH` (scratch directory on the disk to
-//! measure, default the system temp dir), `--skip-orbax`.
+//! measure, default the system temp dir), `--rounds N` (3), `--skip-orbax`, and the restore's
+//! [`ReadOptions`]: `--fetch-mib N` (largest read), `--in-flight N` (reads at once).
 
 extern crate podctl_checkpoint as checkpoint;
 
 use bytes::Bytes;
 use checkpoint::{
-    ArraySpec, Checkpoint, DataPosition, HostUpload, SaveOptions, SaveSpec, ShardBuffer, Storage,
-    StoreCommitLog, Topology, committed_newest_first, finalize,
+    ArraySpec, Checkpoint, DataPosition, HostUpload, ReadOptions, SaveOptions, SaveSpec, ShardBuffer,
+    Storage, StoreCommitLog, Topology, committed_newest_first, finalize,
 };
 use mesh::{DType, IciMesh, Region, Sharding};
 use std::path::{Path, PathBuf};
@@ -181,10 +182,18 @@ fn dd(dir: &Path, bytes: u64) -> Duration {
 }
 
 /// Restores every array whole in one batch (as a worker restores its state), then checks them
-/// bitwise (untimed).
-async fn restore_once(storage: &Storage, commit: &checkpoint::CommitRecord, gib: f64) -> Duration {
+/// bitwise (untimed). Returns the time to open the checkpoint (manifest, object sizes) and the
+/// whole time.
+async fn restore_once(
+    storage: &Storage,
+    commit: &checkpoint::CommitRecord,
+    gib: f64,
+    read: ReadOptions,
+) -> (Duration, Duration) {
     let start = Instant::now();
-    let checkpoint = Checkpoint::open(storage, commit, &Default::default()).await.unwrap();
+    let checkpoint =
+        Checkpoint::open(storage, commit, &Default::default()).await.unwrap().with_read_options(read);
+    let opened = start.elapsed();
     let wanted: Vec<(&str, Region)> =
         checkpoint.manifest().arrays.iter().map(|a| (a.name.as_str(), Region::full(&a.shape))).collect();
     let restored = checkpoint.read_regions(&wanted).await.unwrap();
@@ -194,7 +203,7 @@ async fn restore_once(storage: &Storage, commit: &checkpoint::CommitRecord, gib:
         assert_eq!(checkpoint.manifest().arrays[i].name, expected[i].name);
         assert!(*bytes == contents(i, bytes.len()), "array {} restored wrong", expected[i].name);
     }
-    took
+    (opened, took)
 }
 
 /// Drops `dir`'s files from the page cache: `sync`, then `posix_fadvise(POSIX_FADV_DONTNEED)` on
@@ -252,23 +261,35 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
-/// A cold `dd` read of the checkpoint, then a restore with its files evicted from the page
-/// cache the same way, then one warm.
+/// A cold `dd` read of the checkpoint and a restore with its files evicted from the page cache
+/// the same way (`dd_first` says which goes first), then a warm restore.
 fn restore(
     runtime: &tokio::runtime::Runtime,
     dir: &Path,
     gib: f64,
-) -> (Duration, Duration, Option<u64>, Duration) {
+    read: ReadOptions,
+    dd_first: bool,
+) -> Restored {
     runtime.block_on(async {
         let storage = Storage::open(dir.to_str().unwrap(), &Default::default()).unwrap();
         let log = StoreCommitLog::new(storage.clone());
         let commit = committed_newest_first(&log).await.unwrap().remove(0);
-        let dd = dd_read(dir);
+        let dd = if dd_first { dd_read(dir) } else { Duration::ZERO };
         let resident = evict(dir);
-        let first = restore_once(&storage, &commit, gib).await;
-        let warm = restore_once(&storage, &commit, gib).await;
-        (dd, first, resident, warm)
+        let (open, cold) = restore_once(&storage, &commit, gib, read).await;
+        let dd = if dd_first { dd } else { dd_read(dir) };
+        let (_, warm) = restore_once(&storage, &commit, gib, read).await;
+        Restored { dd, open, cold, resident, warm }
     })
+}
+
+/// One round's restore numbers.
+struct Restored {
+    dd: Duration,
+    open: Duration,
+    cold: Duration,
+    resident: Option<u64>,
+    warm: Duration,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -289,6 +310,7 @@ struct Round {
     save: f64,
     stream: f64,
     restore: f64,
+    open: f64,
     warm: f64,
     stall: f64,
     growth: f64,
@@ -297,7 +319,14 @@ struct Round {
     orbax: Option<(f64, f64, f64, f64, Option<u64>)>,
 }
 
-fn podctl_round(runtime: &tokio::runtime::Runtime, scratch: &Path, gib: f64, round: &mut Round) {
+fn podctl_round(
+    runtime: &tokio::runtime::Runtime,
+    scratch: &Path,
+    gib: f64,
+    read: ReadOptions,
+    dd_first: bool,
+    round: &mut Round,
+) {
     let ours_dir = scratch.join("podctl");
     let _ = std::fs::remove_dir_all(&ours_dir);
     let child = run_json(Command::new(std::env::current_exe().unwrap()).args([
@@ -313,9 +342,14 @@ fn podctl_round(runtime: &tokio::runtime::Runtime, scratch: &Path, gib: f64, rou
     let handed = child["bytes"].as_u64().unwrap();
     round.growth = kib("hwm_kib").saturating_sub(kib("rss_before_kib")) as f64 / handed as f64;
     round.save_overhead_mib = kib("hwm_kib").saturating_sub(kib("rss_loaded_kib")) as f64 / MIB;
-    let (dd_read, restore_time, resident, warm_time) = restore(runtime, &ours_dir, gib);
-    (round.dd_read, round.restore, round.resident, round.warm) =
-        (dd_read.as_secs_f64(), restore_time.as_secs_f64(), resident, warm_time.as_secs_f64());
+    let restored = restore(runtime, &ours_dir, gib, read, dd_first);
+    (round.dd_read, round.open, round.restore, round.resident, round.warm) = (
+        restored.dd.as_secs_f64(),
+        restored.open.as_secs_f64(),
+        restored.cold.as_secs_f64(),
+        restored.resident,
+        restored.warm.as_secs_f64(),
+    );
     std::fs::remove_dir_all(&ours_dir).unwrap();
 }
 
@@ -347,6 +381,51 @@ fn orbax_round(scratch: &Path, list_path: &Path, round: &mut Round) -> String {
     )
 }
 
+/// `bytes` read in `took` seconds, in GB/s (10^9 bytes per second).
+fn gb_per_s(bytes: u64, took: f64) -> f64 {
+    bytes as f64 / 1e9 / took
+}
+
+/// The cold restore beside the disk's cold sequential read of the same bytes and beside Orbax,
+/// min and median over the rounds, with the settings.
+fn cold_restore_table(all: &[Round], bytes: u64, arrays: usize, read: ReadOptions) {
+    println!(
+        "cold restore of {:.1} MiB ({:.3} GB) in {arrays} arrays, {} rounds; settings: chunk {} KiB CRC32C, \
+         reads <= {} MiB, {} at once, in file order; dd bs=16M; \
+         both sides' files evicted with sync + POSIX_FADV_DONTNEED",
+        bytes as f64 / MIB,
+        bytes as f64 / 1e9,
+        all.len(),
+        SaveOptions::default().chunk_size >> 10,
+        read.max_fetch_bytes >> 20,
+        read.max_fetches_in_flight,
+    );
+    println!("                              min         median      (GB/s at min / median)");
+    let row = |name: &str, v: Vec<f64>| {
+        let (lo, mid) = (v.iter().copied().fold(f64::MAX, f64::min), median(v));
+        println!(
+            "{name:<28} {lo:>7.3} s   {mid:>7.3} s   ({:.2} / {:.2} GB/s)",
+            gb_per_s(bytes, lo),
+            gb_per_s(bytes, mid)
+        );
+    };
+    row("dd read, cold", all.iter().map(|r| r.dd_read).collect());
+    row("podctl restore, cold", all.iter().map(|r| r.restore).collect());
+    if all.iter().all(|r| r.orbax.is_some()) {
+        row("orbax restore, cold", all.iter().map(|r| r.orbax.unwrap().1).collect());
+    }
+    let ratios: Vec<f64> = all.iter().map(|r| r.dd_read / r.restore).collect();
+    let (lo, hi) = ratios.iter().fold((f64::MAX, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+    let mins = |f: &dyn Fn(&Round) -> f64| all.iter().map(f).fold(f64::MAX, f64::min);
+    println!(
+        "podctl cold restore / dd read: {:.0}% per-round median (rounds {:.0}%-{:.0}%), {:.0}% best against best (goal >= 90%)",
+        100.0 * median(ratios),
+        100.0 * lo,
+        100.0 * hi,
+        100.0 * mins(&|r| r.dd_read) / mins(&|r| r.restore)
+    );
+}
+
 fn uptime() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map_or_else(|_| "?".into(), |l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
@@ -362,6 +441,14 @@ fn main() {
     }
     let rounds: usize = flag("--rounds").map_or(3, |v| v.parse().expect("--rounds takes a count"));
     let skip_orbax = args.iter().any(|a| a == "--skip-orbax");
+    let defaults = ReadOptions::default();
+    let read = ReadOptions {
+        max_fetch_bytes: flag("--fetch-mib").map_or(defaults.max_fetch_bytes, |v| {
+            v.parse::<u64>().expect("--fetch-mib takes a whole number of MiB") << 20
+        }),
+        max_fetches_in_flight: flag("--in-flight")
+            .map_or(defaults.max_fetches_in_flight, |v| v.parse().expect("--in-flight takes a count")),
+    };
     let base = flag("--dir").map_or_else(std::env::temp_dir, PathBuf::from);
     let scratch = tempfile::Builder::new().prefix("podctl-ckpt-bench").tempdir_in(&base).unwrap();
     let arrays = model_arrays(gib);
@@ -379,37 +466,47 @@ fn main() {
     std::fs::write(&list_path, serde_json::to_vec(&list).unwrap()).unwrap();
 
     let gibs = |t: f64| gib_per_s(bytes, t);
+    let gbs = |t: f64| gb_per_s(bytes, t);
     let runtime = runtime();
     let mut all = Vec::new();
     let mut versions = String::new();
     for r in 0..rounds {
         let mut round = Round { dd: dd(scratch.path(), bytes).as_secs_f64(), ..Round::default() };
+        // The cold dd read and the cold restore take turns going first, as podctl and Orbax do.
+        let dd_first = r % 2 == 0;
         // Alternate who goes first, so neither always runs right after dd or on a warmer disk.
         if skip_orbax {
-            podctl_round(&runtime, scratch.path(), gib, &mut round);
+            podctl_round(&runtime, scratch.path(), gib, read, dd_first, &mut round);
         } else if r % 2 == 0 {
-            podctl_round(&runtime, scratch.path(), gib, &mut round);
+            podctl_round(&runtime, scratch.path(), gib, read, dd_first, &mut round);
             versions = orbax_round(scratch.path(), &list_path, &mut round);
         } else {
             versions = orbax_round(scratch.path(), &list_path, &mut round);
-            podctl_round(&runtime, scratch.path(), gib, &mut round);
+            podctl_round(&runtime, scratch.path(), gib, read, dd_first, &mut round);
         }
         let resident = |r: Option<u64>| {
             r.map_or("fincore missing".into(), |b| format!("{:.1} MiB resident", b as f64 / MIB))
         };
         println!(
-            "round {}: load {}  dd {:.3} s  podctl save {:.3} s (stream {:.3}, commit {:.3})  dd read cold {:.3} s  restore cold {:.3} s ({}, {:.0}% of dd)  warm {:.3} s",
+            "round {}: load {}  dd {:.3} s  podctl save {:.3} s (stream {:.3}, commit {:.3})  warm restore {:.3} s",
             r + 1,
             uptime(),
             round.dd,
             round.save,
             round.stream,
             round.save - round.stream,
+            round.warm
+        );
+        println!(
+            "         cold: dd read {:.3} s ({:.2} GB/s)  podctl restore {:.3} s ({:.2} GB/s, open {:.3} s; {})  => {:.0}% of dd ({} first)",
             round.dd_read,
+            gbs(round.dd_read),
             round.restore,
+            gbs(round.restore),
+            round.open,
             resident(round.resident),
             100.0 * round.dd_read / round.restore,
-            round.warm
+            if dd_first { "dd" } else { "podctl" }
         );
         if let Some((save, restore, warm, _, res)) = round.orbax {
             println!(
@@ -444,7 +541,7 @@ fn main() {
         save_s - stream_s
     );
     println!(
-        "podctl restore, cold       {:>6.3} s  {:>6.2} GiB/s  (files evicted with POSIX_FADV_DONTNEED, every chunk CRC-checked, bitwise equal; {:.0}% of the cold dd read, per round median {:.0}%, goal >= 90%)",
+        "podctl restore, cold       {:>6.3} s  {:>6.2} GiB/s  (files evicted with POSIX_FADV_DONTNEED, every chunk CRC-checked, bitwise equal; {:.0}% of the cold dd read, per round median {:.0}%)",
         restore_s,
         gibs(restore_s),
         100.0 * dd_read_s / restore_s,
@@ -462,6 +559,7 @@ fn main() {
         bytes as f64 / MIB,
         m(&|r| r.save_overhead_mib)
     );
+    cold_restore_table(&all, bytes, arrays.len(), read);
     if skip_orbax {
         return;
     }

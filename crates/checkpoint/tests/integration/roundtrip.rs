@@ -142,6 +142,35 @@ async fn a_flipped_byte_is_named_and_the_previous_checkpoint_is_used() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_byte_in_any_chunk_fails_a_local_restore() {
+    let (dir, storage, log) = open_dir();
+    let spec = save_spec(5, "f", hsdp(), state(16));
+    let (commit, fulls) = save_and_commit(&storage, &log, &spec, &small_chunks()).await;
+    let checkpoint = Checkpoint::open(&storage, &commit, &Limits::default()).await.unwrap();
+    let wanted: Vec<(&str, Region)> =
+        spec.arrays.iter().map(|a| (a.name.as_str(), Region::full(&a.shape))).collect();
+    let victim = dir.path().join(commit.dir()).join("host-1.shards");
+    let clean = std::fs::read(&victim).unwrap();
+    // Every chunk, whether read in place (one array's or several small arrays' pieces) or
+    // through scratch (one fetch per chunk), and with both files read at once.
+    let options = [ReadOptions::default(), ReadOptions { max_fetch_bytes: 1, max_fetches_in_flight: 1 }];
+    for (chunk, bytes) in clean.chunks(1024).enumerate() {
+        let mut flipped = clean.clone();
+        flipped[chunk * 1024 + (chunk * 37) % bytes.len()] ^= 0x01;
+        std::fs::write(&victim, &flipped).unwrap();
+        for options in options {
+            let e = checkpoint.clone().with_read_options(options).read_regions(&wanted).await.unwrap_err();
+            let e = e.to_string();
+            assert!(e.contains(&format!("host-1.shards is corrupt: chunk {chunk} (")), "{options:?}: {e}");
+        }
+    }
+    std::fs::write(&victim, &clean).unwrap();
+    for options in options {
+        assert_eq!(checkpoint.clone().with_read_options(options).read_regions(&wanted).await.unwrap(), fulls);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uncommitted_saves_are_invisible() {
     let (_dir, storage, log) = open_dir();
     let spec = save_spec(7, "half", hsdp(), state(1));
