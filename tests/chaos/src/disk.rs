@@ -86,17 +86,27 @@ impl Disk {
     pub fn fill(&self) -> Result<()> {
         let df = run(Command::new("df").args(["-B1", "--output=avail"]).arg(&self.mount))?;
         let free: u64 = df.lines().last().and_then(|l| l.trim().parse().ok()).context("df's free bytes")?;
-        // fallocate takes what is free but a few blocks of metadata; writes take those.
-        let _ = run(Command::new("fallocate").arg("-l").arg(free.to_string()).arg(&self.ballast));
+        // fallocate takes the bulk at once; writes take the rest, down to the last block (ext4
+        // reserves blocks at write time, so a write past the end fails at once).
+        let bulk = free.saturating_sub(4 << 20);
+        if bulk > 0 {
+            run(Command::new("fallocate").arg("-l").arg(bulk.to_string()).arg(&self.ballast))?;
+        }
         let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&self.ballast)?;
-        let block = vec![0u8; 4096];
-        loop {
-            use std::io::Write;
-            match file.write_all(&block).and_then(|()| file.sync_data()) {
-                Ok(()) => continue,
-                Err(e) if e.raw_os_error() == Some(nix::libc::ENOSPC) => return Ok(()),
-                Err(e) => return Err(e).context("filling the checkpoint disk"),
+        for block in [64 << 10, 4 << 10] {
+            let zeros = vec![0u8; block];
+            loop {
+                use std::io::Write;
+                match file.write_all(&zeros) {
+                    Ok(()) => continue,
+                    Err(e) if e.raw_os_error() == Some(nix::libc::ENOSPC) => break,
+                    Err(e) => return Err(e).context("filling the checkpoint disk"),
+                }
             }
+        }
+        match file.sync_data() {
+            Err(e) if e.raw_os_error() != Some(nix::libc::ENOSPC) => Err(e).context("filling the checkpoint disk"),
+            _ => Ok(()),
         }
     }
 
