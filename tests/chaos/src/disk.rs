@@ -105,7 +105,9 @@ impl Disk {
             }
         }
         match file.sync_data() {
-            Err(e) if e.raw_os_error() != Some(nix::libc::ENOSPC) => Err(e).context("filling the checkpoint disk"),
+            Err(e) if e.raw_os_error() != Some(nix::libc::ENOSPC) => {
+                Err(e).context("filling the checkpoint disk")
+            }
             _ => Ok(()),
         }
     }

@@ -782,7 +782,8 @@ impl Harness {
     /// Starts a disk or object-store fault; returns what it hit.
     fn start_fault(&mut self, kind: Kind) -> Result<String> {
         if Kind::DISK.contains(&kind) {
-            let disk = self.disk.as_mut().context("a disk fault needs the harness's disk (storage_faults)")?;
+            let disk =
+                self.disk.as_mut().context("a disk fault needs the harness's disk (storage_faults)")?;
             if kind == Kind::DiskFull {
                 disk.fill()?;
             } else {
@@ -797,7 +798,10 @@ impl Harness {
             Kind::StoreSlow => store::Fault::Slow,
             other => bail!("{other} is not a disk or object-store fault"),
         };
-        self.object_store.as_ref().context("a store fault needs the harness's bucket (storage_faults)")?.set(fault);
+        self.object_store
+            .as_ref()
+            .context("a store fault needs the harness's bucket (storage_faults)")?
+            .set(fault);
         Ok(format!("S3 bucket {}", store::BUCKET))
     }
 

@@ -26,6 +26,10 @@ pub struct Options {
     pub first: u64,
     /// See `first`.
     pub gap: u64,
+    /// Steps to give each failure when `steps` is 0. A failure is over in ~5 s (a cut heals after
+    /// 5-9 s, then its worker rejoins) while steps go on: ~10 steps a failure were measured at
+    /// ~0.45 s a step (debug build), so give 16 there and ~48 at the release build's ~0.15 s.
+    pub steps_per_failure: u64,
     /// The retention rule, `checkpoint.keep`.
     pub keep: u32,
     /// Sequence length (longer: slower steps).
@@ -33,10 +37,6 @@ pub struct Options {
     /// How long each job may take (`None`: the harness's default for its steps and failures).
     pub time_limit: Option<Duration>,
 }
-
-/// Steps the soak's jobs take per failure, on average: the trigger's gap, then a cut heals
-/// after 5-9 s and its worker rejoins, with steps going on meanwhile.
-const STEPS_PER_FAILURE: u64 = 24;
 
 impl Options {
     /// The failures of each job, by kind, in its order.
@@ -51,7 +51,7 @@ impl Options {
             return self.steps;
         }
         let most = self.jobs().iter().map(|(_, kinds)| kinds.len()).max().unwrap_or(0) * self.per_kind;
-        (self.first + (most as u64 + 2) * STEPS_PER_FAILURE.max(self.gap)).div_ceil(10) * 10
+        (self.first + (most as u64 + 2) * self.steps_per_failure.max(self.gap)).div_ceil(10) * 10
     }
 
     fn spec(&self, name: &str, store: Store) -> JobSpec {
