@@ -67,5 +67,7 @@ fn a_soak_of_every_kind_of_failure_recovers_each_loses_nothing_and_keeps_what_th
         "a full disk failed a checkpoint write with ENOSPC: {:?}",
         disk.failed_saves
     );
+    // The harness first: its disk stays mounted while it lives.
+    drop(harness);
     let _ = std::fs::remove_dir_all(&dir);
 }
