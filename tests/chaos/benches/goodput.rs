@@ -22,29 +22,21 @@ fn main() -> anyhow::Result<()> {
     let home = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize()?;
     let bin_dir = build_binaries(&home, true)?;
     let dir = std::env::temp_dir().join(format!("podctl-chaos-bench-{}", std::process::id()));
-    let setup = Setup { cache: home.join(".cache/podctl"), home, bin_dir, dir: dir.clone(), slices: 4 };
+    let setup = Setup {
+        cache: home.join(".cache/podctl"),
+        home,
+        bin_dir,
+        dir: dir.clone(),
+        slices: 4,
+        storage_faults: false,
+    };
     let mut harness = Harness::start(setup)?;
     // Long enough for the failures' duration, measured from a short calm run's step time.
-    let probe = JobSpec {
-        name: "probe".into(),
-        steps: 40,
-        seed: 11,
-        checkpoint_every: 10,
-        seq_len: 256,
-        time_limit: None,
-    };
-    let probe = harness.run_job(&probe, &[], Policy::Elastic)?;
+    let probe = harness.run_job(&JobSpec::new("probe", 40, 256), &[], Policy::Elastic)?;
     let step_seconds = probe.wall_seconds / (probe.steps - 1) as f64;
     let steps =
         env("CHAOS_STEPS", ((duration.as_secs_f64() + every.as_secs_f64()) / step_seconds) as u64 / 10 * 10);
-    let spec = |name: &str| JobSpec {
-        name: name.into(),
-        steps,
-        seed: 11,
-        checkpoint_every: 10,
-        seq_len: 256,
-        time_limit: None,
-    };
+    let spec = |name: &str| JobSpec::new(name, steps, 256);
     println!(
         "goodput: {steps} steps of ~{step_seconds:.2}s, a failure every ~{every:?} for {duration:?}, seed {seed}"
     );

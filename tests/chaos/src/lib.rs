@@ -1,10 +1,13 @@
 //! The chaos harness: a job of several slices trained by real `podctl worker` processes under a
 //! real three-node `podctl-coordinator` cluster, while a seeded schedule preempts (SIGTERM) and
-//! kills (SIGKILL) workers, kills the Raft leader, and cuts a slice off the network; replacements
-//! join and cut-off workers rejoin when the cut heals.
+//! kills (SIGKILL) workers, kills the Raft leader, cuts a slice off the network and restarts a
+//! worker's host; replacements join and cut-off workers rejoin when the cut heals. With
+//! [`Setup::storage_faults`] it also fills and slows the checkpoint folder's disk ([`disk`]) and
+//! makes the checkpoint bucket throttle, fail, drop and delay requests ([`store`]).
 //!
 //! Everything runs in network namespaces the harness creates ([`net`]), so a cut is a real
-//! partition (packets dropped both ways) and the host's network is never touched. Per event the
+//! partition (packets dropped both ways) and the host's network is never touched; the disk is a
+//! loop device mounted in a mount namespace of the harness's own. Per event the
 //! harness measures the time from the failure to the next committed global step, the steps
 //! lost, and for joins how long training paused; per job the wall time from the first to the
 //! last committed step. [`verify`] then checks what must hold whatever happened: the job
@@ -12,17 +15,21 @@
 //! the same step (`podctl ckpt digest`), the final state is bitwise the uninterrupted run's, and
 //! nothing the cut-off worker did after its removal was committed.
 //!
-//! Entry points: `cargo run -p podctl-chaos --release -- --help` (the acceptance run),
-//! `tests/short.rs` (the CI variant), `benches/goodput.rs` (goodput against a
-//! restart-from-checkpoint policy on the same schedule).
+//! Entry points: `cargo run -p podctl-chaos --release -- --help` (the acceptance run, and with
+//! `--soak` the soak), `tests/short.rs` and `tests/soak.rs` (the CI variants),
+//! `benches/goodput.rs` (goodput against a restart-from-checkpoint policy on the same schedule).
 #![forbid(unsafe_code)]
 
+pub mod disk;
 pub mod net;
 pub mod procs;
 pub mod schedule;
+pub mod soak;
+pub mod store;
 
 use anyhow::{Context, Result, bail};
 use client::{Client, ClientConfig, ClientTls, JobState, JobStatus};
+use disk::Disk;
 use net::Network;
 use nix::sys::signal::Signal;
 use procs::{ADMIN, Coordinators, Slot, WorkerLauncher};
@@ -32,11 +39,16 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use store::ObjectStore;
 
 /// How often the harness looks at the job.
 const POLL: Duration = Duration::from_millis(100);
 /// How long workers get to leave after the job ends.
 const WORKER_EXIT_WAIT: Duration = Duration::from_secs(30);
+/// The checkpoint disk's size: a few of the tiny model's checkpoints (~5 MiB each) and room.
+const DISK_MIB: u64 = 256;
+/// How fast the slow disk writes.
+const SLOW_DISK_BYTES_PER_SECOND: u64 = 1 << 20;
 
 /// Where the harness finds its tools and keeps its files.
 #[derive(Debug, Clone)]
@@ -51,6 +63,9 @@ pub struct Setup {
     pub dir: PathBuf,
     /// Slices of the job (its `mesh.dcn`).
     pub slices: usize,
+    /// Make the checkpoint disk and the checkpoint bucket (moto behind the fault proxy), for
+    /// jobs that checkpoint there ([`Store`]) and the failures of disk and object store.
+    pub storage_faults: bool,
 }
 
 impl Setup {
@@ -101,16 +116,60 @@ pub struct JobSpec {
     /// How long the run may take from submission to the job's end before the harness stops it
     /// and fails; `None`: 10 minutes plus 3 s a step and 90 s a failure.
     pub time_limit: Option<Duration>,
+    /// Where its checkpoints go.
+    pub store: Store,
+    /// Keep the last this many committed checkpoints (`checkpoint.keep`); `None`: keep every one.
+    pub keep: Option<u32>,
+}
+
+/// Where a job's checkpoints go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    /// Its run directory (`<output>/checkpoints`).
+    RunDir,
+    /// The harness's disk, which the disk failures fill and slow.
+    Disk,
+    /// The harness's S3 bucket, behind the proxy that injects the object store's failures.
+    Bucket,
 }
 
 impl JobSpec {
-    fn yaml(&self, slices: usize, run_dir: &Path) -> String {
+    /// A job of `steps` steps with a checkpoint every 10, kept, in its run directory.
+    pub fn new(name: &str, steps: u64, seq_len: u64) -> JobSpec {
+        JobSpec {
+            name: name.into(),
+            steps,
+            seed: 11,
+            checkpoint_every: 10,
+            seq_len,
+            time_limit: None,
+            store: Store::RunDir,
+            keep: None,
+        }
+    }
+
+    /// Its checkpoint root, `None` for its run directory's.
+    pub fn checkpoint_root(&self, setup: &Setup) -> Option<String> {
+        match self.store {
+            Store::RunDir => None,
+            Store::Disk => Some(format!("file://{}/{}", setup.dir.join("disk").display(), self.name)),
+            Store::Bucket => Some(format!("s3://{}/{}", store::BUCKET, self.name)),
+        }
+    }
+
+    fn yaml(&self, setup: &Setup, run_dir: &Path) -> String {
+        let keep = match self.keep {
+            Some(keep) => format!("keep: {keep}"),
+            None => format!("keep: 2, keep_every: {}", self.checkpoint_every),
+        };
+        let uri = self.checkpoint_root(setup).map_or(String::new(), |root| format!(", uri: \"{root}\""));
         format!(
             "name: {name}\nmodel: tiny\nmesh: {{ dcn: {slices}, ici: {{ fsdp: 1, tp: 1 }} }}\n\
              batch: {{ global: 16, micro: 4 }}\nseq_len: {seq}\nsteps: {steps}\nseed: {seed}\n\
              optimizer: {{ lr: 3.0e-3, warmup_steps: 5 }}\ndata: {{ kind: arithmetic }}\n\
-             checkpoint: {{ every: {every}, keep: 2, keep_every: {every} }}\noutput: {out}\n",
+             checkpoint: {{ every: {every}, {keep}{uri} }}\noutput: {out}\n",
             name = self.name,
+            slices = setup.slices,
             seq = self.seq_len,
             steps = self.steps,
             seed = self.seed,
@@ -160,6 +219,15 @@ pub struct EventRecord {
     pub join_after: Option<f64>,
     /// Seconds training stood still while the joiner was taken in.
     pub join_pause: Option<f64>,
+    /// For a disk or object-store fault: seconds from the failure to the first checkpoint
+    /// committed after the fault ended.
+    pub committed_after: Option<f64>,
+    /// For an object-store fault: the requests the proxy answered with it.
+    pub faulted_requests: Option<u64>,
+    /// For a disk or object-store fault: when it ended, and the newest committed checkpoint's
+    /// step then.
+    fault_ended: Option<(Instant, u64)>,
+    proxy_counts: [u64; 4],
     /// When it was injected (Unix seconds), and when the job removed the worker it hit.
     unix: f64,
     removed_unix: Option<f64>,
@@ -192,6 +260,8 @@ pub struct JobRun {
     pub history: Vec<(f64, String, String)>,
     /// Worker processes that exited without the harness killing them.
     pub unexpected_exits: Vec<String>,
+    /// Checkpoint uploads the workers reported failed, and of those how many for a full disk.
+    pub failed_saves: (usize, usize),
     /// (step, observed time) of every change of the committed step, and generation changes.
     timeline: Vec<Sample>,
 }
@@ -203,12 +273,25 @@ struct Sample {
     generation: u64,
 }
 
-/// Things due later: a replacement, a heal, a restart.
+/// Things due later: a replacement, a heal, a restart, a rebooted host's worker, the end of a
+/// disk or object-store fault.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Sequel {
     Replace(usize),
     Heal(usize),
     Restart(u64),
+    Reboot(usize),
+    EndFault(Kind),
+}
+
+impl EventRecord {
+    /// Whether the job is over this failure: training went on, the slice it hit is a member
+    /// again, a checkpoint committed after the disk or store fault ended.
+    pub fn recovered(&self) -> bool {
+        self.next_step_after.is_some()
+            && (self.slice.is_none() || self.join_after.is_some())
+            && (!self.kind.hits_storage() || self.committed_after.is_some())
+    }
 }
 
 /// The cluster, the network and the workers' slots.
@@ -219,6 +302,10 @@ pub struct Harness {
     coordinators: Coordinators,
     admin: Client,
     launcher: WorkerLauncher,
+    disk: Option<Disk>,
+    object_store: Option<ObjectStore>,
+    /// The variables that point S3 clients at the bucket (empty without it).
+    store_env: Vec<(String, String)>,
 }
 
 impl Harness {
@@ -227,8 +314,23 @@ impl Harness {
     pub fn start(setup: Setup) -> Result<Harness> {
         let network = Network::create(setup.slices)?;
         std::fs::create_dir_all(&setup.dir)?;
+        // Before any process starts, so that all of them see it.
+        let disk = setup.storage_faults.then(|| Disk::create(&setup.dir, DISK_MIB)).transpose()?;
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-        let coordinators = Coordinators::start(&setup.bin_dir.join("podctl-coordinator"), &setup.dir)?;
+        let object_store = setup
+            .storage_faults
+            .then(|| {
+                ObjectStore::start(
+                    &setup.home.join(".venv"),
+                    Network::HUB,
+                    &setup.dir.join("moto.log"),
+                    &runtime,
+                )
+            })
+            .transpose()?;
+        let store_env = object_store.as_ref().map(ObjectStore::env).unwrap_or_default();
+        let coordinators =
+            Coordinators::start(&setup.bin_dir.join("podctl-coordinator"), &setup.dir, &store_env)?;
         let addrs: Vec<String> = coordinators.nodes.iter().map(|n| n.addr.clone()).collect();
         let mut config = ClientConfig::new(addrs, ADMIN, Some(ClientTls::from_dir(&coordinators.tls_dir)?));
         config.call_timeout = Duration::from_secs(2);
@@ -244,13 +346,22 @@ impl Harness {
             compile_cache: setup.cache.join("executables"),
             coordinators: coordinators.addresses(),
             tls_dir: coordinators.tls_dir.clone(),
+            env: store_env.clone(),
         };
-        Ok(Harness { setup, network, runtime, coordinators, admin, launcher })
+        Ok(Harness { setup, network, runtime, coordinators, admin, launcher, disk, object_store, store_env })
+    }
+
+    /// Where the harness finds its tools and keeps its files.
+    pub fn setup(&self) -> &Setup {
+        &self.setup
     }
 
     fn podctl(&self) -> Command {
         let mut command = Command::new(&self.launcher.podctl);
-        command.env("PODCTL_HOME", &self.setup.home).env("PODCTL_CACHE", &self.setup.cache);
+        command
+            .env("PODCTL_HOME", &self.setup.home)
+            .env("PODCTL_CACHE", &self.setup.cache)
+            .envs(self.store_env.iter().map(|(k, v)| (k, v)));
         command
     }
 
@@ -272,7 +383,14 @@ impl Harness {
     pub fn run_job(&mut self, spec: &JobSpec, schedule: &[Event], policy: Policy) -> Result<JobRun> {
         let run_dir = self.setup.dir.join(&spec.name);
         let spec_path = self.setup.dir.join(format!("{}.yaml", spec.name));
-        std::fs::write(&spec_path, spec.yaml(self.setup.slices, &run_dir))?;
+        if spec.store != Store::RunDir && !self.setup.storage_faults {
+            bail!(
+                "job {} checkpoints to the harness's {:?}: start the harness with storage_faults",
+                spec.name,
+                spec.store
+            );
+        }
+        std::fs::write(&spec_path, spec.yaml(&self.setup, &run_dir))?;
         println!(
             "job {}: {} steps on {} slices, {} failures, {policy:?}",
             spec.name,
@@ -286,12 +404,16 @@ impl Harness {
         let deadline = Instant::now() + limit;
         let (mut launch, job_id) = self.submit(&spec_path, &run_dir, limit)?;
         let token = run_dir.join("job-token");
-        let mut slots: Vec<Slot> =
-            (0..self.setup.slices).map(|k| Slot::new(k, run_dir.join(format!("worker-{k}.log")))).collect();
+        let mut slots: Vec<Slot> = (0..self.setup.slices)
+            .map(|k| Slot::new(k, run_dir.join(format!("worker-{k}.log")), run_dir.join(format!("host-{k}"))))
+            .collect();
         for slot in &mut slots {
             slot.spawn(&self.launcher, &self.network, &job_id, &token)?;
         }
         let outcome = self.drive(spec, schedule, policy, &job_id, &token, &mut slots, deadline);
+        for kind in Kind::DISK.into_iter().chain(Kind::STORE) {
+            self.end_fault(kind)?;
+        }
         if outcome.is_err() {
             let _ = self.runtime.block_on(self.admin.stop_job(&job_id));
         }
@@ -303,6 +425,13 @@ impl Harness {
         }
         let launched = wait_with_deadline(&mut launch, Duration::from_secs(30));
         let mut run = outcome?;
+        for slot in &slots {
+            let log = std::fs::read_to_string(&slot.log).unwrap_or_default();
+            for line in log.lines().filter(|l| l.contains("checkpoint upload of step")) {
+                run.failed_saves.0 += 1;
+                run.failed_saves.1 += usize::from(line.contains("No space left on device"));
+            }
+        }
         if !launched.is_some_and(|s| s.success()) {
             bail!(
                 "podctl launch of {} did not succeed; see {}",
@@ -395,6 +524,7 @@ impl Harness {
             checkpoints: Vec::new(),
             history: Vec::new(),
             unexpected_exits: Vec::new(),
+            failed_saves: (0, 0),
             timeline: Vec::new(),
         };
         let mut sequels: Vec<(Instant, Sequel)> = Vec::new();
@@ -475,6 +605,32 @@ impl Harness {
                         }
                     }
                     Sequel::Restart(id) => self.coordinators.restart(id)?,
+                    Sequel::Reboot(k) => {
+                        slots[k].restart_host(&self.launcher, &self.network, job_id, token)?;
+                        if let Some(record) = run.events.last_mut()
+                            && record.slice == Some(k)
+                        {
+                            record.join_started = Some(now);
+                        }
+                    }
+                    Sequel::EndFault(kind) => {
+                        self.end_fault(kind)?;
+                        if let Some(record) = run.events.last_mut()
+                            && record.kind == kind
+                        {
+                            let committed = status.last_checkpoint.as_ref().map_or(0, |c| c.step);
+                            record.fault_ended = Some((now, committed));
+                            if let Some(store) = &self.object_store {
+                                let counts = store.counts.snapshot();
+                                let faulted: u64 = counts
+                                    .iter()
+                                    .zip(record.proxy_counts)
+                                    .map(|(now, then)| now - then)
+                                    .sum();
+                                record.faulted_requests = Kind::STORE.contains(&kind).then_some(faulted);
+                            }
+                        }
+                    }
                 }
             }
             sequels = still;
@@ -493,9 +649,7 @@ impl Harness {
             };
             let settled = state == Some(JobState::Running)
                 && sequels.is_empty()
-                && run.events.last().is_none_or(|r| {
-                    r.next_step_after.is_some() && (r.slice.is_none() || r.join_after.is_some())
-                })
+                && run.events.last().is_none_or(EventRecord::recovered)
                 && (0..slots.len()).all(|k| {
                     slots[k].child.is_some()
                         && members.get(&k).is_some_and(|(host, _)| *host == slots[k].host)
@@ -520,6 +674,10 @@ impl Harness {
                 resumed_from: None,
                 join_after: None,
                 join_pause: None,
+                committed_after: None,
+                faulted_requests: None,
+                fault_ended: None,
+                proxy_counts: self.object_store.as_ref().map_or([0; 4], |s| s.counts.snapshot()),
                 unix: unix_now(),
                 removed_unix: None,
                 worker_ids_before: BTreeSet::new(),
@@ -532,6 +690,10 @@ impl Harness {
                     record.target = format!("node {leader}");
                     self.coordinators.nodes[leader as usize - 1].kill()?;
                     sequels.push((now + event.then_after, Sequel::Restart(leader)));
+                }
+                kind if kind.hits_storage() => {
+                    record.target = self.start_fault(kind)?;
+                    sequels.push((now + event.then_after, Sequel::EndFault(kind)));
                 }
                 kind => {
                     let k = event.slice;
@@ -552,6 +714,11 @@ impl Harness {
                             slots[k].kill();
                             sequels.push((now + event.then_after, Sequel::Replace(k)));
                         }
+                        Kind::NodeRestart => {
+                            slots[k].kill();
+                            slots[k].wipe_local_state()?;
+                            sequels.push((now + event.then_after, Sequel::Reboot(k)));
+                        }
                         _ => {
                             self.network.cut(k)?;
                             sequels.push((now + event.then_after, Sequel::Heal(k)));
@@ -566,7 +733,7 @@ impl Harness {
             if policy == Policy::RestartAll {
                 // Every worker goes and new ones start (on healthy machines: the cut heals);
                 // they resume from the last committed checkpoint.
-                sequels.retain(|(_, s)| matches!(s, Sequel::Restart(_)));
+                sequels.retain(|(_, s)| matches!(s, Sequel::Restart(_) | Sequel::EndFault(_)));
                 for slot in slots.iter_mut() {
                     if slot.child.is_some() {
                         slot.kill();
@@ -593,11 +760,7 @@ impl Harness {
         if status.state != Some(JobState::Completed) {
             bail!("job {} ended {:?}: {}", spec.name, status.state, status.message);
         }
-        if let Some(open) = run
-            .events
-            .iter()
-            .find(|r| r.next_step_after.is_none() || (r.slice.is_some() && r.join_after.is_none()))
-        {
+        if let Some(open) = run.events.iter().find(|r| !r.recovered()) {
             bail!(
                 "job {} ended before its slice recovered from event {} ({} at step {}); give it more steps",
                 spec.name,
@@ -614,6 +777,61 @@ impl Harness {
             record.removed_unix = removal_unix(&run.history, record);
         }
         Ok(run)
+    }
+
+    /// Starts a disk or object-store fault; returns what it hit.
+    fn start_fault(&mut self, kind: Kind) -> Result<String> {
+        if Kind::DISK.contains(&kind) {
+            let disk =
+                self.disk.as_mut().context("a disk fault needs the harness's disk (storage_faults)")?;
+            if kind == Kind::DiskFull {
+                disk.fill()?;
+            } else {
+                disk.slow(SLOW_DISK_BYTES_PER_SECOND)?;
+            }
+            return Ok("checkpoint disk".into());
+        }
+        let fault = match kind {
+            Kind::StoreThrottle => store::Fault::Throttle,
+            Kind::StoreError => store::Fault::Error,
+            Kind::StoreDrop => store::Fault::Drop,
+            Kind::StoreSlow => store::Fault::Slow,
+            other => bail!("{other} is not a disk or object-store fault"),
+        };
+        self.object_store
+            .as_ref()
+            .context("a store fault needs the harness's bucket (storage_faults)")?
+            .set(fault);
+        Ok(format!("S3 bucket {}", store::BUCKET))
+    }
+
+    /// Ends a disk or object-store fault (a no-op if it is not on).
+    fn end_fault(&mut self, kind: Kind) -> Result<()> {
+        match kind {
+            Kind::DiskFull => self.disk.as_ref().map_or(Ok(()), Disk::free),
+            Kind::SlowDisk => self.disk.as_mut().map_or(Ok(()), Disk::unslow),
+            _ => {
+                if let Some(store) = &self.object_store {
+                    store.set(store::Fault::None);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// `podctl ckpt list ROOT`: the (step, committed) of every checkpoint directory under it.
+    pub fn list(&self, root: &str) -> Result<Vec<(u64, bool)>> {
+        let out = self.podctl().args(["ckpt", "list", root]).output()?;
+        if !out.status.success() {
+            bail!("podctl ckpt list {root}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8(out.stdout)?
+            .lines()
+            .filter_map(|line| {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                Some((words.first()?.parse().ok()?, *words.get(2)? == "committed"))
+            })
+            .collect())
     }
 
     /// Runs `podctl ckpt verify` and `podctl ckpt digest` on a checkpoint directory; returns the
@@ -692,7 +910,8 @@ fn observe(
     now: Instant,
 ) {
     let since = now.duration_since(record.started).as_secs_f64();
-    let moved_on = record.kind == Kind::LeaderKill || status.generation > record.generation;
+    // Only a failure of a slice must end in a new generation.
+    let moved_on = record.slice.is_none() || status.generation > record.generation;
     if record.resumed_after.is_none() && moved_on && status.state == Some(JobState::Running) {
         let start = if status.generation > record.generation {
             start_of(history, status.generation)
@@ -720,6 +939,11 @@ fn observe(
             record.resumed_from = Some(start.min(record.at_step));
             record.steps_lost = Some(record.at_step.saturating_sub(start));
         }
+    }
+    if let (Some((_, committed)), None) = (record.fault_ended, record.committed_after)
+        && status.last_checkpoint.as_ref().is_some_and(|c| c.step > committed)
+    {
+        record.committed_after = Some(since);
     }
     if let (Some(k), Some(started), None) = (record.slice, record.join_started, record.join_after)
         && members.get(&k).is_some_and(|(_, id)| !record.worker_ids_before.contains(id))
@@ -759,7 +983,7 @@ fn removal_unix(history: &[(f64, String, String)], record: &EventRecord) -> Opti
 pub struct Verified {
     /// Committed checkpoints of the chaos run whose digest equals the calm run's at that step.
     pub checkpoints_equal: usize,
-    /// The final state's digest (equal in both runs).
+    /// The digest of the chaos run's final state (equal to the calm run's at that step).
     pub final_digest: String,
     /// Per cut: the cut-off worker, generations formed after its removal, checkpoints committed
     /// after it, and the lines of its log where its writes were refused.
@@ -790,12 +1014,12 @@ pub fn verify(harness: &Harness, calm: &JobRun, chaos: &JobRun) -> Result<Verifi
             );
         }
         verified.checkpoints_equal += 1;
+        verified.final_digest = digest;
     }
     let last = chaos.checkpoints.last().expect("checked above");
     if last.0 != chaos.steps {
         bail!("the last committed checkpoint is of step {}, not the final step {}", last.0, chaos.steps);
     }
-    verified.final_digest = calm_digests[&chaos.steps].clone();
 
     let generations: BTreeMap<u64, Vec<String>> = chaos
         .history

@@ -30,6 +30,7 @@ pub struct Node {
     /// Its address.
     pub addr: String,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     log: PathBuf,
     child: Option<Child>,
 }
@@ -40,6 +41,7 @@ impl Node {
         let mut child = Command::new(bin)
             .args(&self.args)
             .env("PODCTL_ADMIN_TOKEN", ADMIN)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("RUST_LOG", "info,openraft=warn,h2=warn,hyper=warn,tower=warn")
             .stdout(Stdio::piped())
             .stderr(log)
@@ -99,8 +101,8 @@ pub struct Coordinators {
 }
 
 impl Coordinators {
-    /// Starts three nodes on the hub's address.
-    pub fn start(bin: &Path, dir: &Path) -> Result<Coordinators> {
+    /// Starts three nodes on the hub's address, with `env` (the object store's variables).
+    pub fn start(bin: &Path, dir: &Path, env: &[(String, String)]) -> Result<Coordinators> {
         let tls_dir = dir.join("tls");
         let made = Command::new(bin)
             .arg("dev-ca")
@@ -142,6 +144,7 @@ impl Coordinators {
                         "--tls-dir".into(),
                         tls_dir.display().to_string(),
                     ],
+                    env: env.to_vec(),
                     log: dir.join(format!("node{id}.log")),
                     child: None,
                 }
@@ -182,6 +185,8 @@ pub struct WorkerLauncher {
     pub coordinators: String,
     /// The development CA's directory: workers present its client certificate.
     pub tls_dir: PathBuf,
+    /// Variables every worker gets (the object store's).
+    pub env: Vec<(String, String)>,
 }
 
 /// One slice's worker processes, one at a time.
@@ -198,15 +203,18 @@ pub struct Slot {
     pub since: Instant,
     /// The log every process of the slice appends to.
     pub log: PathBuf,
+    /// The host's local disk: the worker's working and temporary directory, which a node
+    /// restart deletes.
+    pub local: PathBuf,
 }
 
 impl Slot {
-    /// A slot with no process yet.
-    pub fn new(slice: usize, log: PathBuf) -> Slot {
-        Slot { slice, started: 0, child: None, host: String::new(), since: Instant::now(), log }
+    /// A slot with no process yet; its host's local disk is `local`.
+    pub fn new(slice: usize, log: PathBuf, local: PathBuf) -> Slot {
+        Slot { slice, started: 0, child: None, host: String::new(), since: Instant::now(), log, local }
     }
 
-    /// Starts a worker process for the slice in its namespace.
+    /// Starts a worker process for the slice in its namespace, on a new host.
     pub fn spawn(
         &mut self,
         launcher: &WorkerLauncher,
@@ -216,9 +224,43 @@ impl Slot {
     ) -> Result<()> {
         self.started += 1;
         self.host = format!("slice{}.p{}", self.slice, self.started);
+        self.start(launcher, network, job_id, token)
+    }
+
+    /// Starts a fresh worker process on the same host (after [`Slot::wipe_local_state`]: a
+    /// rebooted machine).
+    pub fn restart_host(
+        &mut self,
+        launcher: &WorkerLauncher,
+        network: &Network,
+        job_id: &str,
+        token: &Path,
+    ) -> Result<()> {
+        self.started += 1;
+        self.start(launcher, network, job_id, token)
+    }
+
+    /// Deletes the host's local disk (its process must be gone).
+    pub fn wipe_local_state(&mut self) -> Result<()> {
+        match std::fs::remove_dir_all(&self.local) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(e).with_context(|| format!("deleting {}", self.local.display()))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn start(
+        &mut self,
+        launcher: &WorkerLauncher,
+        network: &Network,
+        job_id: &str,
+        token: &Path,
+    ) -> Result<()> {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
         use std::io::Write;
         writeln!(&log, "--- worker process {} ({})", self.started, self.host)?;
+        std::fs::create_dir_all(&self.local)?;
         let child = Command::new("ip")
             .args(["netns", "exec", network.namespace(self.slice)])
             .arg(&launcher.podctl)
@@ -233,6 +275,9 @@ impl Slot {
             .arg(&launcher.tls_dir)
             .arg("--token-file")
             .arg(token)
+            .envs(launcher.env.iter().map(|(k, v)| (k, v)))
+            .env("TMPDIR", &self.local)
+            .current_dir(&self.local)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
