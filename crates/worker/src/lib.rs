@@ -91,6 +91,9 @@ pub enum WorkerError {
     /// The checkpoint root's newest checkpoints are another job's.
     #[error(transparent)]
     ForeignRoot(#[from] checkpoint::lineage::ForeignRoot),
+    /// A state transfer with a peer failed.
+    #[error(transparent)]
+    Peer(#[from] peer::PeerError),
 }
 
 /// Attaches what the worker was doing to a PJRT error.
