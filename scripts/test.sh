@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# README command 2 (and what CI runs): the whole test suite on this machine.
+# README command 2 (and what CI runs): the whole test suite on this machine. Its setup adds what
+# only the tests need to README command 1's (scripts/setup.sh --test): tmux and prometheus, which
+# it installs as root and otherwise names with the command that installs them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --test
 echo "test: crate layering (docs/ARCHITECTURE.md)"
 cargo run --quiet --locked -p podctl-layering
 echo "test: Rust workspace"

@@ -100,7 +100,7 @@ def select_client(client: str, count: int) -> None:
     if client != "plugin":
         return
     default = Path(__file__).resolve().parents[2] / \
-        ".venv/lib/python3.11/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so"
+        ".venv/lib/python3/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so"
     library = Path(os.environ.get("PODCTL_PJRT_PLUGIN", default))
     if not library.exists():
         raise ReferenceError(f"client = plugin: {library} does not exist; set PODCTL_PJRT_PLUGIN")

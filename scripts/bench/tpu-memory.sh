@@ -28,7 +28,7 @@ while [[ $# -gt 0 ]]; do
 done
 
 python=.venv/bin/python
-libtpu=${PODCTL_LIBTPU:-.venv/lib/python3.11/site-packages/libtpu/libtpu.so}
+libtpu=${PODCTL_LIBTPU:-.venv/lib/python3/site-packages/libtpu/libtpu.so}
 for need in "$python" "$libtpu"; do
     [[ -e "$need" ]] || { echo "$need is missing; run scripts/setup.sh first" >&2; exit 2; }
 done

@@ -54,6 +54,20 @@ app.kubernetes.io/component: worker
 {{- end -}}
 {{- end -}}
 
+{{/* One slice is one host: a slice type whose slices span several hosts is refused, saying what
+works. (The controller places and replaces multi-host slices, but their hosts do not train as
+one program yet.) Same default chips per host as the controller's (crates/controller slice.rs). */}}
+{{- define "podctl.singleHostSlices" -}}
+{{- $tpu := .Values.tpu -}}
+{{- $chips := 1 -}}
+{{- range (splitList "x" (toString $tpu.topology)) }}{{ $chips = mul $chips (atoi .) }}{{ end -}}
+{{- $small := and (has $tpu.accelerator (list "tpu-v6e-slice" "tpu-v5-lite-podslice")) (le (int $chips) 8) -}}
+{{- $perHost := int ($tpu.chipsPerHost | default (ternary $chips (min $chips 4) $small)) -}}
+{{- if or (lt $perHost 1) (gt (int $chips) $perHost) -}}
+{{- fail (printf "tpu.topology %s of %s is one slice across %d hosts, and training one slice across several hosts is not built yet; what works is several single-host slices over DCN: install with a single-host slice type (tpu.topology=2x4 on ct6e-standard-8t nodes, v6e-8) and give jobs more slices with mesh.dcn" (toString $tpu.topology) $tpu.accelerator (div (int $chips) (max $perHost 1))) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The address workers dial: the client Service. */}}
 {{- define "podctl.clientAddress" -}}
 {{- printf "%s.%s.svc:%d" (include "podctl.fullname" .) .Release.Namespace (int .Values.coordinator.port) -}}

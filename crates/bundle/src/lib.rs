@@ -91,6 +91,18 @@ pub enum BundleError {
     },
 }
 
+impl fault::Classify for BundleError {
+    /// A bundle that does not load or fit is the input's: export it again.
+    fn fault(&self) -> fault::Fault {
+        match self {
+            BundleError::Io { .. }
+            | BundleError::Parse { .. }
+            | BundleError::Invalid { .. }
+            | BundleError::MeshMismatch { .. } => fault::Fault::Input,
+        }
+    }
+}
+
 /// A loaded, validated bundle.
 #[derive(Debug, Clone)]
 pub struct Bundle {

@@ -139,5 +139,32 @@ impl CheckpointError {
     }
 }
 
+impl fault::Classify for CheckpointError {
+    /// What a caller names (a value, a URL, a checkpoint that is not there) is the input's; a
+    /// store that fails may answer later; bad bytes, reports and markers are a failed save.
+    fn fault(&self) -> fault::Fault {
+        use fault::Fault;
+        match self {
+            CheckpointError::InvalidInput { .. }
+            | CheckpointError::InvalidStore { .. }
+            | CheckpointError::NotFound { .. } => Fault::Input,
+            CheckpointError::Store { source: object_store::Error::NotFound { .. }, .. } => Fault::Input,
+            CheckpointError::Store {
+                source:
+                    object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. },
+                ..
+            } => Fault::Denied,
+            CheckpointError::Store { .. } | CheckpointError::CommitLog { .. } => Fault::Unreachable,
+            CheckpointError::SaveInProgress { .. }
+            | CheckpointError::BadReport { .. }
+            | CheckpointError::BadManifest { .. }
+            | CheckpointError::Corrupt { .. }
+            | CheckpointError::SizeMismatch { .. }
+            | CheckpointError::BadMarker { .. }
+            | CheckpointError::Task { .. } => Fault::Failed,
+        }
+    }
+}
+
 /// Shorthand for this crate's results.
 pub type Result<T, E = CheckpointError> = std::result::Result<T, E>;

@@ -238,8 +238,8 @@ impl Storage {
         self.get_range(&self.root.clone().join(name), range).await
     }
 
-    /// The root prefix.
-    pub(crate) fn root(&self) -> &Path {
+    /// The root prefix, under which every key of this storage lies.
+    pub fn root(&self) -> &Path {
         &self.root
     }
 

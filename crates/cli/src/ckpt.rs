@@ -18,17 +18,26 @@ pub enum CkptCommand {
     List {
         /// The checkpoint root, e.g. runs/tiny-arith/checkpoints or s3://bucket/prefix.
         uri: String,
+        /// One JSON object: `{"root", "checkpoints": [{"step", "save_id", "uri", ...}]}`.
+        #[arg(long)]
+        json: bool,
     },
     /// A committed checkpoint's manifest: step, topology, data position, arrays.
     Show {
         /// A checkpoint directory, <root>/<step:012>-<save_id>.
         uri: String,
+        /// The manifest as one JSON object (without the chunk CRCs).
+        #[arg(long)]
+        json: bool,
     },
     /// Reads every chunk of every committed checkpoint under a root (or of one checkpoint
     /// directory) and checks its CRC; fails if any does not verify.
     Verify {
         /// A checkpoint root or one checkpoint directory.
         uri: String,
+        /// One JSON object: `{"ok", "checkpoints": [{"uri", "step", "ok", "error", ...}]}`.
+        #[arg(long)]
+        json: bool,
     },
     /// A SHA-256 of every array's contents (row-major, whatever the saved layout) and of the
     /// whole state: two checkpoints with equal digests hold bitwise the same state.
@@ -88,9 +97,9 @@ pub fn run(command: CkptCommand) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {
         match command {
-            CkptCommand::List { uri } => list(&uri).await,
-            CkptCommand::Show { uri } => show(&uri).await,
-            CkptCommand::Verify { uri } => verify(&uri).await,
+            CkptCommand::List { uri, json } => list(&uri, json).await,
+            CkptCommand::Show { uri, json } => show(&uri, json).await,
+            CkptCommand::Verify { uri, json } => verify(&uri, json).await,
             CkptCommand::Digest { uri } => digest(&uri).await,
             CkptCommand::Export { uri, out, hf, from, dtype, max_shard_bytes } => match hf {
                 true => export_hf(&uri, &out, from.as_deref(), dtype.as_deref(), max_shard_bytes).await,
@@ -138,12 +147,30 @@ async fn commit_of(uri: &str, log: &StoreCommitLog, dir: NamedDir) -> Result<Com
         })
 }
 
-async fn list(uri: &str) -> Result<()> {
+async fn list(uri: &str, json: bool) -> Result<()> {
     let (storage, log, dir) = open(uri)?;
     if dir.is_some() {
         bail!("{uri} is a checkpoint directory; list its root, or use `podctl ckpt show {uri}`");
     }
     let listed = checkpoint::list(&storage, &log).await?;
+    if json {
+        let root = storage.url().trim_end_matches('/');
+        let checkpoints: Vec<_> = listed
+            .iter()
+            .map(|l| {
+                serde_json::json!({
+                    "step": l.step,
+                    "save_id": l.save_id,
+                    "uri": format!("{root}/{}", l.dir),
+                    "committed": l.committed,
+                    "objects": l.objects,
+                    "bytes": l.bytes,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::json!({ "root": root, "checkpoints": checkpoints }));
+        return Ok(());
+    }
     if listed.is_empty() {
         println!("no checkpoints under {}", storage.url());
         return Ok(());
@@ -156,12 +183,38 @@ async fn list(uri: &str) -> Result<()> {
     Ok(())
 }
 
-async fn show(uri: &str) -> Result<()> {
+async fn show(uri: &str, json: bool) -> Result<()> {
     let (storage, log, dir) = open(uri)?;
     let commit = commit_of(uri, &log, dir).await?;
     let checkpoint = Checkpoint::open(&storage, &commit, &Limits::default()).await?;
-    print!("{}", checkpoint.manifest().summary());
+    match json {
+        true => println!("{}", manifest_json(&checkpoint, storage.url())),
+        false => print!("{}", checkpoint.manifest().summary()),
+    }
     Ok(())
+}
+
+/// `podctl ckpt show --json`: the manifest without its per-chunk CRCs (thousands of numbers
+/// that say nothing to a script; `verify` checks them), with the sizes summed.
+fn manifest_json(checkpoint: &Checkpoint, root: &str) -> serde_json::Value {
+    let m = checkpoint.manifest();
+    serde_json::json!({
+        "uri": format!("{}/{}", root.trim_end_matches('/'), checkpoint.commit().dir()),
+        "step": m.step,
+        "save_id": m.save_id,
+        "bundle": m.bundle,
+        "topology": m.topology,
+        "data_position": m.data_position,
+        "metadata": m.metadata,
+        "chunk_size": m.chunk_size,
+        "bytes": m.objects.iter().map(|o| o.size).sum::<u64>(),
+        "objects": m.objects.iter().map(|o| serde_json::json!({
+            "name": o.name, "host": o.host, "size": o.size, "chunks": o.chunk_crc32c.len(),
+        })).collect::<Vec<_>>(),
+        "arrays": m.arrays.iter().map(|a| serde_json::json!({
+            "name": a.name, "shape": a.shape, "dtype": a.dtype, "sharding": a.sharding, "shards": a.shards.len(),
+        })).collect::<Vec<_>>(),
+    })
 }
 
 async fn digest(uri: &str) -> Result<()> {
@@ -181,7 +234,7 @@ async fn digest(uri: &str) -> Result<()> {
     Ok(())
 }
 
-async fn verify(uri: &str) -> Result<()> {
+async fn verify(uri: &str, json: bool) -> Result<()> {
     let (storage, log, dir) = open(uri)?;
     let commits = match dir {
         Some(_) => vec![commit_of(uri, &log, dir).await?],
@@ -191,25 +244,40 @@ async fn verify(uri: &str) -> Result<()> {
         bail!("no committed checkpoints under {uri}");
     }
     let mut failed = 0;
+    let mut results = Vec::new();
     for commit in &commits {
         let at = format!("{}/{}", storage.url().trim_end_matches('/'), commit.dir());
         let checked = async {
             let checkpoint = Checkpoint::open(&storage, commit, &Limits::default()).await?;
             checkpoint.verify().await
         };
-        match checked.await {
-            Ok(report) => println!(
+        let result = checked.await;
+        match (&result, json) {
+            (Ok(report), false) => println!(
                 "ok       {at}: {} objects, {} chunks, {} bytes",
                 report.objects, report.chunks, report.bytes
             ),
-            Err(e) => {
-                failed += 1;
-                println!("CORRUPT  {at}: {e}");
-            }
+            (Err(e), false) => println!("CORRUPT  {at}: {e}"),
+            (_, true) => {}
         }
+        failed += usize::from(result.is_err());
+        results.push(match result {
+            Ok(report) => serde_json::json!({
+                "uri": at, "step": commit.step, "ok": true, "objects": report.objects,
+                "chunks": report.chunks, "bytes": report.bytes,
+            }),
+            Err(e) => {
+                serde_json::json!({ "uri": at, "step": commit.step, "ok": false, "error": e.to_string() })
+            }
+        });
+    }
+    if json {
+        println!("{}", serde_json::json!({ "ok": failed == 0, "checkpoints": results }));
     }
     if failed > 0 {
-        bail!("{failed} of {} committed checkpoint(s) failed verification", commits.len());
+        let error =
+            anyhow::anyhow!("{failed} of {} committed checkpoint(s) failed verification", commits.len());
+        return Err(crate::exit::Classified::failed(error));
     }
     Ok(())
 }

@@ -8,6 +8,10 @@ use std::path::PathBuf;
 
 #[derive(Args, Clone, Debug)]
 pub struct ConnectArgs {
+    /// Use this saved context (`podctl context list`) instead of the current one; flags and
+    /// environment variables still win over what it holds.
+    #[arg(long, env = "PODCTL_CONTEXT", value_name = "NAME")]
+    pub context: Option<String>,
     /// Coordinator addresses (host:port), comma-separated: any node of the cluster.
     #[arg(long, env = "PODCTL_COORDINATOR", value_delimiter = ',', conflicts_with = "kube_context")]
     pub coordinator: Vec<String>,
@@ -94,7 +98,8 @@ impl ConnectArgs {
         }
         if self.coordinator.is_empty() {
             bail!(
-                "no coordinator: pass --coordinator HOST:PORT (or set PODCTL_COORDINATOR), or --kube-context NAME"
+                "no coordinator: pass --coordinator HOST:PORT (or set PODCTL_COORDINATOR), or --kube-context NAME, \
+                 or save a context (`podctl context add`)"
             );
         }
         let tls = match self.given_tls()? {
@@ -105,7 +110,9 @@ impl ConnectArgs {
             ),
         };
         let Some(token) = self.given_token()? else {
-            bail!("no token: set PODCTL_TOKEN or pass --token-file")
+            bail!(
+                "no token: set PODCTL_TOKEN or pass --token-file (or save one in a context: `podctl context add`)"
+            )
         };
         Ok(ClientConfig::new(self.coordinator.clone(), token, tls))
     }

@@ -12,17 +12,26 @@ use job::JobSpec;
 use std::path::{Path, PathBuf};
 use worker::single::Resume;
 
+#[allow(clippy::too_many_arguments)] // the launch's flags, one each
 pub fn run(
     job_path: &Path,
+    overrides: &[job::Override],
     dry_run: bool,
+    detach: bool,
     out: Option<PathBuf>,
     resume: Resume,
     connect: &ConnectArgs,
     node: &dyn crate::StartNode,
 ) -> Result<()> {
-    let mut job = JobSpec::load_with(job_path, &crate::models::HfReader)?;
+    let mut job = JobSpec::load_overridden(job_path, overrides, &crate::models::HfReader)?;
     if out.is_some() {
         job.output = out;
+    }
+    if detach && !connect.is_remote() {
+        bail!(
+            "--detach: a job on this machine lives with this process; name a cluster (--coordinator, \
+             --kube-context or a saved context) or drop --detach"
+        );
     }
     let tools = Toolchain::discover()?;
     // The plugin is checked before the (slower) export so that a wrong path fails at once; a
@@ -48,7 +57,7 @@ pub fn run(
             "grpo.init_from {}: no checkpoint under {root} yet; training that job first",
             spec.display()
         );
-        run(&spec, false, None, Resume::Newest, connect, node)?;
+        run(&spec, &[], false, false, None, Resume::Newest, connect, node)?;
         println!();
         if let InitFrom::TrainFirst { .. } = init_from::resolve(&mut job, connect)? {
             bail!("{} ran but left no committed checkpoint under {root}", spec.display());
@@ -98,7 +107,7 @@ pub fn run(
             bail!("--resume: a job under a coordinator resumes from its own checkpoint root; drop the flag");
         }
         let cluster = match connect.is_remote() {
-            true => crate::local::Cluster::Remote(connect.clone()),
+            true => crate::local::Cluster::Remote { connect: connect.clone(), detach },
             false => crate::local::Cluster::Local {
                 plugin: plugin_path,
                 compile_cache: tools.cache.join("executables"),
@@ -113,8 +122,8 @@ pub fn run(
 
 /// `podctl launch --render`: the job as a declaration (a ConfigMap) for the install `release`,
 /// its bundle uploaded under the job's checkpoint root first. Only the manifest goes to stdout.
-pub fn render(job_path: &Path, release: &str) -> Result<()> {
-    let job = JobSpec::load_with(job_path, &crate::models::HfReader)?;
+pub fn render(job_path: &Path, overrides: &[job::Override], release: &str) -> Result<()> {
+    let job = JobSpec::load_overridden(job_path, overrides, &crate::models::HfReader)?;
     let tools = Toolchain::discover()?;
     let bundle = resolve_bundle(&tools, &job)?;
     let bundle_uri = crate::status::runtime()?.block_on(crate::local::publish_bundle(&job, &bundle, true))?;

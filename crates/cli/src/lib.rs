@@ -1,4 +1,4 @@
-//! podctl's commands: `launch`, `plan`, `worker`, `ckpt`, `status`, `logs`, `stop`. Each parses
+//! podctl's commands: `launch`, `plan`, `worker`, `ckpt`, `status`, `logs`, `stop`, `doctor`. Each parses
 //! its flags and hands them to the libraries; anything more than glue belongs in a library crate.
 //!
 //! The `podctl` binary (`crates/podctl`) parses the command line into a [`Command`] and calls
@@ -10,9 +10,13 @@
 
 mod ckpt;
 mod connect;
+mod context;
+mod doctor;
 mod embedded;
+pub mod exit;
 mod export;
 mod init_from;
+mod interrupt;
 mod launch;
 mod local;
 mod logs;
@@ -35,7 +39,8 @@ use std::process::ExitCode;
 /// podctl's commands (the binary adds `podctl coordinator`).
 #[derive(Subcommand)]
 pub enum Command {
-    /// Run a training job. Without a cluster, everything runs on this machine.
+    /// Run a training job. Without a cluster, everything runs on this machine (Ctrl-C stops it
+    /// after saving a checkpoint); against one, the launch follows the job and Ctrl-C detaches.
     Launch {
         /// The job spec (YAML).
         job: PathBuf,
@@ -62,6 +67,17 @@ pub enum Command {
         /// With --render: the Helm release of the install the job is declared to.
         #[arg(long, default_value = "podctl", requires = "render")]
         release: String,
+        /// Override a spec field, checked as the file is (repeatable): `--set steps=500 --set
+        /// optimizer.lr=1e-3`; values are YAML (`--set data.digits=[2,3]`).
+        #[arg(long = "set", value_name = "FIELD=VALUE")]
+        set: Vec<String>,
+        /// Run on this machine even when a saved context names a cluster.
+        #[arg(long, conflicts_with_all = ["coordinator", "kube_context", "context", "render"])]
+        local: bool,
+        /// Against a cluster: return once the job is accepted, printing how to follow and stop
+        /// it (without it the launch follows the job, and Ctrl-C detaches: the job runs on).
+        #[arg(long, short, conflicts_with_all = ["dry_run", "render", "local"])]
+        detach: bool,
         /// Submit to this coordinator cluster instead of running one here (see `podctl worker`).
         #[command(flatten)]
         connect: connect::ConnectArgs,
@@ -90,35 +106,81 @@ pub enum Command {
     Logs(logs::LogsArgs),
     /// Stop a job.
     Stop(status::StopArgs),
+    /// Save, pick and list the clusters commands talk to (so that `--coordinator`, `--ca`,
+    /// `--token-file` or `--kube-context` need not be repeated).
+    Context {
+        /// What to do.
+        #[command(subcommand)]
+        command: context::ContextCommand,
+    },
+    /// Check this machine: podctl's Python, JAX and plugin, the cache, and with --job or
+    /// --coordinator/--kube-context what that job or cluster needs; one line per check.
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Runs `command`; `node` starts local mode's embedded coordinator when a launch needs one.
 pub fn run(command: Command, node: &dyn StartNode) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Launch { job, dry_run, out, resume, start_over, render, release, connect } => {
+        Command::Launch {
+            job,
+            dry_run,
+            out,
+            resume,
+            start_over,
+            render,
+            release,
+            set,
+            local,
+            detach,
+            connect,
+        } => {
             let resume = match (resume, start_over) {
                 (Some(from), _) => Resume::From(from),
                 (None, true) => Resume::StartOver,
                 (None, false) => Resume::Newest,
             };
+            let overrides = overrides(&set)?;
+            let connect = match local {
+                true => connect,
+                false => connect.with_saved(&context::Config::load()?)?,
+            };
             match render {
-                true => launch::render(&job, &release)?,
-                false => launch::run(&job, dry_run, out, resume, &connect, node)?,
+                true => launch::render(&job, &overrides, &release)?,
+                false => launch::run(&job, &overrides, dry_run, detach, out, resume, &connect, node)?,
             }
         }
         Command::Ckpt { command } => ckpt::run(command)?,
         Command::Worker(args) => return Ok(ExitCode::from(worker::run(args)?)),
         Command::Plan(args) => plan::run(&args)?,
-        Command::Status(args) => status::run(&args)?,
-        Command::Logs(args) => logs::run(&args)?,
-        Command::Stop(args) => status::stop(&args)?,
+        Command::Status(mut args) => {
+            args.connect = args.connect.with_saved(&context::Config::load()?)?;
+            status::run(&args)?
+        }
+        Command::Logs(mut args) => {
+            args.connect = args.connect.with_saved(&context::Config::load()?)?;
+            logs::run(&args)?
+        }
+        Command::Stop(mut args) => {
+            args.connect = args.connect.with_saved(&context::Config::load()?)?;
+            status::stop(&args)?
+        }
+        Command::Context { command } => context::run(command)?,
+        Command::Doctor(mut args) => {
+            args.connect = args.connect.with_saved(&context::Config::load()?)?;
+            return doctor::run(&args);
+        }
         Command::CompileStats { args } => return Ok(planner::exact::child_main(args.into_iter())),
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Prints a command's error with the causes it does not already say, and gives the exit status
-/// of bad input (2).
+/// The `--set FIELD=VALUE` overrides, parsed.
+fn overrides(set: &[String]) -> anyhow::Result<Vec<job::Override>> {
+    Ok(set.iter().map(|s| job::Override::parse(s)).collect::<Result<_, _>>()?)
+}
+
+/// Prints a command's error with the causes it does not already say, and gives its exit status
+/// ([`exit::classify`]).
 pub fn report(error: &anyhow::Error) -> ExitCode {
     eprintln!("error: {error}");
     // Library errors often repeat their source in their own message; print what is new.
@@ -130,5 +192,5 @@ pub fn report(error: &anyhow::Error) -> ExitCode {
             shown = cause;
         }
     }
-    ExitCode::from(2)
+    ExitCode::from(exit::classify(error).code())
 }

@@ -33,8 +33,15 @@ pub enum Cluster<'a> {
     /// compiling).
     Local { plugin: PathBuf, compile_cache: PathBuf, node: &'a dyn StartNode },
     /// A coordinator cluster reached as these arguments say (admin token); its workers are
-    /// started by its controller or by hand (`podctl worker`).
-    Remote(ConnectArgs),
+    /// started by its controller or by hand (`podctl worker`). With `detach`, the launch returns
+    /// once the job is accepted; otherwise it follows the job until it ends or Ctrl-C, which
+    /// detaches (the job runs on).
+    Remote {
+        /// How to reach the cluster.
+        connect: ConnectArgs,
+        /// Return once the job is accepted.
+        detach: bool,
+    },
 }
 
 /// Runs `job` where `cluster` says; `start_over` begins a new line of checkpoints beside what
@@ -50,18 +57,21 @@ pub fn run(job: &JobSpec, bundle: &Bundle, cluster: Cluster, start_over: bool) -
             Cluster::Local { plugin, compile_cache, node } => {
                 launch(job, bundle, &plugin, &compile_cache, node, start_over).await
             }
-            Cluster::Remote(connect) => submit_remote(job, bundle, &connect, start_over).await,
+            Cluster::Remote { connect, detach } => {
+                submit_remote(job, bundle, &connect, start_over, detach).await
+            }
         }
     })
 }
 
-/// Submits the job to a cluster and follows it; the job token goes to `<run>/job-token` (mode
-/// 0600) for the workers.
+/// Submits the job to a cluster and, unless `detach`, follows it until it ends or Ctrl-C
+/// detaches; the job token goes to `<run>/job-token` (mode 0600) for the workers.
 async fn submit_remote(
     job: &JobSpec,
     bundle: &Bundle,
     connect: &ConnectArgs,
     start_over: bool,
+    detach: bool,
 ) -> Result<()> {
     let run_dir = std::path::absolute(job.output_dir())?;
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
@@ -81,8 +91,60 @@ async fn submit_remote(
         println!("start one worker on each of its {} hosts (slice 0 to {}):", job.mesh.dcn, job.mesh.dcn - 1);
         println!("  {}", worker_command(&submitted.job_id, connect, &token_path));
     }
-    let status = follow(&client, &submitted.job_id, None, job.steps).await?;
-    ended(&status, &run_dir)
+    if detach {
+        print!("{}", follow_hints(&submitted.job_id, connect));
+        return Ok(());
+    }
+    println!("following it here; Ctrl-C detaches (the job runs on)");
+    match follow(&client, &submitted.job_id, None, job.steps, None).await? {
+        Followed::Ended(status) => ended(&status, &run_dir),
+        Followed::CtrlC { .. } => {
+            println!("\ndetached from job {}: it runs on", submitted.job_id);
+            print!("{}", follow_hints(&submitted.job_id, connect));
+            Ok(())
+        }
+    }
+}
+
+/// The flags that reach the cluster `connect` names, as another command takes them.
+fn connect_flags(connect: &ConnectArgs) -> String {
+    let path = |p: &Path| p.display().to_string();
+    let mut flags = Vec::new();
+    if let Some(context) = &connect.context {
+        flags.push(format!("--context {context}"));
+    } else if let Some(kube) = &connect.kube_context {
+        flags.push(format!("--kube-context {kube}"));
+        if let Some(namespace) = &connect.kube_namespace {
+            flags.push(format!("--kube-namespace {namespace}"));
+        }
+    } else {
+        flags.push(format!("--coordinator {}", connect.coordinator.join(",")));
+        match (&connect.tls_dir, &connect.ca) {
+            _ if connect.insecure_plaintext => flags.push("--insecure-plaintext".into()),
+            (Some(dir), _) => flags.push(format!("--tls-dir {}", path(dir))),
+            (None, Some(ca)) => flags.push(format!("--ca {}", path(ca))),
+            (None, None) => {}
+        }
+    }
+    match (&connect.token_file, &connect.token) {
+        (Some(file), _) if connect.context.is_none() => flags.push(format!("--token-file {}", path(file))),
+        _ => {}
+    }
+    flags.join(" ")
+}
+
+/// How to follow and stop a job that runs on without this launch.
+fn follow_hints(job_id: &str, connect: &ConnectArgs) -> String {
+    let flags = connect_flags(connect);
+    let token = match (&connect.token, &connect.token_file, &connect.context) {
+        (Some(_), None, None) => " (with PODCTL_TOKEN set)",
+        _ => "",
+    };
+    format!(
+        "follow it:  podctl status {job_id} --watch {flags}\n\
+         its logs:   podctl logs {job_id} -f {flags}\n\
+         stop it:    podctl stop {job_id} {flags}{token}\n"
+    )
 }
 
 /// The `podctl worker` command a host of a cluster runs for `job_id`, with the addresses and
@@ -188,7 +250,11 @@ fn ended(status: &JobStatus, run_dir: &Path) -> Result<()> {
             crate::summary::print_held_out(run_dir);
             Ok(())
         }
-        state => bail!("the job ended {state:?}: {}", status.message),
+        state => Err(crate::exit::Classified::failed(anyhow::anyhow!(
+            "the job ended {}: {}",
+            crate::status::state_name(state),
+            status.message
+        ))),
     }
 }
 
@@ -367,23 +433,71 @@ async fn launch(
         workers.slots.push(Slot { slice, child, respawns: 0 });
     }
 
-    let outcome = follow(&client, &submitted.job_id, Some(&mut workers), job.steps).await;
+    let stop = StopOnCtrlC { every: job.checkpoint.as_ref().map(|c| c.every) };
+    let outcome = follow(&client, &submitted.job_id, Some(&mut workers), job.steps, Some(stop)).await;
     if outcome.is_err() {
         let _ = client.stop_job(&submitted.job_id).await;
     }
     tokio::task::block_in_place(|| workers.reap());
     node.stop().await.context("stopping the embedded coordinator")?;
-    let status = outcome?;
-    ended(&status, &run_dir).with_context(|| format!("worker logs in {}", run_dir.join("workers").display()))
+    match outcome? {
+        Followed::Ended(status) => ended(&status, &run_dir)
+            .with_context(|| format!("worker logs in {}", run_dir.join("workers").display())),
+        Followed::CtrlC { status, saved } => {
+            let resume = match (saved, job.checkpoint_uri()) {
+                (Some(step), Some(root)) => {
+                    format!("the checkpoint of step {step} is committed under {root}: launching it again resumes there")
+                }
+                (None, Some(_)) => "no checkpoint was committed yet: launching it again starts over".into(),
+                (_, None) => {
+                    "the job saves no checkpoints (`checkpoint: { every: N }`): launching it again starts over".into()
+                }
+            };
+            Err(crate::exit::Classified::interrupted(anyhow::anyhow!(
+                "interrupted (Ctrl-C) at step {}; {resume}",
+                status.step
+            )))
+        }
+    }
 }
 
-/// Shows the job's progress until it ends; Ctrl-C stops it.
+/// How following a job ended.
+enum Followed {
+    /// The job ended.
+    Ended(JobStatus),
+    /// Ctrl-C: a cluster's job was left running; a local one was stopped once the checkpoint of
+    /// `saved` (if any) was committed.
+    CtrlC {
+        /// The job when it was left or stopped.
+        status: JobStatus,
+        /// The step of the checkpoint it was stopped after.
+        saved: Option<u64>,
+    },
+}
+
+/// What Ctrl-C does to a local job of several slices: it stops once a checkpoint after the
+/// step it is at is committed (the next save its `checkpoint.every` schedules), so nothing is
+/// lost; at once when it saves no checkpoints.
+pub struct StopOnCtrlC {
+    /// The job's `checkpoint.every`, if it saves checkpoints.
+    pub every: Option<u64>,
+}
+
+/// The step whose checkpoint a stop waits for: the next multiple of `every` after `step`,
+/// or the job's last step.
+fn next_save(step: u64, every: u64, total: u64) -> u64 {
+    ((step / every + 1) * every).min(total)
+}
+
+/// Shows the job's progress until it ends, or Ctrl-C: `stop` says what Ctrl-C does to a local
+/// job (without it, Ctrl-C leaves a cluster's job running).
 async fn follow(
     client: &Client,
     job_id: &str,
     mut workers: Option<&mut Workers>,
     total: u64,
-) -> Result<JobStatus> {
+    stop: Option<StopOnCtrlC>,
+) -> Result<Followed> {
     let bar = ProgressBar::new(total);
     if std::io::stderr().is_terminal() {
         bar.set_style(
@@ -394,18 +508,48 @@ async fn follow(
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     let mut ctrl_c = std::pin::pin!(tokio::signal::ctrl_c());
+    let mut pressed = 0;
+    // Ctrl-C on a local job: stop once the checkpoint of this step is committed.
+    let mut stop_after: Option<u64> = None;
     let mut events_after = 0f64;
     // The step the job starts at (a resumed job's is its checkpoint's), then the last printed.
     let mut last_printed: Option<u64> = None;
     loop {
+        let mut interrupted = false;
         tokio::select! {
             _ = &mut ctrl_c => {
-                bar.suspend(|| eprintln!("stopping the job (Ctrl-C)"));
-                client.stop_job(job_id).await?;
+                interrupted = true;
+                pressed += 1;
+                ctrl_c.set(tokio::signal::ctrl_c());
             }
             _ = tokio::time::sleep(POLL) => {}
         }
         let status = client.get_job(job_id).await?;
+        if interrupted {
+            let Some(stop) = &stop else {
+                bar.finish_and_clear();
+                return Ok(Followed::CtrlC { status, saved: None });
+            };
+            match (pressed, stop.every) {
+                (1, Some(every)) => {
+                    let step = next_save(status.step, every, total);
+                    bar.suspend(|| {
+                        eprintln!(
+                            "\nCtrl-C: stopping once the checkpoint of step {step} is committed (at step {} now; \
+                             Ctrl-C again stops at once, and a relaunch resumes from the last checkpoint)",
+                            status.step
+                        )
+                    });
+                    stop_after = Some(step);
+                }
+                _ => {
+                    bar.suspend(|| eprintln!("\nCtrl-C: stopping the job now"));
+                    client.stop_job(job_id).await?;
+                    let saved = status.last_checkpoint.as_ref().map(|c| c.step);
+                    return Ok(Followed::CtrlC { status: client.get_job(job_id).await?, saved });
+                }
+            }
+        }
         // Events arrive most recent last (the last 50): print the ones not seen yet.
         let seen = events_after;
         for event in status.events.iter().filter(|e| e.unix_seconds > seen) {
@@ -433,7 +577,15 @@ async fn follow(
         }
         if status.state.is_terminal() {
             bar.finish_and_clear();
-            return Ok(status);
+            return Ok(Followed::Ended(status));
+        }
+        let saved = status.last_checkpoint.as_ref().map(|c| c.step);
+        if let Some(step) = stop_after
+            && saved.is_some_and(|s| s >= step)
+        {
+            bar.finish_and_clear();
+            client.stop_job(job_id).await?;
+            return Ok(Followed::CtrlC { status: client.get_job(job_id).await?, saved });
         }
         if let Some(workers) = workers.as_deref_mut() {
             tokio::task::block_in_place(|| workers.supervise(&bar))?;
@@ -460,8 +612,48 @@ mod tests {
     }
 
     #[test]
+    fn a_stop_waits_for_the_next_scheduled_save_or_the_last_step() {
+        assert_eq!(next_save(7, 5, 100), 10);
+        assert_eq!(next_save(10, 5, 100), 15);
+        assert_eq!(next_save(98, 5, 100), 100);
+    }
+
+    #[test]
+    fn a_detached_launch_says_how_to_follow_and_stop_the_job_with_its_own_flags() {
+        let mut connect = ConnectArgs {
+            context: None,
+            coordinator: vec!["10.0.0.1:7001".into()],
+            kube_context: None,
+            kube_namespace: None,
+            token: None,
+            token_file: Some("/home/me/token".into()),
+            ca: Some("/tls/ca.pem".into()),
+            cert: None,
+            key: None,
+            tls_dir: None,
+            insecure_plaintext: false,
+        };
+        let hints = follow_hints("j-1", &connect);
+        let flags = "--coordinator 10.0.0.1:7001 --ca /tls/ca.pem --token-file /home/me/token";
+        assert_eq!(
+            hints,
+            format!(
+                "follow it:  podctl status j-1 --watch {flags}\nits logs:   podctl logs j-1 -f {flags}\n\
+                 stop it:    podctl stop j-1 {flags}\n"
+            )
+        );
+        connect.context = Some("prod".into());
+        assert!(follow_hints("j-1", &connect).contains("podctl stop j-1 --context prod\n"));
+        connect.context = None;
+        connect.token_file = None;
+        connect.token = Some("t".into());
+        assert!(follow_hints("j-1", &connect).ends_with("--ca /tls/ca.pem (with PODCTL_TOKEN set)\n"));
+    }
+
+    #[test]
     fn the_worker_command_carries_the_launch_s_addresses_and_tls() {
         let mut connect = ConnectArgs {
+            context: None,
             coordinator: vec!["10.0.0.1:7001".into(), "10.0.0.2:7001".into()],
             kube_context: None,
             kube_namespace: None,

@@ -1,15 +1,16 @@
 //! `podctl logs JOB [-f] [--slice S] [--tail N]`: the workers' log lines as the coordinator
-//! leader keeps them, merged in arrival order and labelled with slice, worker, generation and
-//! step ([`format_line`] is pure). With `-f` it follows; when the leader changes the stream ends
-//! and it reconnects, skipping lines it already printed (a new leader starts with an empty
-//! ring, so lines pushed during the change may be missing).
+//! leader keeps them, merged in arrival order and labelled with local time, slice, worker,
+//! generation and step ([`format_line`] is pure). With `-f` it follows; when the leader changes
+//! the stream ends and it reconnects to the new one, which reads the lines its predecessor took
+//! from the job's run record (and the workers push again what the old one never answered), so
+//! nothing is missing; lines already printed are recognised by their worker's count and skipped.
 
 use crate::connect::ConnectArgs;
 use crate::status::clock;
 use anyhow::Context;
 use clap::Args;
 use client::LogLine;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::io::Write;
 use std::time::Duration;
 
@@ -47,28 +48,39 @@ pub fn format_line(line: &LogLine) -> String {
     out
 }
 
-/// Lines already printed, so a reconnect does not print them twice.
+/// Lines of unnumbered workers remembered, to recognise them after a reconnect.
+const BARE_REMEMBERED: usize = 100_000;
+
+/// Lines already printed, so a reconnect does not print them twice: a worker's lines come in
+/// the order it numbered them (`seq`), so the highest number printed per worker says which
+/// are new; lines without a number are remembered whole, a bounded number of them.
 #[derive(Default)]
 struct Seen {
-    last_ms: u64,
-    at_last_ms: BTreeSet<(String, String)>,
+    newest: HashMap<String, u64>,
+    bare: BTreeSet<(u64, String, String)>,
 }
 
 impl Seen {
     /// Whether `line` is new (and remembers it).
     fn admit(&mut self, line: &LogLine) -> bool {
-        let key = (line.worker_id.clone(), line.message.clone());
-        match line.unix_ms.cmp(&self.last_ms) {
-            std::cmp::Ordering::Less => false,
-            std::cmp::Ordering::Equal => self.at_last_ms.insert(key),
-            std::cmp::Ordering::Greater => {
-                self.last_ms = line.unix_ms;
-                self.at_last_ms = BTreeSet::from([key]);
-                true
-            }
+        if line.seq > 0 {
+            let newest = self.newest.entry(line.worker_id.clone()).or_default();
+            let new = line.seq > *newest;
+            *newest = (*newest).max(line.seq);
+            return new;
         }
+        let new = self.bare.insert((line.unix_ms, line.worker_id.clone(), line.message.clone()));
+        if self.bare.len() > BARE_REMEMBERED {
+            self.bare.pop_first();
+        }
+        new
     }
 }
+
+/// How often `-f` asks whether the job ended.
+const ENDED_POLL: Duration = Duration::from_secs(2);
+/// Once the job ended, `-f` stops after this long without a line (the workers' last words).
+const LAST_WORDS: Duration = Duration::from_secs(3);
 
 /// Runs `podctl logs`.
 pub fn run(args: &LogsArgs) -> anyhow::Result<()> {
@@ -77,26 +89,37 @@ pub fn run(args: &LogsArgs) -> anyhow::Result<()> {
         let printing = async {
             let mut seen = Seen::default();
             let mut tail = args.tail;
+            // When the job was seen to have ended, and the last line came.
+            let mut ended = false;
+            let mut last_line = tokio::time::Instant::now();
             loop {
                 let mut stream = client
                     .logs(&args.job, args.follow, args.slice, tail)
                     .await
                     .with_context(|| format!("logs of {}", args.job))?;
-                while let Ok(Some(line)) = stream.next().await {
-                    if seen.admit(&line) {
-                        let mut stdout = std::io::stdout().lock();
-                        writeln!(stdout, "{}", format_line(&line))?;
-                        stdout.flush()?;
+                let mut poll = tokio::time::interval(ENDED_POLL);
+                loop {
+                    tokio::select! {
+                        line = stream.next() => {
+                            let Ok(Some(line)) = line else { break };
+                            last_line = tokio::time::Instant::now();
+                            if seen.admit(&line) {
+                                let mut stdout = std::io::stdout().lock();
+                                writeln!(stdout, "{}", format_line(&line))?;
+                                stdout.flush()?;
+                            }
+                        }
+                        _ = poll.tick(), if args.follow && !ended => {
+                            ended = client.get_job(&args.job).await.is_ok_and(|s| s.state.is_terminal());
+                        }
+                        () = tokio::time::sleep_until(last_line + LAST_WORDS), if ended => return Ok(()),
                     }
                 }
                 if !args.follow {
                     return Ok(());
                 }
-                let status = client.get_job(&args.job).await?;
-                if status.state.is_terminal() {
-                    return Ok(());
-                }
-                // After a leader change, every line it kept (the filter drops repeats).
+                // The stream ended: the leader changed (or left). The new one serves every line
+                // kept, from the run record; the filter drops those already printed.
                 tail = 0;
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
@@ -122,17 +145,18 @@ mod tests {
             message: message.into(),
             step: 12,
             generation: 2,
+            seq: 0,
         }
     }
 
     #[test]
-    fn lines_are_labelled_with_slice_worker_generation_and_step() {
+    fn lines_are_labelled_with_local_time_slice_worker_generation_and_step() {
         assert_eq!(
             format_line(&line(3_661_042, "w-3", "slow all-reduce\n")),
-            "01:01:01.042 s1 w-3 g2 step 12 WARN  slow all-reduce"
+            format!("{}.042 s1 w-3 g2 step 12 WARN  slow all-reduce", clock(3661.0))
         );
         let bare = LogLine { unix_ms: 5, worker_id: "w".into(), message: "hi".into(), ..Default::default() };
-        assert_eq!(format_line(&bare), "00:00:00.005 s0 w INFO  hi");
+        assert_eq!(format_line(&bare), format!("{}.005 s0 w INFO  hi", clock(0.0)));
     }
 
     #[test]
@@ -146,5 +170,21 @@ mod tests {
         assert!(!seen.admit(&line(11, "a", "y")));
         assert!(seen.admit(&line(11, "a", "z")));
         assert!(seen.admit(&line(12, "a", "x")));
+    }
+
+    #[test]
+    fn numbered_lines_are_new_by_their_worker_s_count_whatever_their_time() {
+        let numbered = |worker: &str, seq, ms| LogLine { seq, ..line(ms, worker, "m") };
+        let mut seen = Seen::default();
+        assert!(seen.admit(&numbered("a", 1, 500)));
+        // Another worker's batch with earlier times arrives later: still new.
+        assert!(seen.admit(&numbered("b", 1, 100)));
+        assert!(seen.admit(&numbered("a", 2, 600)));
+        // After a reconnect, the new leader's backlog from the run record.
+        assert!(!seen.admit(&numbered("a", 1, 500)));
+        assert!(!seen.admit(&numbered("a", 2, 600)));
+        assert!(!seen.admit(&numbered("b", 1, 100)));
+        assert!(seen.admit(&numbered("b", 2, 110)));
+        assert!(seen.admit(&numbered("a", 3, 700)));
     }
 }

@@ -38,11 +38,18 @@ pub struct PlanArgs {
     /// choice rests on (slower: a training-program compile per mesh).
     #[arg(long)]
     every_mesh: bool,
+    /// Override a spec field, checked as the file is (repeatable): `--set batch.micro=8`.
+    #[arg(long = "set", value_name = "FIELD=VALUE")]
+    set: Vec<String>,
+    /// The plan as one JSON object (every candidate, the choice, the cliff, this job's verdict).
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn run(args: &PlanArgs) -> Result<()> {
     let started = Instant::now();
-    let job = JobSpec::load_with(&args.job, &crate::models::HfReader)?;
+    let overrides = crate::overrides(&args.set)?;
+    let job = JobSpec::load_overridden(&args.job, &overrides, &crate::models::HfReader)?;
     let workload = job.workload()?;
     let accelerator = match &args.target {
         Some(name) => {
@@ -57,14 +64,22 @@ pub fn run(args: &PlanArgs) -> Result<()> {
     let mut out = String::new();
     let plan = if args.exact {
         let (plan, summary) = exact_plan(&job, &workload, &target, &options)?;
-        out.push_str(&summary);
+        if !args.json {
+            out.push_str(&summary);
+        }
         plan
     } else {
         planner::plan_analytic(&workload, &target, &options)?
     };
-    out.push_str(&render_plan(&plan, args.all));
-    out.push_str(&this_job(&job, &plan));
-    out.push_str(&format!("\nwall time {:.2} s\n", started.elapsed().as_secs_f64()));
+    if args.json {
+        let mut v = plan_json(&plan, &job);
+        v["wall_seconds"] = started.elapsed().as_secs_f64().into();
+        out = v.to_string() + "\n";
+    } else {
+        out.push_str(&render_plan(&plan, args.all));
+        out.push_str(&this_job(&job, &plan));
+        out.push_str(&format!("\nwall time {:.2} s\n", started.elapsed().as_secs_f64()));
+    }
     // A reader that stops early (`| head`) is not an error.
     match std::io::stdout().lock().write_all(out.as_bytes()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e).context("writing the plan"),
@@ -108,20 +123,18 @@ fn exact_plan(
     Ok((plan, summary))
 }
 
-/// libtpu from `PODCTL_LIBTPU` or the project's Python environment (scripts/setup.sh installs it).
+/// libtpu from `PODCTL_LIBTPU` or podctl's Python environment (the wheel's `tpu` extra;
+/// scripts/setup.sh --test installs it into a checkout's).
 fn libtpu(tools: &Toolchain) -> Result<PathBuf> {
     if let Some(path) = std::env::var_os("PODCTL_LIBTPU") {
         return Ok(PathBuf::from(path));
     }
-    let lib = tools.home.join(".venv/lib");
-    let found = std::fs::read_dir(&lib).ok().and_then(|entries| {
-        entries.flatten().map(|e| e.path().join("site-packages/libtpu/libtpu.so")).find(|p| p.exists())
-    });
-    match found {
+    match tools.find_installed(crate::toolchain::LIBTPU) {
         Some(path) => Ok(path),
         None => bail!(
-            "no libtpu under {}; exact plans for TPU compile through it: run scripts/setup.sh or set PODCTL_LIBTPU",
-            lib.display()
+            "no libtpu in podctl's Python environment; exact plans for TPU compile through it: install it with \
+             `{}` or set PODCTL_LIBTPU",
+            tools.pip_install(crate::toolchain::LIBTPU_REQUIREMENT)
         ),
     }
 }
@@ -157,6 +170,69 @@ fn this_job(job: &JobSpec, plan: &Plan) -> String {
         );
     }
     text
+}
+
+/// One candidate for scripts: its levers, peak bytes (analytic, exact when measured, and the
+/// best known), whether it fits and by how much, and the estimated step time.
+fn row_json(row: &planner::Row, limit: u64, chosen: bool) -> serde_json::Value {
+    let c = &row.candidate;
+    let (exact, exact_error) = match &row.exact {
+        planner::Exact::Measured(m) => (Some(m.peak()), None),
+        planner::Exact::Failed(reason) => (None, Some(reason.as_str())),
+        planner::Exact::NotMeasured => (None, None),
+    };
+    serde_json::json!({
+        "mesh": { "dcn": c.layout.dcn, "fsdp": c.layout.fsdp, "tp": c.layout.tp },
+        "micro_batch": c.micro_batch,
+        "remat": c.remat.to_string(),
+        "attention": c.attention.to_string(),
+        "offload": c.offload,
+        "analytic_peak_bytes": row.analytic.peak(),
+        "exact_peak_bytes": exact,
+        "exact_error": exact_error,
+        "peak_bytes": row.peak(),
+        "fits": row.fits(limit),
+        "margin_bytes": row.margin(limit),
+        "step_seconds": row.time.total(),
+        "dcn_bytes_per_step": row.time.dcn_bytes,
+        "chosen": chosen,
+    })
+}
+
+/// `podctl plan --json`: the target, the choice, this job's own layout, every candidate (all
+/// of them, not only those the table shows), the memory cliff and the layouts skipped.
+fn plan_json(plan: &Plan, job: &JobSpec) -> serde_json::Value {
+    let limit = plan.limit();
+    let candidates: Vec<_> =
+        plan.rows.iter().enumerate().map(|(i, row)| row_json(row, limit, plan.choice == Some(i))).collect();
+    let this_job = match job.candidate() {
+        Ok(candidate) => match plan.row(&candidate) {
+            Some(row) => serde_json::json!({
+                "candidate": candidate.to_string(),
+                "considered": true,
+                "fits": row.fits(limit),
+                "peak_bytes": row.peak(),
+                "margin_bytes": row.margin(limit),
+            }),
+            None => serde_json::json!({ "candidate": candidate.to_string(), "considered": false }),
+        },
+        Err(error) => serde_json::json!({ "error": error.to_string() }),
+    };
+    serde_json::json!({
+        "target": {
+            "accelerator": plan.target.accelerator.name,
+            "slices": plan.target.slices,
+            "memory_limit_bytes": limit,
+        },
+        "choice": plan.chosen().map(|row| row_json(row, limit, true)),
+        "this_job": this_job,
+        "candidates": candidates,
+        "cliff": plan.cliff,
+        "skipped": plan.skipped.iter().map(|(layout, why)| serde_json::json!({
+            "mesh": { "dcn": layout.dcn, "fsdp": layout.fsdp, "tp": layout.tp },
+            "reason": why,
+        })).collect::<Vec<_>>(),
+    })
 }
 
 /// The exact compiles as a progress bar on a terminal, one line per event otherwise.

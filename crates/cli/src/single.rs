@@ -8,7 +8,7 @@ use job::JobSpec;
 use record::RunRecord;
 use std::time::Instant;
 use worker::single::Resume;
-use worker::{Slice, Trainer};
+use worker::{Ended, Slice, Trainer};
 
 /// Compiles the bundle for this machine's devices and trains the job, with a progress bar and
 /// the run record in the job's run directory.
@@ -27,9 +27,30 @@ pub fn run(
     }
     let record = RunRecord::create(job.output_dir())?;
     let mut progress = Progress::new(record, job.steps);
-    let outcome = worker::single::run(&mut trainer, job, &mut progress, &resume);
+    let saving = match job.checkpoint {
+        Some(_) => "Ctrl-C: stopping after this step, saving a checkpoint of it",
+        None => "Ctrl-C: stopping after this step (the job saves no checkpoints)",
+    };
+    let ctrl_c = crate::interrupt::CtrlC::watch(saving)?;
+    let outcome = worker::single::run(&mut trainer, job, &mut progress, &resume, &ctrl_c);
     let record = progress.finish()?;
-    let run = outcome?;
+    let run = outcome.map_err(crate::exit::Classified::failed)?;
+    if let Ended::Interrupted = run.trained.ended {
+        let step = run.trained.last.as_ref().map_or(run.trained.start, |last| last.step);
+        record.plot()?;
+        let resume = match job.checkpoint_uri() {
+            Some(root) => {
+                format!("its checkpoint is committed under {root}: launching it again resumes there")
+            }
+            None => {
+                "the job saves no checkpoints (`checkpoint: { every: N }`): launching it again starts over"
+                    .into()
+            }
+        };
+        return Err(crate::exit::Classified::interrupted(anyhow::anyhow!(
+            "interrupted (Ctrl-C) after step {step}; {resume}"
+        )));
+    }
     if run.trained.steps() == 0 {
         summary::print_nothing_to_train(run.trained.start);
         return Ok(());

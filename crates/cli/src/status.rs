@@ -278,10 +278,20 @@ pub fn duration(seconds: f64) -> String {
     }
 }
 
-/// A unix time as `HH:MM:SS` UTC.
+/// A unix time as `HH:MM:SS` in the local time zone (`TZ`, else `/etc/localtime`).
 pub fn clock(unix: f64) -> String {
-    let s = unix.max(0.0) as u64 % 86400;
-    format!("{:02}:{:02}:{:02}", s / 3600, (s % 3600) / 60, s % 60)
+    let seconds = unix.max(0.0).floor();
+    let nanos = ((unix.max(0.0) - seconds) * 1e9) as u32;
+    match chrono::DateTime::from_timestamp(seconds as i64, nanos) {
+        Some(utc) => utc.with_timezone(&chrono::Local).format("%H:%M:%S").to_string(),
+        None => "--:--:--".into(),
+    }
+}
+
+/// How long ago `unix` was, as [`duration`] says it; `None` for a time that is not known (0,
+/// as a record written before times were kept has it).
+pub fn age(now_unix: f64, unix: f64) -> Option<String> {
+    (unix > 0.0 && unix.is_finite()).then(|| duration((now_unix - unix).max(0.0)))
 }
 
 fn loss(v: f64) -> String {
@@ -333,6 +343,9 @@ pub fn render_job(s: &JobStatus, cluster: Option<&ClusterInfo>, now_unix: f64) -
         s.generation,
         leader
     ));
+    if let Some(members) = cluster.and_then(members_line) {
+        lines.push(members);
+    }
     let pct = if s.total_steps == 0 { 0.0 } else { 100.0 * s.step as f64 / s.total_steps as f64 };
     let mut progress = format!(
         "step {}/{} {} {pct:.1}%  loss {}  {} tok/s  {:.3} s/step",
@@ -363,10 +376,10 @@ pub fn render_job(s: &JobStatus, cluster: Option<&ClusterInfo>, now_unix: f64) -
     }
     lines.push(match &s.last_checkpoint {
         Some(c) => format!(
-            "checkpoint step {}  {}  {} ago  {}",
+            "checkpoint step {}  {}  {}  {}",
             c.step,
             bytes(c.bytes),
-            duration(now_unix - c.committed_unix),
+            age(now_unix, c.committed_unix).map_or("saved at an unknown time".into(), |a| format!("{a} ago")),
             c.uri
         ),
         None => "checkpoint none yet".into(),
@@ -430,6 +443,36 @@ pub fn phase_line(metrics: &BTreeMap<String, f64>, step_seconds: f64) -> Option<
     Some(format!("phases {}  (sum {total:.3}s of {step_seconds:.3}s)", parts.join(" · ")))
 }
 
+/// The coordinator nodes and whether they answer the node that answered:
+/// `coordinators 1 leader · 2 ok · 3 UNREACHABLE for 25s (connection refused)`; `None` without
+/// members.
+pub fn members_line(c: &ClusterInfo) -> Option<String> {
+    if c.members.is_empty() {
+        return None;
+    }
+    let members: Vec<String> = c
+        .members
+        .iter()
+        .map(|m| {
+            let state = match m.reachability.as_str() {
+                _ if m.id == c.leader_id => "leader".to_string(),
+                "unreachable" => {
+                    let why = match m.unreachable_error.as_str() {
+                        "" => String::new(),
+                        error => format!(" ({})", error.chars().take(80).collect::<String>()),
+                    };
+                    format!("UNREACHABLE for {}{why}", duration(m.unreachable_seconds))
+                }
+                "self" | "answering" => "ok".to_string(),
+                _ => "?".to_string(),
+            };
+            let learner = if m.voter { "" } else { " learner" };
+            format!("{}{learner} {state}", m.id)
+        })
+        .collect();
+    Some(format!("coordinators {}", members.join(" · ")))
+}
+
 /// Every job as a table, with who leads.
 pub fn render_list(jobs: &[JobStatus], cluster: Option<&ClusterInfo>) -> Vec<String> {
     let mut lines = Vec::new();
@@ -442,6 +485,7 @@ pub fn render_list(jobs: &[JobStatus], cluster: Option<&ClusterInfo>) -> Vec<Str
             c.commit_index,
             c.members.len()
         ));
+        lines.extend(members_line(c));
     }
     if jobs.is_empty() {
         lines.push("no jobs".into());
@@ -501,7 +545,14 @@ fn cluster_json(c: &ClusterInfo) -> Value {
         "leader_address": c.leader_address,
         "term": c.term,
         "commit_index": c.commit_index,
-        "members": c.members.iter().map(|m| json!({"id": m.id, "address": m.address, "voter": m.voter})).collect::<Vec<_>>(),
+        "members": c.members.iter().map(|m| json!({
+            "id": m.id,
+            "address": m.address,
+            "voter": m.voter,
+            "reachability": m.reachability,
+            "unreachable_seconds": m.unreachable_seconds,
+            "unreachable_error": m.unreachable_error,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -529,7 +580,11 @@ pub fn status_json(s: &JobStatus, cluster: Option<&ClusterInfo>) -> Value {
             "heartbeat_age_seconds": finite(sl.heartbeat_age_seconds),
         })).collect::<Vec<_>>(),
         "last_checkpoint": s.last_checkpoint.as_ref().map(|c| json!({
-            "step": c.step, "uri": c.uri, "committed_unix": c.committed_unix, "bytes": c.bytes,
+            "step": c.step,
+            "uri": c.uri,
+            // Not known: null, not the epoch.
+            "committed_unix": (c.committed_unix > 0.0).then_some(c.committed_unix),
+            "bytes": c.bytes,
         })),
         "events": s.events.iter().map(|e| json!({
             "unix_seconds": e.unix_seconds, "kind": e.kind, "step": e.step, "detail": e.detail,
@@ -612,10 +667,13 @@ mod tests {
         assert_eq!(lines[4], "0      w1      host-a  0,2    ok      150   0.2s ago");
         assert_eq!(lines[5], "1      w4      host-b  1      late    149   2.5s ago");
         assert_eq!(lines[6], "recent events");
-        // The last six events, oldest first, with their UTC time.
+        // The last six events, oldest first, with their local time.
         assert_eq!(lines.len(), 7 + EVENTS_SHOWN, "{text}");
-        assert!(lines[7].starts_with("  01:00:02  checkpoint  step 20  event 2"), "{text}");
-        assert_eq!(lines.last().unwrap(), "  01:00:07  recovery    step 70  event 7");
+        assert!(
+            lines[7].starts_with(&format!("  {}  checkpoint  step 20  event 2", clock(3602.0))),
+            "{text}"
+        );
+        assert_eq!(lines.last().unwrap(), &format!("  {}  recovery    step 70  event 7", clock(3607.0)));
     }
 
     #[test]
@@ -651,7 +709,10 @@ mod tests {
         assert_eq!(render_list(&[], None), ["no jobs"]);
         assert_eq!(
             watch_line(&sample(), 3661.0),
-            "01:01:01 tiny-arith running step 150/300 loss 2.5000 12.3k tok/s gen 2 slices 1=late"
+            format!(
+                "{} tiny-arith running step 150/300 loss 2.5000 12.3k tok/s gen 2 slices 1=late",
+                clock(3661.0)
+            )
         );
     }
 
@@ -690,6 +751,42 @@ mod tests {
         assert_eq!(phase_line(&BTreeMap::new(), 0.5), None);
         let unknown_step = phase_line(&s.metrics, 0.0).unwrap();
         assert!(unknown_step.starts_with("phases gradients 0.375s · rollout"), "{unknown_step}");
+    }
+
+    #[test]
+    fn an_unknown_checkpoint_time_is_not_an_age_and_members_show_their_reachability() {
+        let mut s = sample();
+        s.last_checkpoint.as_mut().unwrap().committed_unix = 0.0;
+        let lines = render_job(&s, None, 1.8e9);
+        assert_eq!(lines[2], "checkpoint step 100  3.0 MiB  saved at an unknown time  file:///ckpt/100");
+        assert!(status_json(&s, None)["last_checkpoint"]["committed_unix"].is_null());
+        assert_eq!(age(100.0, 40.0).as_deref(), Some("1m00s"));
+        let member = |id, reachability: &str, seconds, error: &str| client::Member {
+            id,
+            address: format!("10.0.0.{id}:7001"),
+            voter: true,
+            reachability: reachability.into(),
+            unreachable_seconds: seconds,
+            unreachable_error: error.into(),
+            ..Default::default()
+        };
+        let cluster = ClusterInfo {
+            leader_id: 1,
+            leader_address: "10.0.0.1:7001".into(),
+            term: 3,
+            members: vec![
+                member(1, "self", 0.0, ""),
+                member(2, "answering", 0.0, ""),
+                member(3, "unreachable", 25.2, "transport error"),
+            ],
+            ..Default::default()
+        };
+        let lines = render_job(&s, Some(&cluster), 1.8e9);
+        assert_eq!(lines[1], "coordinators 1 leader · 2 ok · 3 UNREACHABLE for 25s (transport error)");
+        let listed = render_list(&[], Some(&cluster));
+        assert_eq!(listed[1], lines[1]);
+        let v = status_json(&s, Some(&cluster));
+        assert_eq!(v["cluster"]["members"][2]["reachability"], "unreachable");
     }
 
     #[test]

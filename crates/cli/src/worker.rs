@@ -50,8 +50,9 @@ pub struct WorkerArgs {
     grace_period_seconds: u64,
 }
 
-/// Exit code of a worker that left on SIGTERM (preempted), as opposed to one told to stop.
-pub const PREEMPTED_EXIT: u8 = 3;
+/// Exit status of a worker that left on SIGTERM (preempted), as opposed to one told to stop:
+/// 128 + 15, what a shell reports for a process SIGTERM ended.
+pub const PREEMPTED_EXIT: u8 = 143;
 
 pub fn run(args: WorkerArgs) -> Result<u8> {
     let mut coordinator = args.connect.client_config()?;
@@ -105,7 +106,7 @@ async fn sigterm() {
 mod tests {
     use super::*;
     use clap::Parser;
-    use controller::{DesiredJob, TpuSlice, WorkerTemplate};
+    use controller::{DesiredJob, ObjectRef, Resources, TpuSlice, WorkerTemplate};
 
     #[derive(Parser)]
     struct Cli {
@@ -121,12 +122,14 @@ mod tests {
     #[test]
     fn a_worker_pod_s_deadline_is_its_grace_period() {
         for grace in [15, 120] {
+            let slice = TpuSlice::new("tpu-v6e-slice", "2x4", None).unwrap();
             let template = WorkerTemplate {
                 namespace: "train".into(),
                 instance: "podctl".into(),
                 image: "podctl-worker:test".into(),
                 coordinator: "podctl.train.svc:7001".into(),
-                slice: TpuSlice::new("tpu-v6e-slice", "2x4", None).unwrap(),
+                resources: Resources::for_slice(&slice).unwrap(),
+                slice,
                 spot: true,
                 grace_period_seconds: grace,
                 host_network: true,
@@ -141,8 +144,12 @@ mod tests {
                 devices_per_slice: 8,
                 worker_token: "t".into(),
                 registrations: vec![],
+                object_uid: Some("u".into()),
+                queue: None,
+                priority_class: None,
             };
-            let pod = template.pod(&job, 0, 0, 0);
+            let owner = ObjectRef { name: "llm-1-job".into(), uid: "u".into() };
+            let pod = template.pod(&job, &owner, 0, 0, 0, &Default::default());
             let spec = pod.spec.unwrap();
             let container = &spec.containers[0];
             // The pod's own command line, as the kubelet runs it, and the plugin the worker

@@ -157,6 +157,9 @@ pub struct LogLine {
     pub step: u64,
     /// The worker's generation then.
     pub generation: u64,
+    /// The worker's count of its lines, from 1 (0: not numbered): a line seen again, from a
+    /// retried push or the run record, has the same `(worker_id, seq)`.
+    pub seq: u64,
 }
 
 /// The coordinator cluster as the node that answered sees it.
@@ -181,7 +184,7 @@ pub struct ClusterInfo {
 }
 
 /// A coordinator node of the cluster.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Member {
     /// Its Raft id.
     pub id: u64,
@@ -191,6 +194,13 @@ pub struct Member {
     pub voter: bool,
     /// The log index the leader knows it holds (known on the leader only).
     pub matched_index: u64,
+    /// Whether it answers the answering node's Raft calls: `self`, `answering`, `unreachable`,
+    /// or `unknown` (a follower calls its peers only in elections).
+    pub reachability: String,
+    /// How long it has not answered (`unreachable` only).
+    pub unreachable_seconds: f64,
+    /// Why the first unanswered call failed (`unreachable` only).
+    pub unreachable_error: String,
 }
 
 /// A job to submit. Its checkpoint root is not part of it: the coordinator decides it from the
@@ -299,15 +309,15 @@ impl From<v1::CheckpointInfo> for CheckpointInfo {
 
 impl From<v1::LogLine> for LogLine {
     fn from(l: v1::LogLine) -> Self {
-        let v1::LogLine { job_id, worker_id, slice, unix_ms, level, message, step, generation } = l;
-        Self { job_id, worker_id, slice, unix_ms, level, message, step, generation }
+        let v1::LogLine { job_id, worker_id, slice, unix_ms, level, message, step, generation, seq } = l;
+        Self { job_id, worker_id, slice, unix_ms, level, message, step, generation, seq }
     }
 }
 
 impl From<LogLine> for v1::LogLine {
     fn from(l: LogLine) -> Self {
-        let LogLine { job_id, worker_id, slice, unix_ms, level, message, step, generation } = l;
-        Self { job_id, worker_id, slice, unix_ms, level, message, step, generation }
+        let LogLine { job_id, worker_id, slice, unix_ms, level, message, step, generation, seq } = l;
+        Self { job_id, worker_id, slice, unix_ms, level, message, step, generation, seq }
     }
 }
 
@@ -326,6 +336,9 @@ impl From<v1::ClusterInfo> for ClusterInfo {
                     address: m.address,
                     voter: m.voter,
                     matched_index: m.matched_index,
+                    reachability: m.reachability,
+                    unreachable_seconds: m.unreachable_seconds,
+                    unreachable_error: m.unreachable_error,
                 })
                 .collect(),
             answered_by: c.answered_by,
@@ -523,6 +536,7 @@ mod tests {
             message: "m".into(),
             step: 3,
             generation: 4,
+            seq: 5,
         };
         assert_eq!(LogLine::from(v1::LogLine::from(line.clone())), line);
     }

@@ -1,6 +1,7 @@
 //! Finding the leader: the client's nodes, redirects, retries and deadlines.
 
 use crate::ClientError;
+use crate::refusal;
 use crate::tls::{ClientTls, endpoint_via};
 use proto::v1::{jobs_client::JobsClient, workers_client::WorkersClient};
 use std::collections::BTreeMap;
@@ -62,27 +63,45 @@ pub struct Client {
     auth: MetadataValue<tonic::metadata::Ascii>,
 }
 
-/// Whether a refusal provably did nothing, so even a non-idempotent call may be repeated: the
-/// coordinator's "not the leader" and "catching up" answers (UNAVAILABLE), and a connection
-/// that was never made.
+/// Whether a refusal provably did nothing, so even a non-idempotent call may be repeated: an
+/// UNAVAILABLE whose details say the coordinator did nothing (not the leader, catching up,
+/// [`Refusal::did_nothing`]), or whose source is a connection that was never made (the
+/// channel's connector failed: no request left this process).
 pub fn retry_safe(status: &Status) -> bool {
-    let m = status.message();
     status.code() == Code::Unavailable
-        && (m.starts_with("not the leader")
-            || m.contains("catching up")
-            || m.contains("tcp connect error")
-            || m.contains("Connection refused"))
+        && (refusal::of(status).is_some_and(|(r, _)| r.did_nothing()) || never_connected(status))
+}
+
+/// Whether `status` comes from a connection that was never made.
+fn never_connected(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if error.is::<tonic::ConnectError>() {
+            return true;
+        }
+        source = error.source();
+    }
+    false
+}
+
+/// The `authorization` metadata of `token`.
+fn bearer(token: &str) -> Result<MetadataValue<tonic::metadata::Ascii>, ClientError> {
+    format!("Bearer {token}").parse().map_err(|_| ClientError::Config {
+        setting: "token",
+        reason: "the token must be printable ASCII".into(),
+    })
 }
 
 impl Client {
     /// A client of the cluster at `config.addresses` (nothing is dialled yet).
     pub fn new(config: ClientConfig) -> Result<Self, ClientError> {
         if config.addresses.is_empty() {
-            return Err(ClientError::Config("no coordinator address given".into()));
+            return Err(ClientError::Config {
+                setting: "addresses",
+                reason: "no coordinator address given".into(),
+            });
         }
-        let auth = format!("Bearer {}", config.token)
-            .parse()
-            .map_err(|_| ClientError::Config("the token must be printable ASCII".into()))?;
+        let auth = bearer(&config.token)?;
         let mut nodes = Vec::new();
         for addr in &config.addresses {
             nodes.push((addr.clone(), Self::dial(&config, addr)?));
@@ -94,15 +113,12 @@ impl Client {
         let connect = config.routes.get(addr).map_or(addr, String::as_str);
         endpoint_via(addr, connect, config.tls.as_ref(), config.call_timeout)
             .map(|e| e.connect_lazy())
-            .map_err(ClientError::Config)
+            .map_err(|reason| ClientError::Config { setting: "address", reason })
     }
 
     /// The same cluster, calling with another token (a job's).
     pub fn with_token(&self, token: &str) -> Result<Self, ClientError> {
-        let auth = format!("Bearer {token}")
-            .parse()
-            .map_err(|_| ClientError::Config("the token must be printable ASCII".into()))?;
-        Ok(Self { inner: self.inner.clone(), auth })
+        Ok(Self { inner: self.inner.clone(), auth: bearer(token)? })
     }
 
     /// The address the client currently believes leads.
@@ -228,22 +244,41 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Refusal;
 
     #[test]
     fn only_refusals_that_did_nothing_are_safe_to_repeat() {
         // What a follower and a leader still catching up answer (the coordinator's tests check
         // that its own refusals are these).
-        assert!(retry_safe(&Status::unavailable("not the leader; the leader is a:1")));
-        assert!(retry_safe(&Status::unavailable("this node was just elected and is catching up; retry")));
-        assert!(!retry_safe(&Status::unavailable("the cluster could not commit: timeout")));
-        assert!(!retry_safe(&Status::failed_precondition("not the leader")));
+        let refused = |code, refusal| refusal::status(code, "words", refusal, &[]);
+        assert!(retry_safe(&refused(Code::Unavailable, Refusal::NotLeader)));
+        assert!(retry_safe(&refused(Code::Unavailable, Refusal::CatchingUp)));
+        assert!(!retry_safe(&refused(Code::Unavailable, Refusal::NoCommit)));
+        assert!(!retry_safe(&refused(Code::FailedPrecondition, Refusal::NotLeader)));
+        // The words are for people: alone, they decide nothing.
+        assert!(!retry_safe(&Status::unavailable("not the leader; the leader is a:1")));
+        assert!(!retry_safe(&Status::unavailable("tcp connect error: Connection refused")));
+    }
+
+    #[tokio::test]
+    async fn a_connection_never_made_is_safe_to_repeat_and_a_timeout_is_not() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let channel = endpoint_via("a", &format!("127.0.0.1:{port}"), None, Duration::from_secs(1))
+            .unwrap()
+            .connect_lazy();
+        let status = Client::jobs(channel).list(proto::v1::ListJobsRequest {}).await.unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert!(retry_safe(&status), "nobody listens, so nothing was sent: {status:?}");
+        assert!(!retry_safe(&Status::deadline_exceeded("no answer within 10s")));
     }
 
     #[test]
     fn a_client_needs_an_address_and_a_printable_token() {
-        assert!(matches!(Client::new(ClientConfig::new(vec![], "t", None)), Err(ClientError::Config(_))));
+        let none = Client::new(ClientConfig::new(vec![], "t", None)).err().unwrap();
+        assert!(matches!(none, ClientError::Config { setting: "addresses", .. }), "{none}");
         let bad = ClientConfig::new(vec!["127.0.0.1:1".into()], "line\nbreak", None);
-        assert!(Client::new(bad).is_err());
+        let bad = Client::new(bad).err().unwrap();
+        assert!(matches!(bad, ClientError::Config { setting: "token", .. }), "{bad}");
     }
 
     #[tokio::test]

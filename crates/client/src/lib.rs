@@ -13,6 +13,8 @@
 //! - [`workers`]: the worker protocol (registration, the session, step and checkpoint reports,
 //!   log lines, the rendezvous keys). Workers speak the protocol, so these calls take and
 //!   return `proto::v1` messages.
+//! - [`refusal`]: why the coordinator refused a call, as a type in the status's details
+//!   ([`Refusal`]); the coordinator builds its refusals with it, the client decides by it.
 //! - [`tls`]: the CA and client certificate a client presents, and the gRPC endpoint to a
 //!   coordinator (the coordinator dials its Raft peers through the same [`tls::endpoint`]).
 //!
@@ -25,6 +27,7 @@
 mod error;
 pub mod jobs;
 mod leader;
+pub mod refusal;
 pub mod tls;
 pub mod workers;
 
@@ -34,5 +37,6 @@ pub use jobs::{
     Submitted, Updates,
 };
 pub use leader::{Client, ClientConfig, retry_safe};
+pub use refusal::Refusal;
 pub use tls::ClientTls;
 pub use workers::Session;

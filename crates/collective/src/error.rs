@@ -141,5 +141,20 @@ pub enum Error {
     Aborted,
 }
 
+impl fault::Classify for Error {
+    /// A member that vanished or stayed silent may be back (or replaced) in the next
+    /// generation; an abort or a newer generation is on purpose; a bad configuration is the
+    /// input's; anything else failed the ring.
+    fn fault(&self) -> fault::Fault {
+        use fault::Fault;
+        match self {
+            Error::Timeout { .. } | Error::PeerLost { .. } => Fault::Unreachable,
+            Error::Aborted | Error::StaleGeneration { .. } => Fault::Interrupted,
+            Error::InvalidConfig { .. } | Error::Bind { .. } => Fault::Input,
+            _ => Fault::Failed,
+        }
+    }
+}
+
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

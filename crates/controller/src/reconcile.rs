@@ -1,23 +1,27 @@
 //! The reconcile loop: list, decide, act; then wait for a watch event or the next tick.
 //!
-//! Each pass lists the worker pods, job token Secrets and job declarations afresh (a consistent read from the API
-//! server, not a cache), so a decision is never made over a stale view; the watch only wakes the
-//! loop early. The loop acts only while [`ControlPlane::leading`] says so: on a coordinator that
-//! is the Raft leader whose state is caught up. Errors of one action are logged and the next pass
-//! tries again; nothing here gives up.
+//! Each pass lists the worker pods, job objects and job declarations afresh and reads the
+//! release's workers Service (a consistent read from the API server, not a cache), so a decision
+//! is never made over a stale view; the watch only wakes the loop early. Token Secrets are only
+//! ever created, never read: the controller needs no permission to list or watch Secrets (the
+//! garbage collector deletes them with their job objects). The loop acts only while
+//! [`ControlPlane::leading`] says so: on a coordinator that is the Raft leader whose state is
+//! caught up. Errors of one action are logged and the next pass tries again; nothing here gives
+//! up.
 
-use crate::decide::{Action, ObservedPod, ObservedSecret, decide};
+use crate::decide::{Action, Observed, ObservedJobObject, ObservedPod, Policy, decide};
 use crate::declare::{self, Declaration, DeclaredJob, ObservedDeclaration, decide_declarations};
+use crate::slice::ObjectRef;
 use crate::{DesiredJob, Error, WorkerTemplate};
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// What the controller needs from the coordinator. Implemented by the coordinator; this crate
 /// never names it.
@@ -32,8 +36,13 @@ pub trait ControlPlane: Send + Sync + 'static {
     /// path). Called again on every pass until the workers are removed from the job.
     fn lost(&self, job_id: &str, worker_ids: &[String], reason: &str);
 
-    /// A job that can never run on this cluster: fail it with `reason`.
+    /// A job that can never run on this cluster, or that crashed its restart budget away: fail
+    /// it with `reason`.
     fn fail(&self, job_id: &str, reason: &str) -> impl Future<Output = ()> + Send;
+
+    /// Records the uid of a job's job object (once; a job keeps its first), so that its
+    /// deletion is noticed even after the garbage collector took the pods.
+    fn record_object(&self, job_id: &str, uid: &str) -> impl Future<Output = ()> + Send;
 
     /// Every job a declaration submitted, ended ones included (they are not submitted again).
     fn declared(&self) -> Vec<DeclaredJob>;
@@ -57,6 +66,8 @@ pub struct ControllerConfig {
     pub template: WorkerTemplate,
     /// A pass at least this often, watch or not (job submissions and stops are seen this way).
     pub resync: Duration,
+    /// The restart budget.
+    pub policy: Policy,
 }
 
 /// The loop over one namespace.
@@ -65,7 +76,8 @@ pub struct Controller<P> {
     plane: Arc<P>,
     pods: Api<Pod>,
     secrets: Api<Secret>,
-    declarations: Api<ConfigMap>,
+    config_maps: Api<ConfigMap>,
+    services: Api<Service>,
     /// Declarations already refused (told once in the log, not every pass).
     refused: Mutex<BTreeSet<String>>,
 }
@@ -81,8 +93,10 @@ pub struct Pass {
     pub reported: usize,
     /// Declared jobs submitted.
     pub submitted: usize,
-    /// Jobs stopped because their declaration was deleted.
+    /// Jobs stopped because their declaration or job object was deleted.
     pub stopped: usize,
+    /// Job objects created and recorded: the next pass can create their pods at once.
+    pub recorded: usize,
     /// Actions that failed (retried next pass).
     pub failed: usize,
     /// The pods' list version, to watch from.
@@ -98,7 +112,8 @@ impl<P: ControlPlane> Controller<P> {
         Self {
             pods: Api::namespaced(client.clone(), ns),
             secrets: Api::namespaced(client.clone(), ns),
-            declarations: Api::namespaced(client, ns),
+            config_maps: Api::namespaced(client.clone(), ns),
+            services: Api::namespaced(client, ns),
             refused: Mutex::default(),
             config,
             plane,
@@ -115,6 +130,10 @@ impl<P: ControlPlane> Controller<P> {
                     Ok(pass) => {
                         if events.is_none() {
                             events = self.watch(&pass.resource_version).await;
+                        }
+                        // New job objects: their pods can be made now, not a resync later.
+                        if pass.recorded > 0 {
+                            continue;
                         }
                     }
                     Err(e) => tracing::warn!("controller: {e}"),
@@ -170,16 +189,27 @@ impl<P: ControlPlane> Controller<P> {
             .list(&ListParams::default().labels(&template.pod_selector()))
             .await
             .map_err(Error::api(format!("list worker pods in {ns}")))?;
-        let secrets = self
-            .secrets
-            .list(&ListParams::default().labels(&template.secret_selector()))
+        let objects = self
+            .config_maps
+            .list(&ListParams::default().labels(&template.job_object_selector()))
             .await
-            .map_err(Error::api(format!("list job token secrets in {ns}")))?;
+            .map_err(Error::api(format!("list job objects (configmaps) in {ns}")))?;
         let declarations = self
-            .declarations
+            .config_maps
             .list(&ListParams::default().labels(&declare::selector(&template.instance)))
             .await
             .map_err(Error::api(format!("list job declarations (configmaps) in {ns}")))?;
+        let service = template.owner_service();
+        let owner = match self.services.get_opt(service).await {
+            Ok(found) => found.and_then(|s| Some(ObjectRef { name: s.metadata.name?, uid: s.metadata.uid? })),
+            Err(e) => return Err(Error::api(format!("read service {service} in {ns}"))(e)),
+        };
+        if owner.is_none() {
+            tracing::warn!(
+                "controller: service {service} in {ns}, the owner of every job object, is missing (the release \
+                 is being uninstalled?): no job gets pods"
+            );
+        }
         let desired = self.plane.desired();
         let declared = self.plane.declared();
         let mut pass =
@@ -188,13 +218,16 @@ impl<P: ControlPlane> Controller<P> {
         if !self.plane.leading() {
             return Ok(pass);
         }
-        let observed: Vec<ObservedPod> = pods.items.iter().filter_map(ObservedPod::from_pod).collect();
-        let observed_secrets: Vec<ObservedSecret> =
-            secrets.items.iter().filter_map(ObservedSecret::from_secret).collect();
+        let observed = Observed {
+            owner,
+            objects: objects.items.iter().filter_map(ObservedJobObject::from_config_map).collect(),
+            pods: pods.items.iter().filter_map(ObservedPod::from_pod).collect(),
+        };
         let observed_declarations: Vec<ObservedDeclaration> =
             declarations.items.iter().filter_map(ObservedDeclaration::from_config_map).collect();
+        let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs_f64();
         let mut actions = decide_declarations(&observed_declarations, &declared);
-        actions.extend(decide(template, &desired, &observed, &observed_secrets));
+        actions.extend(decide(template, &self.config.policy, now, &desired, &observed));
         for action in actions {
             self.act(action, &mut pass).await;
         }
@@ -203,6 +236,43 @@ impl<P: ControlPlane> Controller<P> {
 
     async fn act(&self, action: Action, pass: &mut Pass) {
         let result = match action {
+            Action::CreateJobObject { job_id, object } => {
+                let name = object.metadata.name.clone().unwrap_or_default();
+                let made = match self.config_maps.create(&PostParams::default(), &object).await {
+                    Ok(made) => Ok(made),
+                    // A leader before this one made it: record that one.
+                    Err(e) if code(&e) == Some(409) => self.config_maps.get(&name).await,
+                    Err(e) => Err(e),
+                };
+                match made {
+                    Ok(made) => match made.metadata.uid {
+                        Some(uid) => {
+                            tracing::info!(job_id, object = name, "created the job object");
+                            self.plane.record_object(&job_id, &uid).await;
+                            pass.recorded += 1;
+                            Ok(())
+                        }
+                        None => Err(Error::NotFound(format!("configmap {name} came back without a uid"))),
+                    },
+                    Err(e) => Err(Error::api(format!("create job object {name}"))(e)),
+                }
+            }
+            Action::RecordJobObject { job_id, uid } => {
+                self.plane.record_object(&job_id, &uid).await;
+                pass.recorded += 1;
+                Ok(())
+            }
+            Action::DeleteJobObject { name, reason } => {
+                match self.config_maps.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => {
+                        tracing::info!(object = name, "deleted the job object: {reason}");
+                        pass.deleted += 1;
+                        Ok(())
+                    }
+                    Err(e) if code(&e) == Some(404) => Ok(()),
+                    Err(e) => Err(Error::api(format!("delete job object {name}"))(e)),
+                }
+            }
             Action::CreateSecret(secret) => {
                 let name = secret.metadata.name.clone().unwrap_or_default();
                 match self.secrets.create(&PostParams::default(), &secret).await {
@@ -211,15 +281,6 @@ impl<P: ControlPlane> Controller<P> {
                     Err(e) => Err(Error::api(format!("create secret {name}"))(e)),
                 }
             }
-            Action::DeleteSecret { name } => match self.secrets.delete(&name, &DeleteParams::default()).await
-            {
-                Ok(_) => {
-                    pass.deleted += 1;
-                    Ok(())
-                }
-                Err(e) if code(&e) == Some(404) => Ok(()),
-                Err(e) => Err(Error::api(format!("delete secret {name}"))(e)),
-            },
             Action::CreatePod(pod) => {
                 let name = pod.metadata.name.clone().unwrap_or_default();
                 match self.pods.create(&PostParams::default(), &pod).await {

@@ -1,5 +1,20 @@
 //! A TPU slice type and the worker pod template: names, labels, GKE selectors, tolerations, the
-//! environment libtpu needs, and the Secret that carries a job's worker token.
+//! environment libtpu needs, the job object that owns a job's pods, and the Secret that carries
+//! a job's worker token.
+//!
+//! **Ownership.** Every job has a job object, a ConfigMap `<job>-job` owned by the release's
+//! workers Service (`<release>-workers`, which Helm makes and `helm uninstall` deletes); the
+//! job's pods and token Secret are owned by the job object. Deleting the job object (or
+//! uninstalling the release, which deletes the Service) makes Kubernetes' garbage collector
+//! delete the pods and the Secret, whatever the coordinators are doing, so nothing is left
+//! billing; the controller then stops the job (see [`crate::decide`]).
+//!
+//! **The pod.** Guaranteed QoS (requests equal limits for CPU, memory, ephemeral storage and
+//! TPU chips: [`Resources`]), the runtime's default seccomp profile, every capability dropped,
+//! a read-only root filesystem with the bundle cache and `/tmp` on `emptyDir` volumes, and no
+//! privilege escalation. It runs as root: libtpu opens the TPU's device nodes, which GKE's TPU
+//! device plugin hands the container with the host's (root) ownership; docs/KUBERNETES.md says
+//! what libtpu needs and why nothing more is granted.
 //!
 //! A slice of `hosts()` hosts is the unit the controller creates and replaces: its pods are
 //! `<job>-s<slice>-a<attempt>-h<host>`, and a pod lost from a slice replaces the whole slice
@@ -16,12 +31,15 @@
 use crate::Error;
 use crate::decide::DesiredJob;
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, EnvVar, EnvVarSource, KeyToPath, ObjectFieldSelector, Pod, PodAffinity,
-    PodAffinityTerm, PodAntiAffinity, PodSpec, ResourceRequirements, Secret, SecretVolumeSource,
-    SecurityContext, Toleration, Volume, VolumeMount,
+    Affinity, Capabilities, ConfigMap, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath,
+    ObjectFieldSelector, Pod, PodAffinity, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec,
+    ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Toleration, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
+};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
@@ -57,11 +75,25 @@ pub const HOST_LABEL: &str = "podctl.dev/host";
 pub const SLICE_GROUP_LABEL: &str = "podctl.dev/slice-group";
 /// The full job id (labels are too short for every id).
 pub const JOB_ID_ANNOTATION: &str = "podctl.dev/job-id";
+/// The crashes of a slice before this attempt, by exit code (JSON: `{"1": 2}`), on its pods:
+/// the restart budget's memory, carried from attempt to attempt (see [`crate::decide`]).
+pub const CRASHES_ANNOTATION: &str = "podctl.dev/crashes";
+/// `app.kubernetes.io/component` of job objects.
+pub const JOB_OBJECT_COMPONENT: &str = "job-object";
+/// Kueue's label naming the LocalQueue a pod waits in (its plain-pod integration).
+pub const KUEUE_QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
+/// Kueue's label making pods one group, admitted together.
+pub const KUEUE_GROUP_LABEL: &str = "kueue.x-k8s.io/pod-group-name";
+/// Kueue's annotation with the number of pods in the group.
+pub const KUEUE_GROUP_COUNT_ANNOTATION: &str = "kueue.x-k8s.io/pod-group-total-count";
 
 /// Where a worker pod finds its job token (the Secret's key `token`).
 pub const TOKEN_DIR: &str = "/var/run/podctl/token";
 /// Where a worker pod finds `ca.pem`, `client.pem` and `client.key`.
 pub const TLS_DIR: &str = "/var/run/podctl/tls";
+/// The worker's cache (`PODCTL_CACHE`: fetched bundles), an `emptyDir`: the root filesystem is
+/// read-only.
+pub const CACHE_DIR: &str = "/var/cache/podctl";
 /// The only keys of the TLS Secret a worker pod mounts: never a server or CA key, whatever
 /// else the Secret holds (whoever reads a worker's files must not be able to serve as a
 /// coordinator or mint certificates).
@@ -94,14 +126,89 @@ pub fn parse_pod_name(job_id: &str, name: &str) -> Option<(u32, u32, u32)> {
     Some((slice.parse().ok()?, attempt.parse().ok()?, host.parse().ok()?))
 }
 
-/// The slice-group label value of one attempt of one slice (see [`SLICE_GROUP_LABEL`]).
-pub fn slice_group(job_id: &str, slice: u32, attempt: u32) -> String {
-    format!("{}-s{slice}-a{attempt}", job_key(job_id))
+/// The slice-group label value of one attempt of one slice (see [`SLICE_GROUP_LABEL`]): the
+/// job key for people, and a hash of the namespace, the release and the job id, because the
+/// anti-affinity between slices spans every namespace (JobSet hashes a namespaced key too): the
+/// same job id in two namespaces must not look like one slice to the scheduler.
+pub fn slice_group(namespace: &str, instance: &str, job_id: &str, slice: u32, attempt: u32) -> String {
+    format!("{}-s{slice}-a{attempt}-{}", job_key(job_id), scope_hash(namespace, instance, job_id))
+}
+
+/// The Kueue pod group of a job's pods (every slice, every attempt): unique in the namespace
+/// across releases.
+pub fn kueue_group(namespace: &str, instance: &str, job_id: &str) -> String {
+    format!("{}-{}", job_key(job_id), scope_hash(namespace, instance, job_id))
+}
+
+fn scope_hash(namespace: &str, instance: &str, job_id: &str) -> String {
+    hex::encode(&Sha256::digest(format!("{namespace}/{instance}/{job_id}").as_bytes())[..4])
 }
 
 /// The name of a job's token Secret.
 pub fn token_secret_name(job_id: &str) -> String {
     format!("{}-token", job_key(job_id))
+}
+
+/// The name of a job's job object.
+pub fn job_object_name(job_id: &str) -> String {
+    format!("{}-job", job_key(job_id))
+}
+
+/// An object that owns others: its name and uid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectRef {
+    /// Its name.
+    pub name: String,
+    /// Its uid (an owner reference names the one object, not whatever has the name later).
+    pub uid: String,
+}
+
+impl ObjectRef {
+    fn owner(&self, kind: &str) -> OwnerReference {
+        OwnerReference {
+            api_version: "v1".into(),
+            kind: kind.into(),
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+            // Deleting the owner needs no permission on its dependents' finalizers.
+            block_owner_deletion: None,
+            controller: Some(true),
+        }
+    }
+}
+
+/// What a worker pod requests, and is limited to: equal requests and limits make its QoS class
+/// Guaranteed, the last the kubelet evicts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resources {
+    /// CPU (`176`).
+    pub cpu: String,
+    /// Memory (`1152Gi`).
+    pub memory: String,
+    /// Ephemeral storage (`50Gi`): the bundle cache, `/tmp` (libtpu's logs) and the logs.
+    pub ephemeral_storage: String,
+}
+
+impl Resources {
+    /// The default for a slice type's host: the TPU VM's vCPUs less 8 and 80% of its memory
+    /// (GKE keeps some for the kubelet and its system pods; axlearn requests 80% too), 50Gi of
+    /// ephemeral storage (of the node's 100 GB boot disk). Known: v6e hosts, from GKE's table of
+    /// machine types ([Plan TPUs in GKE](https://cloud.google.com/kubernetes-engine/docs/concepts/plan-tpus)):
+    /// ct6e-standard-1t 44 vCPUs and 176 GB, -4t 180 and 720 GB, -8t 180 and 1440 GB. None for
+    /// others: name the resources (the chart's `workers.resources`).
+    pub fn for_slice(slice: &TpuSlice) -> Option<Self> {
+        let (vcpus, memory_gib) = match (slice.accelerator.as_str(), slice.chips_per_host) {
+            ("tpu-v6e-slice", 1) => (44, 176),
+            ("tpu-v6e-slice", 4) => (180, 720),
+            ("tpu-v6e-slice", 8) => (180, 1440),
+            _ => return None,
+        };
+        Some(Self {
+            cpu: (vcpus - 8).to_string(),
+            memory: format!("{}Gi", memory_gib * 4 / 5),
+            ephemeral_storage: "50Gi".into(),
+        })
+    }
 }
 
 /// A TPU slice type: what a GKE node pool offers.
@@ -180,6 +287,8 @@ pub struct WorkerTemplate {
     pub subdomain: String,
     /// The Secret with `ca.pem`, `client.pem` and `client.key` for mutual TLS; none: plaintext.
     pub tls_secret: Option<String>,
+    /// What each worker pod requests and is limited to, besides its TPU chips.
+    pub resources: Resources,
 }
 
 impl WorkerTemplate {
@@ -198,12 +307,61 @@ impl WorkerTemplate {
         selector(&self.base_labels("worker"))
     }
 
-    /// The label selector of the job token Secrets.
-    pub fn secret_selector(&self) -> String {
-        selector(&self.base_labels("job-token"))
+    /// The label selector of the job objects.
+    pub fn job_object_selector(&self) -> String {
+        selector(&self.base_labels(JOB_OBJECT_COMPONENT))
     }
 
-    fn metadata(&self, name: String, component: &str, job_id: &str) -> ObjectMeta {
+    /// The name of the Service that owns every job object: the workers' headless Service.
+    pub fn owner_service(&self) -> &str {
+        &self.subdomain
+    }
+
+    /// Why a job whose slice uses `devices` devices cannot run on this cluster's slices, with
+    /// what works instead; `None` when it can. The coordinator refuses such a submission.
+    pub fn refusal(&self, devices: u32) -> Option<String> {
+        let slice = &self.slice;
+        if slice.hosts() > 1 {
+            // The controller can place and replace multi-host slices (exclusive node pools), but
+            // the hosts of one slice do not train as one SPMD program yet: each would be a
+            // data-parallel member of its own. The chart refuses such slice types too.
+            return Some(format!(
+                "this install's slices ({} {}) span {} hosts of {} chips, and training one slice across \
+                 several hosts is not built yet; what works is several single-host slices over DCN: install \
+                 the chart with a single-host slice type (tpu.topology=2x4 on ct6e-standard-8t, v6e-8) and \
+                 ask for more slices with mesh.dcn",
+                slice.accelerator,
+                slice.topology,
+                slice.hosts(),
+                slice.chips_per_host
+            ));
+        }
+        self.device_refusal(devices)
+    }
+
+    /// Why a slice of `devices` devices does not fit this cluster's slices: a job submitted
+    /// before the chart changed its slice type fails with this.
+    pub(crate) fn device_refusal(&self, devices: u32) -> Option<String> {
+        let slice = &self.slice;
+        (devices != slice.chips()).then(|| {
+            format!(
+                "a slice of the job uses {devices} devices (mesh.ici) but this cluster's slices ({} {}) have {} \
+                 chips; set mesh.ici to use {} devices, or install the chart with another tpu.topology",
+                slice.accelerator,
+                slice.topology,
+                slice.chips(),
+                slice.chips()
+            )
+        })
+    }
+
+    fn metadata(
+        &self,
+        name: String,
+        component: &str,
+        job_id: &str,
+        owner: Option<OwnerReference>,
+    ) -> ObjectMeta {
         let mut labels = self.base_labels(component);
         labels.insert(JOB_LABEL.into(), job_key(job_id));
         ObjectMeta {
@@ -211,31 +369,84 @@ impl WorkerTemplate {
             namespace: Some(self.namespace.clone()),
             labels: Some(labels),
             annotations: Some(BTreeMap::from([(JOB_ID_ANNOTATION.into(), job_id.to_string())])),
+            owner_references: owner.map(|o| vec![o]),
             ..Default::default()
         }
     }
 
-    /// The Secret that holds a job's worker token (mounted by its pods as `--token-file`).
-    pub fn token_secret(&self, job: &DesiredJob) -> Secret {
+    /// A job's job object, owned by the release's workers Service `owner` (see the module).
+    pub fn job_object(&self, job: &DesiredJob, owner: &ObjectRef) -> ConfigMap {
+        ConfigMap {
+            metadata: self.metadata(
+                job_object_name(&job.id),
+                JOB_OBJECT_COMPONENT,
+                &job.id,
+                Some(owner.owner("Service")),
+            ),
+            data: Some(BTreeMap::from([
+                ("job-id".into(), job.id.clone()),
+                (
+                    "about".into(),
+                    "podctl's handle on this job: it owns the job's worker pods and token Secret. \
+                     Deleting it stops the job and deletes them; `podctl stop` does the same."
+                        .into(),
+                ),
+            ])),
+            ..Default::default()
+        }
+    }
+
+    /// The Secret that holds a job's worker token (mounted by its pods as `--token-file`),
+    /// owned by the job object.
+    pub fn token_secret(&self, job: &DesiredJob, owner: &ObjectRef) -> Secret {
         Secret {
-            metadata: self.metadata(token_secret_name(&job.id), "job-token", &job.id),
+            metadata: self.metadata(
+                token_secret_name(&job.id),
+                "job-token",
+                &job.id,
+                Some(owner.owner("ConfigMap")),
+            ),
             string_data: Some(BTreeMap::from([(TOKEN_KEY.into(), job.worker_token.clone())])),
             type_: Some("Opaque".into()),
             ..Default::default()
         }
     }
 
-    /// The pod of host `host` of slice `slice`, attempt `attempt`, of `job`.
-    pub fn pod(&self, job: &DesiredJob, slice: u32, attempt: u32, host: u32) -> Pod {
+    /// The pod of host `host` of slice `slice`, attempt `attempt`, of `job`, owned by the job
+    /// object `owner`; `crashes` is the slice's crash history before this attempt.
+    pub fn pod(
+        &self,
+        job: &DesiredJob,
+        owner: &ObjectRef,
+        slice: u32,
+        attempt: u32,
+        host: u32,
+        crashes: &BTreeMap<i32, u32>,
+    ) -> Pod {
         let name = pod_name(&job.id, slice, attempt, host);
-        let mut metadata = self.metadata(name.clone(), "worker", &job.id);
+        let mut metadata = self.metadata(name.clone(), "worker", &job.id, Some(owner.owner("ConfigMap")));
         let labels = metadata.labels.get_or_insert_default();
         labels.insert(SLICE_LABEL.into(), slice.to_string());
         labels.insert(ATTEMPT_LABEL.into(), attempt.to_string());
         labels.insert(HOST_LABEL.into(), host.to_string());
         let multi_host = self.slice.hosts() > 1;
+        let group = slice_group(&self.namespace, &self.instance, &job.id, slice, attempt);
         if multi_host {
-            labels.insert(SLICE_GROUP_LABEL.into(), slice_group(&job.id, slice, attempt));
+            labels.insert(SLICE_GROUP_LABEL.into(), group.clone());
+        }
+        let annotations = metadata.annotations.get_or_insert_default();
+        if !crashes.is_empty() {
+            let history: BTreeMap<String, u32> =
+                crashes.iter().map(|(code, n)| (code.to_string(), *n)).collect();
+            annotations.insert(CRASHES_ANNOTATION.into(), serde_json::to_string(&history).expect("a map"));
+        }
+        if let Some(queue) = &job.queue {
+            // Kueue's plain-pod integration: the job's pods wait in `queue` and are admitted as
+            // one group (all slices at once), which Kueue names after the label.
+            labels.insert(KUEUE_QUEUE_LABEL.into(), queue.clone());
+            labels.insert(KUEUE_GROUP_LABEL.into(), kueue_group(&self.namespace, &self.instance, &job.id));
+            annotations
+                .insert(KUEUE_GROUP_COUNT_ANNOTATION.into(), (job.slices * self.slice.hosts()).to_string());
         }
 
         let hostnames = (0..self.slice.hosts())
@@ -253,6 +464,8 @@ impl WorkerTemplate {
             }),
         };
         let env = vec![
+            // The root filesystem is read-only: fetched bundles go to the cache volume.
+            value("PODCTL_CACHE", CACHE_DIR.to_string()),
             field("POD_NAME", "metadata.name"),
             field("POD_NAMESPACE", "metadata.namespace"),
             // The data plane (gradient ring, peer catch-up) listens on the host's address, which
@@ -279,29 +492,39 @@ impl WorkerTemplate {
             "--grace-period-seconds".into(),
             self.grace_period_seconds.to_string(),
         ];
-        let mut mounts = vec![VolumeMount {
-            name: "token".into(),
-            mount_path: TOKEN_DIR.into(),
-            read_only: Some(true),
+        let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
+            name: name.into(),
+            mount_path: path.into(),
+            read_only: read_only.then_some(true),
             ..Default::default()
-        }];
-        let mut volumes = vec![Volume {
-            name: "token".into(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(token_secret_name(&job.id)),
-                default_mode: Some(0o400),
+        };
+        let scratch = |name: &str| Volume {
+            name: name.into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        };
+        // libtpu writes its logs and lock file under /tmp.
+        let mut mounts = vec![
+            mount("token", TOKEN_DIR, true),
+            mount("cache", CACHE_DIR, false),
+            mount("tmp", "/tmp", false),
+        ];
+        let mut volumes = vec![
+            Volume {
+                name: "token".into(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(token_secret_name(&job.id)),
+                    default_mode: Some(0o400),
+                    ..Default::default()
+                }),
                 ..Default::default()
-            }),
-            ..Default::default()
-        }];
+            },
+            scratch("cache"),
+            scratch("tmp"),
+        ];
         if let Some(tls) = &self.tls_secret {
             args.extend(["--tls-dir".into(), TLS_DIR.into()]);
-            mounts.push(VolumeMount {
-                name: "tls".into(),
-                mount_path: TLS_DIR.into(),
-                read_only: Some(true),
-                ..Default::default()
-            });
+            mounts.push(mount("tls", TLS_DIR, true));
             volumes.push(Volume {
                 name: "tls".into(),
                 secret: Some(SecretVolumeSource {
@@ -323,8 +546,12 @@ impl WorkerTemplate {
             });
         }
 
-        let chips = Quantity(self.slice.chips_per_host.to_string());
-        let tpu = BTreeMap::from([(TPU_RESOURCE.to_string(), chips)]);
+        let resources = BTreeMap::from([
+            (TPU_RESOURCE.to_string(), Quantity(self.slice.chips_per_host.to_string())),
+            ("cpu".to_string(), Quantity(self.resources.cpu.clone())),
+            ("memory".to_string(), Quantity(self.resources.memory.clone())),
+            ("ephemeral-storage".to_string(), Quantity(self.resources.ephemeral_storage.clone())),
+        ]);
         let mut node_selector = BTreeMap::from([
             (TPU_ACCELERATOR_LABEL.to_string(), self.slice.accelerator.clone()),
             (TPU_TOPOLOGY_LABEL.to_string(), self.slice.topology.clone()),
@@ -346,7 +573,7 @@ impl WorkerTemplate {
             });
         }
 
-        let affinity = multi_host.then(|| exclusive_node_pool(&slice_group(&job.id, slice, attempt)));
+        let affinity = multi_host.then(|| exclusive_node_pool(&group));
 
         Pod {
             metadata,
@@ -361,6 +588,7 @@ impl WorkerTemplate {
                 host_network: self.host_network.then_some(true),
                 dns_policy: self.host_network.then(|| "ClusterFirstWithHostNet".into()),
                 service_account_name: self.service_account.clone(),
+                priority_class_name: job.priority_class.clone(),
                 affinity,
                 termination_grace_period_seconds: Some(self.grace_period_seconds),
                 node_selector: Some(node_selector),
@@ -372,19 +600,31 @@ impl WorkerTemplate {
                     args: Some(args),
                     env: Some(env),
                     resources: Some(ResourceRequirements {
-                        limits: Some(tpu.clone()),
-                        requests: Some(tpu),
+                        limits: Some(resources.clone()),
+                        requests: Some(resources),
                         ..Default::default()
                     }),
                     volume_mounts: Some(mounts),
-                    // Root, for libtpu's device nodes (docs/KUBERNETES.md), but never more.
+                    // Root, for libtpu's device nodes, with no capability at all: the device
+                    // plugin gives the container its TPU's device nodes, and GKE's TPU nodes the
+                    // locked-memory limit libtpu pins its DMA buffers against
+                    // (docs/KUBERNETES.md).
                     security_context: Some(SecurityContext {
                         allow_privilege_escalation: Some(false),
+                        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
+                        read_only_root_filesystem: Some(true),
                         ..Default::default()
                     }),
                     ..Default::default()
                 }],
                 volumes: Some(volumes),
+                security_context: Some(PodSecurityContext {
+                    seccomp_profile: Some(SeccompProfile {
+                        type_: "RuntimeDefault".into(),
+                        localhost_profile: None,
+                    }),
+                    ..Default::default()
+                }),
                 ..Default::default()
             }),
             status: None,
@@ -393,16 +633,21 @@ impl WorkerTemplate {
 }
 
 impl WorkerTemplate {
-    /// A job's token Secret and the pods of the first attempt of every slice, as YAML documents
-    /// (each one JSON, which YAML reads): what the controller would create, for review (the
-    /// chart's tests validate it against the Kubernetes schemas). GitOps declares the job
-    /// instead ([`crate::declare`]): the pods are the controller's.
-    pub fn render(&self, job: &DesiredJob) -> String {
-        let mut docs =
-            vec![serde_json::to_string_pretty(&self.token_secret(job)).expect("a Secret serializes")];
+    /// A job's job object (owned by `owner`, the workers Service), token Secret and the pods of
+    /// the first attempt of every slice, as YAML documents (each one JSON, which YAML reads):
+    /// what the controller would create, for review (the chart's tests validate it against the
+    /// Kubernetes schemas). The job object's uid is the API server's to give: `object_uid`
+    /// stands in for it. GitOps declares the job instead ([`crate::declare`]): the pods are the
+    /// controller's.
+    pub fn render(&self, job: &DesiredJob, owner: &ObjectRef, object_uid: &str) -> String {
+        let object = ObjectRef { name: job_object_name(&job.id), uid: object_uid.into() };
+        let mut docs = vec![
+            serde_json::to_string_pretty(&self.job_object(job, owner)).expect("a ConfigMap serializes"),
+            serde_json::to_string_pretty(&self.token_secret(job, &object)).expect("a Secret serializes"),
+        ];
         for slice in 0..job.slices {
             for host in 0..self.slice.hosts() {
-                let pod = self.pod(job, slice, 0, host);
+                let pod = self.pod(job, &object, slice, 0, host, &BTreeMap::new());
                 docs.push(serde_json::to_string_pretty(&pod).expect("a Pod serializes"));
             }
         }
@@ -483,6 +728,30 @@ mod tests {
         assert_eq!(parse_pod_name(&long, &name), Some((4095, 999_999, 255)));
         // Two long ids that share a prefix still get different keys.
         assert_ne!(job_key(&long), job_key(&format!("{}-8", "a".repeat(63))));
-        assert!(token_secret_name(&long).len() <= 63);
+        assert!(token_secret_name(&long).len() <= 63 && job_object_name(&long).len() <= 63);
+        let group = slice_group("a-namespace", "podctl", &long, 4095, 999_999);
+        assert!(group.len() <= 63, "{group} is {} characters", group.len());
+    }
+
+    #[test]
+    fn slice_groups_differ_across_namespaces_and_releases() {
+        let a = slice_group("team-a", "podctl", "llm-1", 0, 0);
+        assert!(a.starts_with("llm-1-s0-a0-"), "{a}");
+        assert_ne!(a, slice_group("team-b", "podctl", "llm-1", 0, 0));
+        assert_ne!(a, slice_group("team-a", "other", "llm-1", 0, 0));
+        assert_ne!(a, slice_group("team-a", "podctl", "llm-1", 0, 1));
+        assert_eq!(a, slice_group("team-a", "podctl", "llm-1", 0, 0), "deterministic: a new leader agrees");
+    }
+
+    #[test]
+    fn v6e_hosts_get_guaranteed_resources_that_fit_them() {
+        let resources = |topology: &str, per_host| {
+            Resources::for_slice(&TpuSlice::new("tpu-v6e-slice", topology, per_host).unwrap())
+        };
+        let v6e8 = resources("2x4", None).unwrap();
+        assert_eq!((v6e8.cpu.as_str(), v6e8.memory.as_str()), ("172", "1152Gi"));
+        assert_eq!(resources("2x2", None).unwrap().memory, "576Gi");
+        assert_eq!(resources("1x1", None).unwrap().cpu, "36");
+        assert_eq!(Resources::for_slice(&TpuSlice::new("tpu-v5p-slice", "2x2x1", None).unwrap()), None);
     }
 }

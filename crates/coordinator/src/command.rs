@@ -117,7 +117,8 @@ struct KubeArgs {
     /// The address workers dial: the coordinator's client Service, `host:port`.
     #[arg(long)]
     kube_coordinator_address: Option<String>,
-    /// The headless Service that names the hosts of a slice.
+    /// The headless Service that names the hosts of a slice, and owns every job object: deleting
+    /// it (`helm uninstall`) deletes every job's pods.
     #[arg(long, default_value = "podctl-workers")]
     kube_worker_subdomain: String,
     /// The service account of worker pods (Workload Identity).
@@ -142,10 +143,26 @@ struct KubeArgs {
     /// notice reports (GKE gives a Spot VM's pods 15 s unless the node pool grants more).
     #[arg(long, default_value_t = 15)]
     kube_grace_period_seconds: i64,
-    /// The worker pods' network: `host` (the VM's interfaces; the node's service account for
-    /// the bucket) or `pod` (per-pod Workload Identity; the CNI on every packet).
-    #[arg(long, value_enum, default_value_t = WorkerNetwork::Host)]
+    /// The worker pods' network: `pod` (per-pod Workload Identity; the NetworkPolicy admits
+    /// them by label) or `host` (the VM's interfaces; the node's service account for the
+    /// bucket; no NetworkPolicy on GKE can tell them apart from the nodes).
+    #[arg(long, value_enum, default_value_t = WorkerNetwork::Pod)]
     kube_worker_network: WorkerNetwork,
+    /// CPU each worker pod requests and is limited to (default: from the slice type's host).
+    #[arg(long)]
+    kube_worker_cpu: Option<String>,
+    /// Memory each worker pod requests and is limited to (default: from the host).
+    #[arg(long)]
+    kube_worker_memory: Option<String>,
+    /// Ephemeral storage each worker pod requests and is limited to (default: 50Gi).
+    #[arg(long)]
+    kube_worker_ephemeral_storage: Option<String>,
+    /// Crashes of one slice with the same exit code that fail its job.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    kube_crash_limit: u32,
+    /// Seconds before a crashed slice is replaced the first time; doubled with every crash.
+    #[arg(long, default_value_t = 10.0)]
+    kube_crash_backoff_seconds: f64,
 }
 
 /// Where worker pods' traffic goes (docs/KUBERNETES.md weighs the two).
@@ -168,6 +185,28 @@ impl KubeArgs {
             &self.kube_tpu_topology,
             self.kube_tpu_chips_per_host,
         )?;
+        let host = controller::Resources::for_slice(&slice);
+        let resource = |given: &Option<String>, default: Option<String>, flag: &str| {
+            given.clone().or(default).with_context(|| {
+                format!(
+                    "--kube-tpu-accelerator {} with {} chips a host is not a host podctl knows the size of: give \
+                     {flag} (the chart's workers.resources)",
+                    slice.accelerator, slice.chips_per_host
+                )
+            })
+        };
+        let resources = controller::Resources {
+            cpu: resource(&self.kube_worker_cpu, host.as_ref().map(|h| h.cpu.clone()), "--kube-worker-cpu")?,
+            memory: resource(
+                &self.kube_worker_memory,
+                host.as_ref().map(|h| h.memory.clone()),
+                "--kube-worker-memory",
+            )?,
+            ephemeral_storage: self.kube_worker_ephemeral_storage.clone().unwrap_or_else(|| "50Gi".into()),
+        };
+        if !(self.kube_crash_backoff_seconds.is_finite() && self.kube_crash_backoff_seconds > 0.0) {
+            bail!("--kube-crash-backoff-seconds must be a positive number of seconds");
+        }
         Ok(Some(controller::ControllerConfig {
             template: controller::WorkerTemplate {
                 namespace: need(&self.kube_namespace, "--kube-namespace (or POD_NAMESPACE)")?,
@@ -181,8 +220,13 @@ impl KubeArgs {
                 service_account: self.kube_worker_service_account.clone(),
                 subdomain: self.kube_worker_subdomain.clone(),
                 tls_secret: self.kube_worker_tls_secret.clone(),
+                resources,
             },
             resync: Duration::from_secs(1),
+            policy: controller::Policy {
+                crash_limit: self.kube_crash_limit,
+                crash_backoff: Duration::from_secs_f64(self.kube_crash_backoff_seconds),
+            },
         }))
     }
 }
@@ -246,15 +290,17 @@ pub async fn run(cli: NodeCommand) -> anyhow::Result<()> {
     if let Some(NodeSubcommand::DevCa { dir, hosts }) = cli.command {
         let files = crate::tls::create_dev_ca(&dir, &hosts)?;
         println!(
-            "wrote {}, {}, {}",
+            "wrote {}, {}, {} (workers), {} (coordinator peers)",
             files.ca.display(),
             files.server_cert.display(),
-            files.client_cert.display()
+            files.client_cert.display(),
+            files.peer_cert.display()
         );
         return Ok(());
     }
     let kube = cli.node.kube.config()?;
-    let config = config(cli.node)?;
+    let mut config = config(cli.node)?;
+    config.kubernetes = kube.as_ref().map(|k| k.template.clone());
     let node = crate::Node::bind(config).await?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let wait = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
@@ -335,22 +381,42 @@ mod tests {
         let config = cli.node.node.kube.config().unwrap().unwrap();
         assert_eq!(config.template.slice.hosts(), 4);
         assert!(config.template.spot);
-        // The defaults: the host network, GKE's 15 s for a Spot VM's pods.
-        assert!(config.template.host_network);
+        // The defaults: the pod network, GKE's 15 s for a Spot VM's pods, a ct6e-standard-4t
+        // host's resources, three crashes of one kind.
+        assert!(!config.template.host_network);
         assert_eq!(config.template.grace_period_seconds, 15);
+        assert_eq!(config.template.resources.memory, "576Gi");
+        assert_eq!(config.policy, controller::Policy::default());
         let cli = Cli::try_parse_from([
             "podctl-coordinator",
             "--kubernetes",
             "--kube-namespace=train",
             "--kube-worker-image=w:1",
             "--kube-coordinator-address=podctl.train.svc:7001",
-            "--kube-worker-network=pod",
+            "--kube-worker-network=host",
             "--kube-grace-period-seconds=120",
+            "--kube-crash-limit=5",
+            "--kube-crash-backoff-seconds=0.5",
         ])
         .unwrap();
         let config = cli.node.node.kube.config().unwrap().unwrap();
-        assert!(!config.template.host_network);
+        assert!(config.template.host_network);
         assert_eq!(config.template.grace_period_seconds, 120);
+        assert_eq!(config.policy.crash_limit, 5);
+        assert_eq!(config.policy.crash_backoff, Duration::from_millis(500));
+        // A host podctl does not know the size of needs its resources named.
+        let cli = Cli::try_parse_from([
+            "podctl-coordinator",
+            "--kubernetes",
+            "--kube-namespace=train",
+            "--kube-worker-image=w:1",
+            "--kube-coordinator-address=podctl.train.svc:7001",
+            "--kube-tpu-accelerator=tpu-v5p-slice",
+            "--kube-tpu-topology=2x2x1",
+        ])
+        .unwrap();
+        let e = cli.node.node.kube.config().unwrap_err().to_string();
+        assert!(e.contains("--kube-worker-cpu") && e.contains("workers.resources"), "{e}");
         let e = Cli::try_parse_from(["podctl-coordinator", "--kube-worker-network=bridge"]).err().unwrap();
         assert!(e.to_string().contains("'bridge'") && e.to_string().contains("host, pod"), "{e}");
         let e = Cli::try_parse_from(["podctl-coordinator", "--kubernetes", "--kube-namespace=t"]).unwrap();

@@ -14,15 +14,21 @@ pub struct TlsFiles {
     pub server_cert: PathBuf,
     /// Its private key (PEM).
     pub server_key: PathBuf,
-    /// The client certificate this node presents to its peers (PEM).
+    /// A worker's client certificate (PEM): what worker pods present; tests and tools use it as
+    /// an ordinary client.
     pub client_cert: PathBuf,
     /// Its private key (PEM).
     pub client_key: PathBuf,
+    /// The client certificate this node presents to its peers (PEM, common name
+    /// [`crate::tls::PEER_COMMON_NAME`]): the only one the Raft service admits.
+    pub peer_cert: PathBuf,
+    /// Its private key (PEM).
+    pub peer_key: PathBuf,
 }
 
 impl TlsFiles {
     /// The files in a directory made by `create_dev_ca`: `ca.pem`, `server.pem`, `server.key`,
-    /// `client.pem`, `client.key`.
+    /// `client.pem`, `client.key`, `peer.pem`, `peer.key`.
     pub fn in_dir(dir: &Path) -> Self {
         Self {
             ca: dir.join(crate::tls::CA_CERT),
@@ -30,6 +36,8 @@ impl TlsFiles {
             server_key: dir.join(crate::tls::SERVER_KEY),
             client_cert: dir.join(crate::tls::CLIENT_CERT),
             client_key: dir.join(crate::tls::CLIENT_KEY),
+            peer_cert: dir.join(crate::tls::PEER_CERT),
+            peer_key: dir.join(crate::tls::PEER_KEY),
         }
     }
 }
@@ -122,6 +130,9 @@ pub struct Config {
     /// Where to serve Prometheus metrics (`GET /metrics`, plain HTTP); `None`: not served.
     /// Port 0 picks a free port (`Node::metrics_addr`).
     pub metrics_listen: Option<SocketAddr>,
+    /// The worker pods' template when the node runs the Kubernetes controller: a submission
+    /// its slices cannot run is refused, saying what works (`WorkerTemplate::refusal`).
+    pub kubernetes: Option<controller::WorkerTemplate>,
 }
 
 impl Config {
@@ -150,6 +161,7 @@ impl Config {
             log_lines_per_job: 10_000,
             store_options: checkpoint::StoreOptions::default(),
             metrics_listen: None,
+            kubernetes: None,
         }
     }
 

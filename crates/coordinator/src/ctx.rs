@@ -9,6 +9,7 @@
 use crate::config::Config;
 use crate::logs::LogBuffers;
 use crate::memory::LeaderMemory;
+use crate::peers::PeerHealth;
 use crate::state::{Command, Response};
 use crate::store::Shared;
 use crate::typ;
@@ -31,9 +32,15 @@ pub enum NotServing {
     /// This node was just elected and has not applied everything committed before.
     #[error("this node was just elected and is catching up; retry in a moment")]
     CatchingUp,
-    /// The cluster could not commit the command (no quorum, shutting down).
-    #[error("the cluster could not commit: {0}; retry")]
-    NoCommit(String),
+    /// The cluster could not commit the command (no quorum, shutting down); it may still be
+    /// applied.
+    #[error("the cluster could not commit: {reason}; retry")]
+    NoCommit {
+        /// Whether Raft stopped on this node (it shuts down), rather than the command failing.
+        fatal: bool,
+        /// Raft's error.
+        reason: String,
+    },
 }
 
 /// What every service and the leader loop share.
@@ -48,6 +55,8 @@ pub struct Ctx {
     pub leader: LeaderMemory,
     /// Workers' log lines (leader only).
     pub logs: LogBuffers,
+    /// Whether the peers answer this node's calls.
+    pub peers: Arc<PeerHealth>,
     /// The configuration.
     pub config: Config,
     /// The address this node is reached at.
@@ -65,7 +74,9 @@ impl Ctx {
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
                 Err(NotServing::NotLeader { leader: forward.leader_node.map(|n| n.addr) })
             }
-            Err(e) => Err(NotServing::NoCommit(e.to_string())),
+            Err(e) => {
+                Err(NotServing::NoCommit { fatal: matches!(e, RaftError::Fatal(_)), reason: e.to_string() })
+            }
         }
     }
 

@@ -28,6 +28,9 @@ pub enum Out {
     Preempted(String),
     /// It said it cannot go on.
     Failed(String),
+    /// It said the job's own inputs cannot run (its bundle, its spec, its model, a step with
+    /// nothing to learn from), which are the same for every member: the job fails.
+    Unrunnable(String),
     /// A peer named it as the one that vanished.
     Suspected {
         /// The peer that named it.
@@ -35,6 +38,19 @@ pub enum Out {
         /// The peer's reason.
         reason: String,
     },
+}
+
+/// What a worker's failure report says happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cause {
+    /// The worker's own failure: it leaves the generation.
+    Own,
+    /// The peer it names vanished or broke the protocol: the peer leaves.
+    Peer(String),
+    /// The checkpoint it names failed its integrity check: passed over, and the worker leaves.
+    Checkpoint(String),
+    /// The job's own inputs, which no member can run: the job fails.
+    Job,
 }
 
 /// The leader's memory of one worker: nothing here is replicated.
@@ -211,6 +227,7 @@ fn lost_reason(now: Instant, worker: Option<&WorkerLive>, lease: Duration) -> Op
     match &worker.out {
         Some(Out::Preempted(reason)) => Some(format!("preempted ({reason})")),
         Some(Out::Failed(reason)) => Some(format!("failed ({reason})")),
+        Some(Out::Unrunnable(reason)) => Some(format!("cannot run the job ({reason})")),
         Some(Out::Suspected { by, reason }) => Some(format!("named lost by {by} ({reason})")),
         None if now.saturating_duration_since(worker.last_seen) > lease => Some(format!(
             "lease expired (silent for {:.1} s)",
@@ -236,6 +253,14 @@ pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timin
         }
     }
     let removed: Vec<String> = lost.keys().cloned().collect();
+    let unrunnable =
+        job.active_workers().find_map(|(id, _)| match live.workers.get(id).and_then(|w| w.out.as_ref()) {
+            Some(Out::Unrunnable(reason)) => Some((id, reason)),
+            _ => None,
+        });
+    if let Some((worker, reason)) = unrunnable {
+        return Some(Decision::Fail { reason: format!("{worker} cannot run the job: {reason}") });
+    }
     match job.state {
         JobState::Pending => {
             let waited = candidates
@@ -795,6 +820,23 @@ mod tests {
             panic!()
         };
         assert!(reason.contains("joined"), "{reason}");
+    }
+
+    #[test]
+    fn a_member_that_cannot_run_the_job_s_inputs_fails_it_at_once() {
+        let now = Instant::now();
+        let (job, mut live) = running(2, 4, now);
+        let a = job.members[0].worker_id.clone();
+        live.workers.get_mut(&a).unwrap().out = Some(Out::Failed("out of device memory".into()));
+        let Some(Decision::Begin { removed, .. }) = decide_generation(now, &job, &live, &TIMING) else {
+            panic!("its own failure: the job goes on without it")
+        };
+        assert_eq!(removed, [a.clone()]);
+        live.workers.get_mut(&a).unwrap().out = Some(Out::Unrunnable("step 3 has no target tokens".into()));
+        let Some(Decision::Fail { reason }) = decide_generation(now, &job, &live, &TIMING) else {
+            panic!("no member can run it: the job fails")
+        };
+        assert_eq!(reason, format!("{a} cannot run the job: step 3 has no target tokens"));
     }
 
     #[test]

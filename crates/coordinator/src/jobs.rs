@@ -35,18 +35,39 @@ pub enum JobError {
     /// This node cannot serve it now.
     #[error(transparent)]
     NotServing(#[from] NotServing),
-    /// The submitted spec is not valid.
-    #[error("{0}")]
-    InvalidSpec(String),
+    /// The submitted spec does not parse or validate.
+    #[error(transparent)]
+    InvalidSpec(#[from] job::JobError),
+    /// A field of the submitted spec does not work with the cluster or its checkpoint root.
+    #[error("{field}: {reason}")]
+    Unfit {
+        /// The field, e.g. `checkpoint.uri`.
+        field: &'static str,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
     /// The checkpoint root's newest line is another job's (the message names `--start-over`).
-    #[error("{0}")]
-    ForeignRoot(String),
+    #[error(transparent)]
+    ForeignRoot(#[from] checkpoint::lineage::ForeignRoot),
     /// The checkpoint root could not be read to decide where the job resumes.
-    #[error("{0}")]
-    Resume(String),
-    /// The cluster holds as many jobs as it may.
-    #[error("{0}")]
-    Full(String),
+    #[error(transparent)]
+    Resume(crate::resume::ResumeError),
+    /// Verifying the checkpoint root took longer than a submission may wait.
+    #[error("verifying the checkpoints under {root} took over {after:?}")]
+    ResumeTimeout {
+        /// The root.
+        root: String,
+        /// How long it may take.
+        after: Duration,
+    },
+    /// The replicated state refused the command.
+    #[error("{reason}")]
+    Refused {
+        /// Why, as a type.
+        why: crate::state::Refusal,
+        /// Why, for people.
+        reason: String,
+    },
     /// Members of one save sent different save specs.
     #[error("{worker_id} sent a save spec for step {step} that differs from another member's")]
     SaveSpecDiffers {
@@ -68,8 +89,13 @@ pub enum JobError {
     #[error("finalizing the checkpoint took over {0:?}")]
     FinalizeTimeout(Duration),
     /// Something this node should never see (no randomness, an answer of the wrong kind).
-    #[error("{0}")]
-    Internal(String),
+    #[error("{what}: {detail}")]
+    Internal {
+        /// What the node was doing.
+        what: &'static str,
+        /// What happened.
+        detail: String,
+    },
 }
 
 /// Retention could not be applied to a job's root (the commits stand; the leader retries).
@@ -84,8 +110,10 @@ pub struct RetentionError {
 
 /// What the leader derives from a spec.
 fn shape_of(spec: &job::JobSpec) -> Result<JobShape, JobError> {
-    let dp_size = u32::try_from(spec.mesh.dcn)
-        .map_err(|_| JobError::InvalidSpec(format!("mesh.dcn {} is too large", spec.mesh.dcn)))?;
+    let dp_size = u32::try_from(spec.mesh.dcn).map_err(|_| JobError::Unfit {
+        field: "mesh.dcn",
+        reason: format!("{} is too large", spec.mesh.dcn),
+    })?;
     Ok(JobShape {
         name: spec.name.clone(),
         dp_size,
@@ -100,7 +128,7 @@ fn shape_of(spec: &job::JobSpec) -> Result<JobShape, JobError> {
 fn new_token() -> Result<String, JobError> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes)
-        .map_err(|e| JobError::Internal(format!("no randomness for a job token: {e}")))?;
+        .map_err(|e| JobError::Internal { what: "drawing a job token", detail: e.to_string() })?;
     Ok(hex::encode(bytes))
 }
 
@@ -108,7 +136,7 @@ fn new_token() -> Result<String, JobError> {
 fn new_nonce() -> Result<String, JobError> {
     let mut bytes = [0u8; 4];
     getrandom::fill(&mut bytes)
-        .map_err(|e| JobError::Internal(format!("no randomness for a save id: {e}")))?;
+        .map_err(|e| JobError::Internal { what: "drawing a save id", detail: e.to_string() })?;
     Ok(hex::encode(bytes))
 }
 
@@ -127,7 +155,7 @@ async fn find_resume(
         });
     }
     let storage = checkpoint::Storage::open(checkpoint_uri, &ctx.config.store_options)
-        .map_err(|e| JobError::InvalidSpec(format!("checkpoint root {checkpoint_uri}: {e}")))?;
+        .map_err(|e| JobError::Unfit { field: "checkpoint.uri", reason: format!("{checkpoint_uri}: {e}") })?;
     let identity = spec.checkpoint_identity();
     // On a blocking thread of its own: the checkpoint crate's verification future is not `Send`
     // (a closure over borrowed read jobs), which a gRPC handler's future must be.
@@ -138,13 +166,16 @@ async fn find_resume(
             tokio::time::timeout(RESUME_SCAN_TIMEOUT, find).await
         })
     });
-    match find.await.map_err(|e| JobError::Internal(format!("the resume rule stopped: {e}")))? {
+    match find
+        .await
+        .map_err(|e| JobError::Internal { what: "applying the resume rule", detail: e.to_string() })?
+    {
         Ok(Ok(found)) => Ok(found),
-        Ok(Err(e @ crate::resume::ResumeError::ForeignRoot(_))) => Err(JobError::ForeignRoot(e.to_string())),
-        Ok(Err(e)) => Err(JobError::Resume(e.to_string())),
-        Err(_) => Err(JobError::Resume(format!(
-            "verifying the checkpoints under {checkpoint_uri} took over {RESUME_SCAN_TIMEOUT:?}"
-        ))),
+        Ok(Err(crate::resume::ResumeError::ForeignRoot(e))) => Err(JobError::ForeignRoot(e)),
+        Ok(Err(e)) => Err(JobError::Resume(e)),
+        Err(_) => {
+            Err(JobError::ResumeTimeout { root: checkpoint_uri.to_string(), after: RESUME_SCAN_TIMEOUT })
+        }
     }
 }
 
@@ -177,18 +208,26 @@ pub struct Submission {
 /// keeps one job per Kubernetes declaration.
 pub async fn submit(ctx: &Ctx, submission: Submission) -> Result<Submitted, JobError> {
     let Submission { spec_yaml, bundle_uri, bundle_id, source, start_over } = submission;
-    let spec = job::JobSpec::from_yaml(&spec_yaml, std::path::Path::new("<submitted spec>"))
-        .map_err(|e| JobError::InvalidSpec(e.to_string()))?;
+    let spec = job::JobSpec::from_yaml(&spec_yaml, std::path::Path::new("<submitted spec>"))?;
+    if let Some(template) = &ctx.config.kubernetes {
+        let devices = u32::try_from(spec.mesh.ici.fsdp * spec.mesh.ici.tp).unwrap_or(u32::MAX);
+        if let Some(reason) = template.refusal(devices) {
+            return Err(JobError::Unfit { field: "mesh", reason });
+        }
+    }
     let checkpoint_uri = spec.checkpoint_uri().unwrap_or_default();
     let found = find_resume(ctx, &spec, &checkpoint_uri, start_over).await?;
     if let Some(resumed) = found.resumed()
         && resumed.record.step > spec.steps
     {
-        return Err(JobError::InvalidSpec(format!(
-            "checkpoint {} is at step {}, past the job's {} steps; raise `steps`, or launch with \
-             --start-over to train afresh beside it",
-            resumed.uri, resumed.record.step, spec.steps
-        )));
+        return Err(JobError::Unfit {
+            field: "steps",
+            reason: format!(
+                "checkpoint {} is at step {}, past the job's {} steps; raise `steps`, or launch with \
+                 --start-over to train afresh beside it",
+                resumed.uri, resumed.record.step, spec.steps
+            ),
+        });
     }
     let token = new_token()?;
     let submit = SubmitJob {
@@ -207,8 +246,10 @@ pub async fn submit(ctx: &Ctx, submission: Submission) -> Result<Submitted, JobE
     };
     match ctx.propose(Command::SubmitJob(Box::new(submit))).await? {
         Response::JobSubmitted { job_id } => Ok(Submitted { job_id, token }),
-        Response::Refused { reason } => Err(JobError::Full(reason)),
-        other => Err(JobError::Internal(format!("unexpected answer to a submission: {other:?}"))),
+        Response::Refused { why, reason } => Err(JobError::Refused { why, reason }),
+        other => {
+            Err(JobError::Internal { what: "submitting", detail: format!("unexpected answer {other:?}") })
+        }
     }
 }
 
@@ -277,7 +318,7 @@ pub async fn report_checkpoint(
         ctx.leader.wake.notify_one();
         Ok(Some(dir))
     });
-    task.await.map_err(|e| JobError::Internal(format!("checkpoint finalization stopped: {e}")))?
+    task.await.map_err(|e| JobError::Internal { what: "finalizing a checkpoint", detail: e.to_string() })?
 }
 
 /// Writes the manifest, commits through Raft, writes the marker. Returns the checkpoint's
@@ -365,7 +406,7 @@ impl CommitLog for RaftCommitLog {
         let command =
             Command::CommitCheckpoint { job_id: self.job_id.clone(), generation: self.generation, entry };
         match self.ctx.propose(command).await {
-            Ok(Response::Refused { reason }) => Err(commit_log_error("record", reason)),
+            Ok(Response::Refused { reason, .. }) => Err(commit_log_error("record", reason)),
             Ok(_) => Ok(()),
             Err(e) => Err(commit_log_error("record", e.to_string())),
         }
@@ -387,7 +428,7 @@ impl CommitLog for RaftCommitLog {
             save_id: commit.save_id.clone(),
         };
         match self.ctx.propose(command).await {
-            Ok(Response::Refused { reason }) => Err(commit_log_error("remove", reason)),
+            Ok(Response::Refused { reason, .. }) => Err(commit_log_error("remove", reason)),
             Ok(_) => Ok(()),
             Err(e) => Err(commit_log_error("remove", e.to_string())),
         }

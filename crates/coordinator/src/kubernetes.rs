@@ -4,10 +4,12 @@
 //! [`Plane`] implements [`controller::ControlPlane`] over the node's replicated state and the
 //! leader's memory. A pod the controller reports lost marks its workers `Preempted` in the
 //! leader's memory, exactly as a worker's own SIGTERM notice does, so the recovery path
-//! (`decide::decide_generation`) is the same one. A declared job (`controller::declare`) is
-//! submitted as `Jobs.Submit` would, with its source recorded; the state machine keeps one job
-//! per source. The loop runs on every node but acts only on the leader whose memory is ready
-//! ([`crate::ctx::Ctx::require_leader`]).
+//! (`decide::decide_generation`) is the same one. Each registration tells the controller whether
+//! the leader has heard from it within a lease (a hung worker's pod is replaced). A job's job
+//! object uid is recorded through Raft, so a new leader knows it was made. A declared job
+//! (`controller::declare`) is submitted as `Jobs.Submit` would, with its source recorded; the
+//! state machine keeps one job per source. The loop runs on every node but acts only on the
+//! leader whose memory is ready ([`crate::ctx::Ctx::require_leader`]).
 
 use crate::ctx::Ctx;
 use crate::decide::Out;
@@ -15,6 +17,7 @@ use crate::state::{Command, Job};
 use controller::{ControlPlane, Declaration, DeclaredJob, DesiredJob, Registration};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
@@ -51,8 +54,9 @@ pub fn check_worker_token(admin_token: &str, token: &str) -> Option<String> {
 /// The coordinator as the controller sees it.
 pub struct Plane(pub Arc<Ctx>);
 
-/// What the controller needs of one job.
-fn desired(job: &Job, admin_token: &str) -> Option<DesiredJob> {
+/// What the controller needs of one job; `silent` are its workers the leader has not heard from
+/// within a lease.
+fn desired(job: &Job, admin_token: &str, silent: &BTreeSet<String>) -> Option<DesiredJob> {
     let spec = match job::JobSpec::from_yaml(&job.spec_yaml, Path::new(&job.id)) {
         Ok(spec) => spec,
         Err(e) => {
@@ -74,8 +78,12 @@ fn desired(job: &Job, admin_token: &str) -> Option<DesiredJob> {
                 worker_id: id.clone(),
                 instance_id: w.instance_id.clone(),
                 removed: w.removed,
+                silent: silent.contains(id),
             })
             .collect(),
+        object_uid: (!job.kube_object.is_empty()).then(|| job.kube_object.clone()),
+        queue: spec.kubernetes.queue.clone(),
+        priority_class: spec.kubernetes.priority_class.clone(),
     })
 }
 
@@ -85,10 +93,28 @@ impl ControlPlane for Plane {
     }
 
     fn desired(&self) -> Vec<DesiredJob> {
-        let admin = &self.0.config.admin_token;
+        let ctx = &self.0;
         let live: Vec<Job> =
-            self.0.shared.read(|s| s.jobs.values().filter(|j| !j.state.is_terminal()).cloned().collect());
-        live.iter().filter_map(|j| desired(j, admin)).collect()
+            ctx.shared.read(|s| s.jobs.values().filter(|j| !j.state.is_terminal()).cloned().collect());
+        let (now, lease) = (Instant::now(), ctx.config.timeouts.lease);
+        live.iter()
+            .filter_map(|job| {
+                // Every registration, removed ones too (a removed worker that is alive keeps
+                // beating until it registers again): one the leader has not seen yet gets a lease
+                // from now, as active workers do after an election.
+                let silent = ctx.leader.with(|m| {
+                    job.workers
+                        .keys()
+                        .filter(|id| {
+                            let w = m.worker_mut(&job.id, id, now);
+                            now.saturating_duration_since(w.last_seen) > lease
+                        })
+                        .cloned()
+                        .collect()
+                });
+                desired(job, &ctx.config.admin_token, &silent)
+            })
+            .collect()
     }
 
     fn lost(&self, job_id: &str, worker_ids: &[String], reason: &str) {
@@ -119,6 +145,20 @@ impl ControlPlane for Plane {
         async move {
             if let Err(e) = ctx.propose(command).await {
                 tracing::warn!("controller: cannot fail the job: {e}");
+            }
+        }
+    }
+
+    fn record_object(&self, job_id: &str, uid: &str) -> impl Future<Output = ()> + Send {
+        let ctx = self.0.clone();
+        let command = Command::RecordJobObject { job_id: job_id.into(), uid: uid.into() };
+        async move {
+            match ctx.propose(command).await {
+                Ok(crate::state::Response::Refused { reason }) => {
+                    tracing::warn!("controller: the job object was not recorded: {reason}")
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("controller: cannot record the job object: {e}"),
             }
         }
     }

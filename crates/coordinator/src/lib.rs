@@ -9,7 +9,7 @@
 //!
 //! # Layout
 //! In dependency order, lowest first: each module uses only those above it (and the
-//! configuration, the errors and the log buffers).
+//! configuration, the errors, the log buffers, the peers' health and the logging setup).
 //! - [`state`]: the replicated state and its pure transition function (`apply`).
 //! - [`decide`]: the decisions as pure functions of (now, job, leader memory): placement of
 //!   virtual ranks, generation changes, the quiesce -> assignment plan, step commits.
@@ -32,7 +32,10 @@
 //!   served when `Config::metrics_listen` is set, with `/healthz` and `/readyz`.
 //! - [`health`]: readiness: a voter of the cluster that knows its leader (the chart's probe).
 //! - [`recorder`]: a job's run record (`metrics.jsonl`, `events.jsonl`, plots), when asked.
-//! - [`network`]: outbound Raft RPCs to peers over the `Raft` gRPC service.
+//! - [`network`]: outbound Raft RPCs to peers over the `Raft` gRPC service; every call's
+//!   outcome goes to [`peers`], which logs a peer that stops answering once, not at every retry.
+//! - [`logging`]: how the processes log (colour only on a terminal, openraft's own warnings
+//!   rate-limited).
 //! - [`tls`]: a development CA and certificates, and loading them. Clients, this node's peer
 //!   connections included, dial through the `client` crate (`podctl-client`).
 //! - [`node`]: wiring: storage, Raft, services, TLS, shutdown; [`run`] and [`Embedded`].
@@ -67,11 +70,13 @@ pub mod health;
 pub mod jobs;
 pub mod kubernetes;
 pub mod leader;
+pub mod logging;
 pub mod logs;
 pub mod memory;
 pub mod metrics;
 pub mod network;
 pub mod node;
+pub mod peers;
 pub mod recorder;
 pub mod resume;
 pub mod state;

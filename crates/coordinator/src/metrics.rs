@@ -468,7 +468,11 @@ mod tests {
         let c = Counters::default();
         c.apply(&commit(1, 0.02), &Response::Applied, "arith");
         c.apply(&commit(2, 0.3), &Response::Applied, "arith");
-        c.apply(&commit(3, 9.0), &Response::Refused { reason: "stale".into() }, "arith");
+        c.apply(
+            &commit(3, 9.0),
+            &Response::Refused { why: crate::state::Refusal::StaleGeneration, reason: "stale".into() },
+            "arith",
+        );
         c.apply(&lease_expired(), &Response::Applied, "arith");
         c.apply(
             &Command::NewGeneration {

@@ -3,8 +3,11 @@
 //! openraft's messages travel as JSON in `RaftPayload.data`; the answer carries the peer's
 //! `Result` the same way, so a remote Raft error comes back as openraft's `RemoteError`. Peers
 //! are dialled with this node's client certificate (mutual TLS) and every call has a deadline.
+//!
+//! Every call's outcome goes to [`PeerHealth`], which logs a peer that stops answering once.
 
 use crate::TypeConfig;
+use crate::peers::PeerHealth;
 use crate::typ;
 use client::tls::endpoint;
 use openraft::error::{InstallSnapshotError, NetworkError, RemoteError, Unreachable};
@@ -19,6 +22,7 @@ use proto::v1::raft_client::RaftClient;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 use tonic::transport::Channel;
 
@@ -43,6 +47,7 @@ impl PeerDialer {
 /// The factory openraft asks for a connection per peer.
 pub struct Network {
     dialer: PeerDialer,
+    health: Arc<PeerHealth>,
     /// One channel per peer address, kept across `new_client` calls: openraft asks again after
     /// every replication error and term change, and a new TLS handshake each time would turn a
     /// slow moment into a storm of reconnects. A channel reconnects by itself.
@@ -50,9 +55,9 @@ pub struct Network {
 }
 
 impl Network {
-    /// Dials peers with `dialer`.
-    pub fn new(dialer: PeerDialer) -> Self {
-        Self { dialer, channels: HashMap::new() }
+    /// Dials peers with `dialer`, recording their reachability in `health`.
+    pub fn new(dialer: PeerDialer, health: Arc<PeerHealth>) -> Self {
+        Self { dialer, health, channels: HashMap::new() }
     }
 }
 
@@ -71,13 +76,17 @@ impl RaftNetworkFactory<TypeConfig> for Network {
                 .max_decoding_message_size(self.dialer.max_message_bytes)
                 .max_encoding_message_size(self.dialer.max_message_bytes)
         });
-        PeerConnection { target, client }
+        PeerConnection { target, addr: node.addr.clone(), client, health: self.health.clone(), failure: None }
     }
 }
 
 /// One peer.
 pub struct PeerConnection {
     target: u64,
+    addr: String,
+    health: Arc<PeerHealth>,
+    /// Why the call in progress failed to reach the peer, in words for people.
+    failure: Option<String>,
     /// The client, or why the address could not be used.
     client: Result<RaftClient<Channel>, String>,
 }
@@ -88,6 +97,29 @@ struct Message(String);
 
 impl PeerConnection {
     async fn call<Req, Resp, E>(
+        &mut self,
+        kind: &'static str,
+        request: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, typ::RpcError<E>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        self.failure = None;
+        let result = self.attempt(kind, request, timeout).await;
+        let outcome = match (&result, self.failure.take()) {
+            (Err(typ::RpcError::Unreachable(_) | typ::RpcError::Network(_)), Some(why)) => Err(why),
+            (Err(typ::RpcError::Unreachable(e)), None) => Err(e.to_string()),
+            (Err(typ::RpcError::Network(e)), None) => Err(e.to_string()),
+            _ => Ok(()),
+        };
+        self.health.record(self.target, &self.addr, outcome);
+        result
+    }
+
+    async fn attempt<Req, Resp, E>(
         &mut self,
         kind: &'static str,
         request: &Req,
@@ -116,6 +148,7 @@ impl PeerConnection {
             Err(tonic::Status::deadline_exceeded(format!("no answer within {timeout:?}")))
         });
         let payload = response.map_err(|status| {
+            self.failure = Some(format!("{kind}: {}", status.message()));
             let e = Message(format!("{kind} to node {}: {status}", self.target));
             match status.code() {
                 tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => {

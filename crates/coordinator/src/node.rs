@@ -11,6 +11,7 @@ use crate::grpc;
 use crate::logs::LogBuffers;
 use crate::memory::LeaderMemory;
 use crate::network::{Network, PeerDialer};
+use crate::peers::PeerHealth;
 use crate::store::{self, LogStore, StateMachineStore};
 use crate::{Error, typ};
 use openraft::{BasicNode, ServerState, SnapshotPolicy};
@@ -72,15 +73,16 @@ impl Node {
         .map_err(|e| Error::Config { field: "timeouts", reason: e.to_string() })?;
 
         let tls = match &config.tls {
-            Some(files) => Some(crate::tls::client_tls(files)?),
+            Some(files) => Some(crate::tls::peer_tls(files)?),
             None => None,
         };
         let dialer =
             PeerDialer { tls, rpc_timeout: t.peer_rpc, max_message_bytes: config.max_peer_message_bytes };
-        let raft =
-            typ::Raft::new(config.id, Arc::new(raft_config), Network::new(dialer), log_store, state_machine)
-                .await
-                .map_err(|e| Error::Raft(e.to_string()))?;
+        let peers = Arc::new(PeerHealth::default());
+        let network = Network::new(dialer, peers.clone());
+        let raft = typ::Raft::new(config.id, Arc::new(raft_config), network, log_store, state_machine)
+            .await
+            .map_err(|e| Error::Raft(e.to_string()))?;
 
         let admin_sha = Sha256::digest(config.admin_token.as_bytes()).into();
         let ctx = Arc::new(Ctx {
@@ -89,6 +91,7 @@ impl Node {
             shared,
             leader: LeaderMemory::default(),
             logs: LogBuffers::new(config.log_lines_per_job),
+            peers,
             advertise,
             admin_sha,
             config,

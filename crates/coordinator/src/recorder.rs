@@ -138,6 +138,7 @@ fn write(
         | Command::CompleteJob { .. }
         | Command::FailJob { .. }
         | Command::ForgetCheckpoint { .. }
+        | Command::RecordJobObject { .. }
         | Command::KvPut { .. } => {}
     }
     let total = job.shape.total_steps;

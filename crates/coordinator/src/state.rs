@@ -215,6 +215,10 @@ pub struct Job {
     /// The Kubernetes declaration it came from; empty when submitted through the API.
     #[serde(default)]
     pub source: String,
+    /// The uid of its job object on Kubernetes (the controller's ConfigMap that owns its pods),
+    /// once made: a job whose recorded object is gone was deleted by a user or with its release.
+    #[serde(default)]
+    pub kube_object: String,
     /// The line of checkpoints its saves continue or begin (`checkpoint::lineage`).
     #[serde(default)]
     pub line: String,
@@ -469,6 +473,14 @@ pub enum Command {
         /// When.
         unix: f64,
     },
+    /// The Kubernetes controller made the job's job object, with this uid (a job keeps its
+    /// first).
+    RecordJobObject {
+        /// The job.
+        job_id: String,
+        /// The object's uid.
+        uid: String,
+    },
     /// A key-value write (rendezvous).
     KvPut {
         /// The job.
@@ -497,6 +509,7 @@ impl Command {
             | Self::StopJob { job_id, .. }
             | Self::CompleteJob { job_id, .. }
             | Self::FailJob { job_id, .. }
+            | Self::RecordJobObject { job_id, .. }
             | Self::KvPut { job_id, .. } => Some(job_id),
         }
     }
@@ -520,9 +533,24 @@ pub enum Response {
     },
     /// The command no longer fits the state and changed nothing.
     Refused {
-        /// Why, naming the values.
+        /// Why, as a type.
+        why: Refusal,
+        /// Why, naming the values, for people.
         reason: String,
     },
+}
+
+/// Why a command changed nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Refusal {
+    /// The job it names does not exist.
+    NoJob,
+    /// A worker's command of a generation older than the job's.
+    StaleGeneration,
+    /// The job is not in a state the command applies to (it ended, or it moved on).
+    State,
+    /// A limit of the cluster or the job.
+    Limit,
 }
 
 /// The whole replicated state.
@@ -536,8 +564,8 @@ pub struct ClusterState {
     pub kv: BTreeMap<String, BTreeMap<String, Vec<u8>>>,
 }
 
-fn refused(reason: String) -> Response {
-    Response::Refused { reason }
+fn refused(why: Refusal, reason: String) -> Response {
+    Response::Refused { why, reason }
 }
 
 impl ClusterState {
@@ -566,22 +594,25 @@ impl ClusterState {
             return Response::Applied;
         };
         let Some(job) = self.jobs.get_mut(&job_id) else {
-            return refused(format!("no job '{job_id}'"));
+            return refused(Refusal::NoJob, format!("no job '{job_id}'"));
         };
         // Retention still runs after the end (a leader that died between the final commit and
         // its retention leaves it to the next one, whatever happened to the job meanwhile).
         if job.state.is_terminal() && !matches!(command, Command::ForgetCheckpoint { .. }) {
-            return refused(format!("job {job_id} is {:?}", job.state));
+            return refused(Refusal::State, format!("job {job_id} is {:?}", job.state));
         }
         match command {
             Command::SubmitJob(_) | Command::KvPut { .. } => Response::Applied,
             Command::RegisterWorker(register) => register_worker(job, register.record),
             Command::BeginGeneration { generation, reason, removed, unix, .. } => {
                 if generation != job.generation + 1 || job.state == JobState::Pending {
-                    return refused(format!(
-                        "cannot begin generation {generation}: job {job_id} is {:?} in generation {}",
-                        job.state, job.generation
-                    ));
+                    return refused(
+                        Refusal::State,
+                        format!(
+                            "cannot begin generation {generation}: job {job_id} is {:?} in generation {}",
+                            job.state, job.generation
+                        ),
+                    );
                 }
                 job.generation = generation;
                 job.state = JobState::Recovering;
@@ -606,10 +637,13 @@ impl ClusterState {
                     _ => false,
                 };
                 if !fits {
-                    return refused(format!(
-                        "cannot form generation {generation}: job {job_id} is {:?} in generation {}",
-                        job.state, job.generation
-                    ));
+                    return refused(
+                        Refusal::State,
+                        format!(
+                            "cannot form generation {generation}: job {job_id} is {:?} in generation {}",
+                            job.state, job.generation
+                        ),
+                    );
                 }
                 for commit in carried {
                     job.commit_step(commit, unix);
@@ -638,32 +672,44 @@ impl ClusterState {
             }
             Command::CommitStep { generation, commit, unix, .. } => {
                 if generation != job.generation || job.state != JobState::Running {
-                    return refused(format!(
-                        "stale generation {generation}, current {} ({:?})",
-                        job.generation, job.state
-                    ));
+                    return refused(
+                        Refusal::StaleGeneration,
+                        format!(
+                            "stale generation {generation}, current {} ({:?})",
+                            job.generation, job.state
+                        ),
+                    );
                 }
                 let step = commit.step;
                 if job.commit_step(commit, unix) {
                     Response::Applied
                 } else {
-                    refused(format!("step {step} is not the next step; {} is committed", job.committed_step))
+                    refused(
+                        Refusal::State,
+                        format!("step {step} is not the next step; {} is committed", job.committed_step),
+                    )
                 }
             }
             Command::CommitCheckpoint { generation, entry, .. } => {
                 if generation != job.generation {
-                    return refused(format!(
-                        "stale generation {generation}, current {}: the save was interrupted",
-                        job.generation
-                    ));
+                    return refused(
+                        Refusal::StaleGeneration,
+                        format!(
+                            "stale generation {generation}, current {}: the save was interrupted",
+                            job.generation
+                        ),
+                    );
                 }
                 if job.checkpoints.iter().any(|c| c.record == entry.record) {
                     return Response::Applied;
                 }
                 if job.checkpoints.len() >= MAX_CHECKPOINTS_PER_JOB {
-                    return refused(format!(
-                        "job {job_id} already has {MAX_CHECKPOINTS_PER_JOB} checkpoints; lower checkpoint.keep"
-                    ));
+                    return refused(
+                        Refusal::Limit,
+                        format!(
+                            "job {job_id} already has {MAX_CHECKPOINTS_PER_JOB} checkpoints; lower checkpoint.keep"
+                        ),
+                    );
                 }
                 job.event(
                     entry.committed_unix,
@@ -706,10 +752,13 @@ impl ClusterState {
             }
             Command::CompleteJob { reason, unix, .. } => {
                 if job.committed_step < job.shape.total_steps {
-                    return refused(format!(
-                        "job {job_id} has {} of {} steps committed",
-                        job.committed_step, job.shape.total_steps
-                    ));
+                    return refused(
+                        Refusal::State,
+                        format!(
+                            "job {job_id} has {} of {} steps committed",
+                            job.committed_step, job.shape.total_steps
+                        ),
+                    );
                 }
                 job.complete(unix, reason);
                 Response::Applied
@@ -719,6 +768,14 @@ impl ClusterState {
                 job.message = reason.clone();
                 job.event(unix, "failed", reason);
                 Response::Applied
+            }
+            Command::RecordJobObject { uid, .. } => {
+                if job.kube_object.is_empty() || job.kube_object == uid {
+                    job.kube_object = uid;
+                    Response::Applied
+                } else {
+                    refused(format!("job {job_id} has job object {} already", job.kube_object))
+                }
             }
         }
     }
@@ -731,7 +788,10 @@ impl ClusterState {
             return Response::JobSubmitted { job_id: job.id.clone() };
         }
         if self.jobs.len() >= MAX_JOBS {
-            return refused(format!("the cluster holds {MAX_JOBS} jobs; remove finished ones first"));
+            return refused(
+                Refusal::Limit,
+                format!("the cluster holds {MAX_JOBS} jobs; remove finished ones first"),
+            );
         }
         self.job_seq += 1;
         let id = format!("{}-{}", submit.shape.name, self.job_seq);
@@ -744,6 +804,7 @@ impl ClusterState {
             checkpoint_uri: submit.checkpoint_uri,
             token_sha256: submit.token_sha256,
             source: submit.source.clone(),
+            kube_object: String::new(),
             line: submit.line,
             attempt: submit.attempt,
             state: JobState::Pending,
@@ -791,28 +852,40 @@ impl ClusterState {
 
     fn kv_put(&mut self, job_id: String, key: String, value: Vec<u8>, generation: Option<u64>) -> Response {
         let Some(job) = self.jobs.get(&job_id) else {
-            return refused(format!("no job '{job_id}'"));
+            return refused(Refusal::NoJob, format!("no job '{job_id}'"));
         };
         if let Some(g) = generation
             && g < job.generation
         {
-            return refused(format!("stale generation {g}, current {}", job.generation));
+            return refused(
+                Refusal::StaleGeneration,
+                format!("stale generation {g}, current {}", job.generation),
+            );
         }
         if key.len() > MAX_KV_KEY_BYTES || value.len() > MAX_KV_VALUE_BYTES {
-            return refused(format!(
-                "key of {} bytes or value of {} bytes is over the limits ({MAX_KV_KEY_BYTES}, {MAX_KV_VALUE_BYTES})",
-                key.len(),
-                value.len()
-            ));
+            return refused(
+                Refusal::Limit,
+                format!(
+                    "key of {} bytes or value of {} bytes is over the limits ({MAX_KV_KEY_BYTES}, {MAX_KV_VALUE_BYTES})",
+                    key.len(),
+                    value.len()
+                ),
+            );
         }
         let store = self.kv.entry(job_id.clone()).or_default();
         let used: usize = store.iter().map(|(k, v)| k.len() + v.len()).sum();
         let old = store.get(&key).map_or(0, |v| key.len() + v.len());
         if !store.contains_key(&key) && store.len() >= MAX_KV_KEYS_PER_JOB {
-            return refused(format!("job {job_id} holds {MAX_KV_KEYS_PER_JOB} keys, the limit"));
+            return refused(
+                Refusal::Limit,
+                format!("job {job_id} holds {MAX_KV_KEYS_PER_JOB} keys, the limit"),
+            );
         }
         if used - old + key.len() + value.len() > MAX_KV_BYTES_PER_JOB {
-            return refused(format!("job {job_id} would hold over {MAX_KV_BYTES_PER_JOB} bytes of KV data"));
+            return refused(
+                Refusal::Limit,
+                format!("job {job_id} would hold over {MAX_KV_BYTES_PER_JOB} bytes of KV data"),
+            );
         }
         store.insert(key, value);
         Response::Applied
@@ -825,7 +898,10 @@ fn register_worker(job: &mut Job, record: WorkerRecord) -> Response {
         return Response::WorkerRegistered { worker_id: id.clone() };
     }
     if job.workers.len() >= MAX_WORKERS_PER_JOB {
-        return refused(format!("job {} had {MAX_WORKERS_PER_JOB} registrations, the limit", job.id));
+        return refused(
+            Refusal::Limit,
+            format!("job {} had {MAX_WORKERS_PER_JOB} registrations, the limit", job.id),
+        );
     }
     job.worker_seq += 1;
     let worker_id = format!("{}.w{}", job.id, job.worker_seq);
@@ -1089,7 +1165,7 @@ pub(crate) mod tests {
         let w = register(&mut state, &job, "i1");
         form(&mut state, &job, 1, vec![member(&w, vec![0])]);
         assert!(
-            matches!(commit(&mut state, &job, 1, 2), Response::Refused { reason } if reason.contains("not the next"))
+            matches!(commit(&mut state, &job, 1, 2), Response::Refused { reason, .. } if reason.contains("not the next"))
         );
         commit(&mut state, &job, 1, 1);
         assert!(matches!(commit(&mut state, &job, 1, 1), Response::Refused { .. }));
@@ -1115,7 +1191,7 @@ pub(crate) mod tests {
         // The same command proposed again (by a new leader) changes nothing.
         assert!(matches!(state.apply(begin), Response::Refused { .. }));
         assert!(
-            matches!(commit(&mut state, &job, 1, 1), Response::Refused { reason } if reason.contains("stale generation 1, current 2"))
+            matches!(commit(&mut state, &job, 1, 1), Response::Refused { reason, .. } if reason.contains("stale generation 1, current 2"))
         );
         let put =
             |g| Command::KvPut { job_id: job.clone(), key: "k".into(), value: vec![1], generation: Some(g) };
@@ -1137,7 +1213,7 @@ pub(crate) mod tests {
         };
         let late = Command::CommitCheckpoint { job_id: job.clone(), generation: 1, entry };
         assert!(
-            matches!(state.apply(late), Response::Refused { reason } if reason.contains("the save was interrupted"))
+            matches!(state.apply(late), Response::Refused { reason, .. } if reason.contains("the save was interrupted"))
         );
         assert!(state.jobs[&job].checkpoints.is_empty());
         // The removed member is told the job goes on without it (it may register again); a
@@ -1197,7 +1273,7 @@ pub(crate) mod tests {
         assert_eq!(state.jobs[&job].state, JobState::Stopped);
         let again =
             Command::RegisterWorker(Box::new(RegisterWorker { job_id: job.clone(), record: worker("x") }));
-        assert!(matches!(state.apply(again), Response::Refused { reason } if reason.contains("Stopped")));
+        assert!(matches!(state.apply(again), Response::Refused { reason, .. } if reason.contains("Stopped")));
         assert_eq!(state.find_job("demo").unwrap().id, job);
     }
 
@@ -1213,5 +1289,17 @@ pub(crate) mod tests {
         };
         assert!(matches!(state.apply(big), Response::Refused { .. }));
         assert!(state.kv.get(&job).is_none_or(|kv| kv.is_empty()));
+    }
+
+    #[test]
+    fn a_job_keeps_its_first_job_object() {
+        let mut state = ClusterState::default();
+        let job_id = submit(&mut state, 1, 10);
+        let record = |uid: &str| Command::RecordJobObject { job_id: job_id.clone(), uid: uid.into() };
+        assert_eq!(state.apply(record("u1")), Response::Applied);
+        // A second leader records the same object again: nothing changes.
+        assert_eq!(state.apply(record("u1")), Response::Applied);
+        assert!(matches!(state.apply(record("u2")), Response::Refused { reason } if reason.contains("u1")));
+        assert_eq!(state.jobs[&job_id].kube_object, "u1");
     }
 }

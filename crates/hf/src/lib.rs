@@ -86,6 +86,16 @@ pub enum HfError {
     Mismatch(String),
 }
 
+impl fault::Classify for HfError {
+    /// A model directory that does not read or fit is the input's.
+    fn fault(&self) -> fault::Fault {
+        match self {
+            HfError::Store(e) => e.fault(),
+            _ => fault::Fault::Input,
+        }
+    }
+}
+
 impl HfError {
     pub(crate) fn invalid(file: impl Into<String>, reason: impl Into<String>) -> Self {
         HfError::Invalid { file: file.into(), reason: reason.into() }

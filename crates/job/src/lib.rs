@@ -15,15 +15,19 @@
 
 mod eval;
 mod grpo;
+mod kubernetes;
 mod mesh_spec;
 mod model;
+mod overrides;
 mod planning;
 mod schedule;
 
 pub use eval::EvalSpec;
 pub use grpo::GrpoSpec;
+pub use kubernetes::KubernetesSpec;
 pub use mesh_spec::{IciSpec, MeshRequest, MeshSpec};
 pub use model::{HfModelSpec, ModelReader, ModelSpec};
+pub use overrides::Override;
 pub use planning::{DEFAULT_DEVICE_MEMORY, MemorySize};
 pub use schedule::{OptimizerSpec, Schedule};
 
@@ -62,6 +66,23 @@ pub enum JobError {
     /// The data section is invalid.
     #[error("job spec: {0}")]
     Data(#[from] data::DataError),
+    /// A `--set FIELD=VALUE` cannot be applied, or what it sets is not valid.
+    #[error("--set {set}: {reason}")]
+    Override {
+        /// The override as given.
+        set: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+}
+
+impl fault::Classify for JobError {
+    fn fault(&self) -> fault::Fault {
+        match self {
+            JobError::Io { .. } | JobError::Yaml { .. } | JobError::Invalid { .. } => fault::Fault::Input,
+            JobError::Data(e) => e.fault(),
+        }
+    }
 }
 
 /// A training job.
@@ -111,6 +132,9 @@ pub struct JobSpec {
     /// Where the job runs.
     #[serde(default)]
     pub runtime: RuntimeSpec,
+    /// How its pods queue on a Kubernetes cluster (a Kueue queue, a priority class).
+    #[serde(default)]
+    pub kubernetes: KubernetesSpec,
 }
 
 /// Batch sizes, in rows (sequences).
@@ -264,6 +288,30 @@ impl JobSpec {
     /// dimensions with `reader`.
     pub fn load_with(path: &Path, reader: &dyn ModelReader) -> Result<Self, JobError> {
         Self::from_yaml_with(&read(path)?, path, reader)
+    }
+
+    /// [`JobSpec::load_with`] with `overrides` (`--set`) applied to the file's fields first, so
+    /// they are checked as the file is.
+    pub fn load_overridden(
+        path: &Path,
+        overrides: &[Override],
+        reader: &dyn ModelReader,
+    ) -> Result<Self, JobError> {
+        Self::from_yaml_overridden(&read(path)?, path, overrides, reader)
+    }
+
+    /// [`JobSpec::from_yaml_with`] with `overrides` applied to the text's fields first.
+    pub fn from_yaml_overridden(
+        text: &str,
+        path: &Path,
+        overrides: &[Override],
+        reader: &dyn ModelReader,
+    ) -> Result<Self, JobError> {
+        if overrides.is_empty() {
+            return Self::from_yaml_with(text, path, reader);
+        }
+        let text = overrides::apply(text, overrides, path)?;
+        Self::from_yaml_with(&text, path, reader).map_err(|e| overrides::attribute(e, overrides))
     }
 
     /// [`JobSpec::from_yaml`], reading a Hugging Face model's dimensions with `reader`.
@@ -449,6 +497,7 @@ impl JobSpec {
             }
         }
         self.check_runtime()?;
+        self.kubernetes.validate()?;
         self.optimizer.validate(self.steps)?;
         self.data.validate()?;
         if let Some(eval) = &self.eval {

@@ -81,6 +81,20 @@ impl JobSpec {
             return Err(invalid("runtime.device_memory", "is 0; give each device a budget such as 4GiB"));
         }
         let Some(name) = &runtime.accelerator else { return Ok(()) };
+        if let Some(chips) = name.strip_prefix("v6e-").and_then(|c| c.parse::<usize>().ok())
+            && chips > 8
+        {
+            return Err(invalid(
+                "runtime.accelerator",
+                format!(
+                    "{name} is one slice of {chips} chips across several hosts, and training one slice across \
+                     hosts is not built yet; what works is several single-host slices over DCN: \
+                     runtime.accelerator: v6e-8 and mesh.dcn: {} for the same {} chips",
+                    chips.div_ceil(8),
+                    chips.div_ceil(8) * 8
+                ),
+            ));
+        }
         let accelerator = Accelerator::parse(name, DEFAULT_DEVICE_MEMORY)
             .map_err(|e| invalid("runtime.accelerator", e.to_string()))?;
         if accelerator.platform == Platform::Tpu && runtime.device_memory.is_some() {

@@ -287,6 +287,12 @@ fn runtime_accelerator_is_checked_against_the_host() {
     for (runtime, needle) in [
         ("{ accelerator: v5e-8 }", "`runtime.accelerator`: unknown topology 'v5e-8'"),
         (
+            "{ accelerator: v6e-16 }",
+            "`runtime.accelerator`: v6e-16 is one slice of 16 chips across several hosts, and training one \
+             slice across hosts is not built yet; what works is several single-host slices over DCN: \
+             runtime.accelerator: v6e-8 and mesh.dcn: 2",
+        ),
+        (
             "{ accelerator: v6e-8, device_memory: 8GiB }",
             "`runtime.device_memory`: a v6e-8 device may use 31.25 GiB",
         ),

@@ -7,6 +7,15 @@
 //! and pod port-forward over WebSocket (`v4.channel.k8s.io`) to a TCP address the test names.
 //! Secrets' `stringData` becomes `data`, as the real server does. Every write is logged
 //! ([`MockApi::requests`]) so tests can assert that nothing was created twice.
+//!
+//! What the control plane around the API server does, as far as podctl's tests need it:
+//! - **garbage collection**: an object whose owner references all name objects that are gone
+//!   is deleted (background propagation), at once rather than a few seconds later; logged as
+//!   `GC <plural>/<name>` in [`MockApi::requests`];
+//! - **Pod Security admission** ([`pod_security`]): a pod created in a namespace labelled
+//!   `pod-security.kubernetes.io/enforce` is refused (403) when it violates that level;
+//! - **scheduling**, on demand ([`MockApi::schedule`]): pending pods are bound to the nodes the
+//!   test added, by node selector, resources and required pod (anti-)affinity.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -29,6 +38,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::{Message, handshake::derive_accept_key, protocol::Role};
+
+pub mod pod_security;
+mod scheduler;
+
+pub use scheduler::Placement;
 
 type Body = BoxBody<Bytes, Infallible>;
 /// (plural, namespace, name).
@@ -129,15 +143,51 @@ impl MockApi {
         )
     }
 
-    /// Stores an object (a test's fixture: services, coordinator pods), as if created.
-    pub fn put(&self, plural: &str, object: impl serde::Serialize) {
+    /// Stores an object (a test's fixture: services, coordinator pods), as if created; returns
+    /// it as stored (with its uid).
+    pub fn put(&self, plural: &str, object: impl serde::Serialize) -> Value {
         let object = serde_json::to_value(object).expect("serializable");
         let ns = object["metadata"]["namespace"].as_str().unwrap_or("default").to_string();
         let name = object["metadata"]["name"].as_str().expect("a name").to_string();
         self.shared.with(|s| {
             let object = create(s, plural, &ns, object);
-            s.objects.insert((plural.into(), ns, name), object);
+            s.objects.insert((plural.into(), ns, name), object.clone());
+            object
+        })
+    }
+
+    /// A namespace with these labels (`pod-security.kubernetes.io/enforce: baseline` makes the
+    /// server refuse pods that break the baseline level there).
+    pub fn put_namespace(&self, name: &str, labels: &[(&str, &str)]) {
+        let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+        let mut object = json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": name, "labels": labels } });
+        object["metadata"]["labels"]["kubernetes.io/metadata.name"] = json!(name);
+        self.shared.with(|s| {
+            let object = create(s, "namespaces", "", object);
+            s.objects.insert(("namespaces".into(), String::new(), name.into()), object);
         });
+    }
+
+    /// A node with these labels and allocatable resources (`[("google.com/tpu", "4")]`), for
+    /// [`MockApi::schedule`].
+    pub fn add_node(&self, name: &str, labels: &[(&str, &str)], allocatable: &[(&str, &str)]) {
+        let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+        let allocatable: BTreeMap<&str, &str> = allocatable.iter().copied().collect();
+        let object = json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": { "name": name, "labels": labels },
+            "status": { "allocatable": allocatable }
+        });
+        self.shared.with(|s| {
+            let object = create(s, "nodes", "", object);
+            s.objects.insert(("nodes".into(), String::new(), name.into()), object);
+        });
+    }
+
+    /// Binds every pending, unbound pod that fits a node, as kube-scheduler would (see
+    /// [`Placement`]); returns each pod's placement, by `namespace/name`.
+    pub fn schedule(&self) -> BTreeMap<String, Placement> {
+        self.shared.with(scheduler::schedule)
     }
 
     /// The objects of a kind in a namespace, by name.
@@ -166,7 +216,29 @@ impl MockApi {
         });
     }
 
-    /// Deletes an object as a user's `kubectl delete` would (see [`delete`]).
+    /// The pod's container ended with `exit_code` (the kubelet saw it exit: `Error`, or
+    /// `OOMKilled`): the pod is `Failed`, its container `terminated` now.
+    pub fn set_container_exit(&self, ns: &str, name: &str, exit_code: i32, reason: &str) {
+        self.shared.with(|s| {
+            let key = ("pods".to_string(), ns.to_string(), name.to_string());
+            let Some(mut pod) = s.objects.get(&key).cloned() else { panic!("no pod {name}") };
+            let container = pod["spec"]["containers"][0]["name"].clone();
+            let finished = k8s_openapi::chrono::Utc::now()
+                .to_rfc3339_opts(k8s_openapi::chrono::SecondsFormat::Millis, true);
+            pod["status"] = json!({
+                "phase": if exit_code == 0 { "Succeeded" } else { "Failed" },
+                "containerStatuses": [{
+                    "name": container, "ready": false, "restartCount": 0, "image": "", "imageID": "",
+                    "state": { "terminated": { "exitCode": exit_code, "reason": reason, "finishedAt": finished } }
+                }]
+            });
+            let pod = s.record("pods", ns, "MODIFIED", pod);
+            s.objects.insert(key, pod);
+        });
+    }
+
+    /// Deletes an object as a user's `kubectl delete` would (see [`delete`]); what it owned is
+    /// garbage collected.
     pub fn delete(&self, plural: &str, ns: &str, name: &str) {
         self.shared.with(|s| delete(s, plural, ns, name)).expect("the object exists");
     }
@@ -176,6 +248,7 @@ impl MockApi {
         self.shared.with(|s| {
             if let Some(object) = s.objects.remove(&(plural.into(), ns.into(), name.into())) {
                 s.record(plural, ns, "DELETED", object);
+                collect_garbage(s);
             }
         });
     }
@@ -220,6 +293,7 @@ fn delete(s: &mut Store, plural: &str, ns: &str, name: &str) -> Option<Value> {
     if plural != "pods" {
         s.objects.remove(&key);
         s.record(plural, ns, "DELETED", object.clone());
+        collect_garbage(s);
         return Some(object);
     }
     if object["metadata"]["deletionTimestamp"].is_null() {
@@ -228,6 +302,36 @@ fn delete(s: &mut Store, plural: &str, ns: &str, name: &str) -> Option<Value> {
         s.objects.insert(key, object.clone());
     }
     Some(object)
+}
+
+/// Kubernetes' garbage collector, background propagation: every object whose owner references
+/// all name objects that no longer exist is deleted, until none is left (a pod being deleted
+/// still exists, as it does for the collector).
+fn collect_garbage(s: &mut Store) {
+    loop {
+        let orphaned: Vec<Key> = s
+            .objects
+            .iter()
+            .filter(|((_, ns, _), object)| {
+                let owners = object["metadata"]["ownerReferences"].as_array().filter(|o| !o.is_empty());
+                owners.is_some_and(|owners| {
+                    owners.iter().all(|owner| {
+                        !s.objects.iter().any(|((_, owner_ns, _), candidate)| {
+                            owner_ns == ns && candidate["metadata"]["uid"] == owner["uid"]
+                        })
+                    })
+                }) && object["metadata"]["deletionTimestamp"].is_null()
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        if orphaned.is_empty() {
+            return;
+        }
+        for (plural, ns, name) in orphaned {
+            s.requests.push(format!("GC {plural}/{name}"));
+            delete(s, &plural, &ns, &name);
+        }
+    }
 }
 
 fn status(code: StatusCode, reason: &str, message: String) -> Response<Body> {
@@ -291,6 +395,19 @@ fn matches(object: &Value, selector: Option<&String>) -> bool {
     })
 }
 
+/// Pod Security admission: why the namespace's `enforce` level refuses the pod, if it does.
+fn admit_pod(s: &Store, ns: &str, name: &str, pod: &Value) -> Option<String> {
+    let namespace = s.objects.get(&("namespaces".to_string(), String::new(), ns.to_string()))?;
+    let level = namespace["metadata"]["labels"][pod_security::ENFORCE_LABEL].as_str()?;
+    let violations = pod_security::violations(level, &pod["spec"]);
+    (!violations.is_empty()).then(|| {
+        format!(
+            "pods \"{name}\" is forbidden: violates PodSecurity \"{level}:latest\": {}",
+            violations.join(", ")
+        )
+    })
+}
+
 async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
     let path: Vec<String> = req.uri().path().trim_matches('/').split('/').map(str::to_owned).collect();
     // /api/v1/namespaces/{ns}/{plural}[/{name}[/portforward]]
@@ -336,12 +453,17 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
             let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
             shared.with(|s| {
                 let key = (plural.clone(), ns.clone(), name.clone());
-                let (code, response) = if s.objects.contains_key(&key) {
+                let refused = (plural == "pods").then(|| admit_pod(s, &ns, &name, &object)).flatten();
+                let (code, response) = if let Some(message) = refused {
+                    (StatusCode::FORBIDDEN, status(StatusCode::FORBIDDEN, "Forbidden", message))
+                } else if s.objects.contains_key(&key) {
                     let message = format!("{plural} \"{name}\" already exists");
                     (StatusCode::CONFLICT, status(StatusCode::CONFLICT, "AlreadyExists", message))
                 } else {
                     let object = create(s, &plural, &ns, object);
                     s.objects.insert(key, object.clone());
+                    // An owner that is already gone: the collector deletes it right away.
+                    collect_garbage(s);
                     (StatusCode::CREATED, respond(StatusCode::CREATED, &object))
                 };
                 s.requests.push(format!("POST {plural}/{name} {}", code.as_u16()));

@@ -14,7 +14,7 @@ fn fixture(name: &str) -> Vec<u8> {
 fn plugin_path() -> PathBuf {
     std::env::var_os("PODCTL_PJRT_PLUGIN").map(PathBuf::from).unwrap_or_else(|| {
         Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../.venv/lib/python3.11/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
+            .join("../../.venv/lib/python3/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
     })
 }
 

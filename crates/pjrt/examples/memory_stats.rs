@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run -p podctl-pjrt --example memory_stats -- \
-//!     --plugin .venv/lib/python3.11/site-packages/libtpu/libtpu.so \
+//!     --plugin .venv/lib/python3/site-packages/libtpu/libtpu.so \
 //!     --topology v6e:2x4 --partitions 8 module.mlirbc
 //! ```
 //!

@@ -101,6 +101,25 @@ pub enum Error {
     UnsupportedElementType(u32),
 }
 
+impl fault::Classify for Error {
+    /// A plugin that does not load, or a request refused before the plugin saw it, is the
+    /// input's; an error of the plugin (out of memory, a failed compile) is the run's.
+    fn fault(&self) -> fault::Fault {
+        match self {
+            Error::PluginNotFound { .. }
+            | Error::PluginLoad { .. }
+            | Error::NotAPlugin { .. }
+            | Error::ApiVersionMismatch { .. }
+            | Error::MissingFunction { .. } => fault::Fault::Input,
+            Error::HostMemory { .. }
+            | Error::InvalidCompileOptions { .. }
+            | Error::Pjrt { .. }
+            | Error::InvalidArgument { .. }
+            | Error::UnsupportedElementType(_) => fault::Fault::Failed,
+        }
+    }
+}
+
 /// PJRT status codes (absl's canonical codes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorCode {

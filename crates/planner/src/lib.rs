@@ -88,3 +88,10 @@ pub enum PlanError {
         advice: String,
     },
 }
+
+impl fault::Classify for PlanError {
+    /// A plan's request is the input: every refusal names what to change.
+    fn fault(&self) -> fault::Fault {
+        fault::Fault::Input
+    }
+}

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 /// Train large models on pods of accelerators that come and go.
 #[derive(Parser)]
-#[command(name = "podctl", version, about)]
+#[command(name = "podctl", version, about, after_help = cli::exit::HELP)]
 struct Podctl {
     /// Log filter (e.g. `info`, `podctl=debug`); also read from RUST_LOG.
     #[arg(long, global = true, env = "PODCTL_LOG", default_value = "warn")]
@@ -34,6 +34,13 @@ enum Command {
     /// Run a coordinator node (what the `podctl-coordinator` binary runs), or `dev-ca` to write
     /// development certificates.
     Coordinator(coordinator::command::NodeCommand),
+    /// Print a completion script for a shell, e.g. `podctl completions bash >
+    /// ~/.local/share/bash-completion/completions/podctl` (zsh: into a directory of `$fpath` as
+    /// `_podctl`; fish: `~/.config/fish/completions/podctl.fish`).
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> ExitCode {
@@ -50,9 +57,13 @@ fn main() -> ExitCode {
         (Command::Coordinator(_), Some(ValueSource::DefaultValue)) => coordinator::command::DEFAULT_LOG,
         _ => &podctl.log,
     };
-    init_logging(log, podctl.log_json);
+    coordinator::logging::init(log, podctl.log_json);
     let result = match podctl.command {
         Command::Cli(command) => cli::run(command, &node::Embedded),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Podctl::command(), "podctl", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
         // Every core, as the `podctl-coordinator` binary's runtime has.
         Command::Coordinator(node) => tokio::runtime::Runtime::new()
             .context("cannot start the async runtime")
@@ -60,15 +71,4 @@ fn main() -> ExitCode {
             .map(|()| ExitCode::SUCCESS),
     };
     result.unwrap_or_else(|error| cli::report(&error))
-}
-
-fn init_logging(filter: &str, json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
 }

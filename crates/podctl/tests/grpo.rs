@@ -162,4 +162,20 @@ fn two_slices_give_the_metrics_of_one_slice() {
     assert!(one[3]["kl"].as_f64().unwrap() > 0.0, "{:?}", one[3]);
     assert!(two[0].get("eval_accuracy_initial").is_some() && two[3].get("eval_accuracy").is_some());
     assert!(one[1].get("eval_accuracy").is_some() && two[1].get("eval_accuracy").is_some());
+
+    // TensorBoard's own reader finds every number of metrics.jsonl, in both run records (the
+    // launch's own, and the embedded coordinator's): the loss, each reward function's share
+    // (digits_right, has_marker, ...), the held-out accuracy.
+    for run in [&dir.path().join("one"), &dir.path().join("two")] {
+        let scalars = common::tensorboard_scalars(run);
+        for tag in ["loss", "reward", "digits_right", "has_marker", "well_formed", "eval_accuracy"] {
+            assert!(
+                scalars.keys().any(|(t, _)| t == tag),
+                "no {tag} in {}'s TensorBoard file",
+                run.display()
+            );
+        }
+        let count = common::assert_tensorboard_has_the_metrics(run);
+        println!("TensorBoard reads the {count} numbers of {}/metrics.jsonl back", run.display());
+    }
 }

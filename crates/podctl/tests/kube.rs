@@ -11,6 +11,8 @@
 //! deleted mid-run (a Spot preemption): its slice is replaced under the next attempt and the job
 //! completes. Then the GitOps path: `podctl launch --render` prints a declaration that validates
 //! against the Kubernetes schemas; applied, the controller submits it once; deleted, the job stops.
+//! A second test freezes a worker with SIGSTOP: its slice is replaced within the lease and the
+//! grace period, the frozen process is killed with its pod, and the job completes.
 
 use client::{Client, ClientConfig};
 use kube_mock::MockApi;
@@ -35,7 +37,7 @@ fn root() -> PathBuf {
 }
 
 fn plugin() -> PathBuf {
-    root().join(".venv/lib/python3.11/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
+    root().join(".venv/lib/python3/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
 }
 
 fn free_port() -> u16 {
@@ -68,7 +70,7 @@ fn moto(port: u16) -> Killed {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("moto_server is in .venv: run scripts/setup.sh"),
+            .expect("moto_server is in .venv: run scripts/setup.sh --test"),
     );
     let started = Instant::now();
     loop {
@@ -101,6 +103,15 @@ fn secret(name: &str, files: &[(&str, Vec<u8>)]) -> Value {
 
 /// What the chart installs, as far as podctl and the controller read it.
 fn install(api: &MockApi, tls: &coordinator::TlsFiles) {
+    api.put_namespace(NS, &[("pod-security.kubernetes.io/enforce", "baseline")]);
+    api.put(
+        "services",
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": meta("podctl-workers", json!({}), json!({})),
+            "spec": { "clusterIP": "None" }
+        }),
+    );
     let selector = json!({
         "app.kubernetes.io/name": "podctl",
         "app.kubernetes.io/instance": "podctl",
@@ -137,6 +148,19 @@ fn install(api: &MockApi, tls: &coordinator::TlsFiles) {
             "podctl-tls",
             &[
                 ("ca.pem", read(&tls.ca)),
+                ("server.pem", read(&tls.server_cert)),
+                ("server.key", read(&tls.server_key)),
+                ("peer.pem", read(&tls.peer_cert)),
+                ("peer.key", read(&tls.peer_key)),
+            ],
+        ),
+    );
+    api.put(
+        "secrets",
+        secret(
+            "podctl-worker-tls",
+            &[
+                ("ca.pem", read(&tls.ca)),
                 ("client.pem", read(&tls.client_cert)),
                 ("client.key", read(&tls.client_key)),
             ],
@@ -146,9 +170,11 @@ fn install(api: &MockApi, tls: &coordinator::TlsFiles) {
 }
 
 /// Runs each pod's container as a process, as a kubelet would: Secret volumes become files (the
-/// keys their `items` name, or all), `fieldRef` variables are filled in, a pod being deleted gets
-/// SIGTERM, SIGKILL past its `terminationGracePeriodSeconds`, and is removed once its process has
-/// exited; a process that exits on its own ends its pod (Succeeded or Failed).
+/// keys their `items` name, or all), `emptyDir` volumes empty directories, mount paths in the
+/// arguments and environment their local directories, `fieldRef` variables are filled in, a pod
+/// being deleted gets SIGTERM, SIGKILL past its `terminationGracePeriodSeconds`, and is removed
+/// once its process has exited; a process that exits on its own ends its pod (Succeeded, or
+/// Failed with its container's exit code).
 struct Kubelet {
     api: Arc<MockApi>,
     dir: PathBuf,
@@ -189,16 +215,17 @@ impl Kubelet {
                 _ => {}
             }
             if let Ok(Some(status)) = child.try_wait() {
-                ended.push((name.clone(), deleting, status.success()));
+                use std::os::unix::process::ExitStatusExt;
+                let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+                ended.push((name.clone(), deleting, code));
             }
         }
-        for (name, deleting, success) in ended {
+        for (name, deleting, code) in ended {
             self.running.remove(&name);
             if deleting || !pods.contains_key(&name) {
                 self.api.remove("pods", NS, &name);
             } else {
-                let phase = if success { "Succeeded" } else { "Failed" };
-                self.api.set_pod_status(NS, &name, phase, None);
+                self.api.set_container_exit(NS, &name, code, if code == 0 { "Completed" } else { "Error" });
             }
         }
     }
@@ -208,11 +235,15 @@ impl Kubelet {
         let secrets = self.api.list("secrets", NS);
         let mut mounts = BTreeMap::new();
         for volume in pod["spec"]["volumes"].as_array().unwrap() {
+            let dir = here.join(volume["name"].as_str().unwrap());
+            std::fs::create_dir_all(&dir).unwrap();
+            mounts.insert(volume["name"].as_str().unwrap().to_string(), dir.clone());
+            if volume.get("emptyDir").is_some() {
+                continue;
+            }
             let secret: k8s_openapi::api::core::v1::Secret =
                 serde_json::from_value(secrets[volume["secret"]["secretName"].as_str().unwrap()].clone())
                     .unwrap();
-            let dir = here.join(volume["name"].as_str().unwrap());
-            std::fs::create_dir_all(&dir).unwrap();
             let mut data = secret.data.unwrap();
             match volume["secret"]["items"].as_array() {
                 // Only the keys the volume names, at their paths (a missing one fails the pod).
@@ -229,21 +260,28 @@ impl Kubelet {
                     }
                 }
             }
-            mounts.insert(volume["name"].as_str().unwrap().to_string(), dir);
         }
         let container = &pod["spec"]["containers"][0];
         assert_eq!(container["command"], json!(["podctl"]));
-        let mut args: Vec<String> =
-            container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect();
-        for mount in container["volumeMounts"].as_array().unwrap() {
-            let path = mount["mountPath"].as_str().unwrap();
-            let local = mounts[mount["name"].as_str().unwrap()].display().to_string();
-            for arg in &mut args {
-                if let Some(rest) = arg.strip_prefix(path) {
-                    *arg = format!("{local}{rest}");
+        let paths: Vec<(String, String)> = container["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                let local = mounts[m["name"].as_str().unwrap()].display().to_string();
+                (m["mountPath"].as_str().unwrap().to_string(), local)
+            })
+            .collect();
+        let local = |value: &str| -> String {
+            for (path, local) in &paths {
+                if let Some(rest) = value.strip_prefix(path.as_str()) {
+                    return format!("{local}{rest}");
                 }
             }
-        }
+            value.to_string()
+        };
+        let args: Vec<String> =
+            container["args"].as_array().unwrap().iter().map(|a| local(a.as_str().unwrap())).collect();
         let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_podctl"));
         command.arg("--log").arg("info").args(&args).env_clear().env("PATH", std::env::var("PATH").unwrap());
@@ -253,12 +291,13 @@ impl Kubelet {
                 Some("metadata.namespace") => NS.to_string(),
                 Some("status.podIP") => "127.0.0.1".to_string(),
                 Some(other) => panic!("the test kubelet does not know fieldRef {other}"),
-                None => var["value"].as_str().unwrap().to_string(),
+                None => local(var["value"].as_str().unwrap()),
             };
             command.env(var["name"].as_str().unwrap(), value);
         }
-        // What the worker image sets, and an empty bundle cache per pod (each fetches it).
-        command.env("PODCTL_PJRT_PLUGIN", plugin()).env("PODCTL_CACHE", here.join("cache"));
+        // What the worker image sets. The pod's own variables put the bundle cache on its cache
+        // volume (each pod fetches the bundle).
+        command.env("PODCTL_PJRT_PLUGIN", plugin());
         aws_env(&mut command, self.s3);
         command.stdout(log.try_clone().unwrap()).stderr(log).spawn().unwrap()
     }
@@ -286,11 +325,11 @@ fn podctl(kubeconfig: &Path, s3: u16) -> Command {
 }
 
 /// A 2-slice job whose checkpoints (and bundle) go to the bucket.
-fn job_spec(dir: &Path, name: &str) -> PathBuf {
+fn job_spec(dir: &Path, name: &str, steps: u64) -> PathBuf {
     let path = dir.join(format!("{name}.yaml"));
     let text = format!(
         "name: {name}\nmodel: tiny\nmesh: {{ dcn: 2, ici: {{ fsdp: 2, tp: 1 }} }}\n\
-         batch: {{ global: 16, micro: 4 }}\nseq_len: 128\nsteps: {STEPS}\nseed: 3\n\
+         batch: {{ global: 16, micro: 4 }}\nseq_len: 128\nsteps: {steps}\nseed: 3\n\
          data: {{ kind: arithmetic }}\ncheckpoint: {{ every: 10, uri: s3://ckpt/runs/kube }}\noutput: {}\n",
         dir.join(name).display()
     );
@@ -306,7 +345,7 @@ fn validate(manifests: &str) -> String {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("kubernetes-validate is in .venv: run scripts/setup.sh");
+        .expect("kubernetes-validate is in .venv: run scripts/setup.sh --test");
     child.stdin.take().unwrap().write_all(manifests.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -335,64 +374,171 @@ fn output(command: &mut Command) -> (bool, String, String) {
     )
 }
 
+/// The chart's objects in the mock API server, one coordinator process with the chart's flags,
+/// the test kubelet ticking, and a bucket in moto; torn down when dropped.
+struct Cluster {
+    _moto: Killed,
+    _coordinator: Killed,
+    api: Arc<MockApi>,
+    s3: u16,
+    addr: String,
+    kubeconfig: PathBuf,
+    tls: coordinator::TlsFiles,
+    kubelet: Arc<std::sync::Mutex<Kubelet>>,
+    stop: Arc<AtomicBool>,
+    ticking: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Cluster {
+    async fn start(dir: &Path, lease_ms: u64) -> Cluster {
+        let s3 = free_port();
+        let moto = moto(s3);
+        let tls = coordinator::tls::create_dev_ca(&dir.join("tls"), &[COORDINATOR_NAME.into()]).unwrap();
+        let api = Arc::new(MockApi::start().await);
+        install(&api, &tls);
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(&kubeconfig, api.kubeconfig_yaml(CONTEXT, NS)).unwrap();
+
+        // One coordinator with the chart's flags (the controller on; `podctl coordinator` is what
+        // the chart's `podctl-coordinator` runs), told about the API server by the kubeconfig
+        // instead of a service account. Slices of 2 chips (the test's mesh), so the worker pods'
+        // resources are named.
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let mut coordinator = Command::new(env!("CARGO_BIN_EXE_podctl"));
+        coordinator
+            .arg("coordinator")
+            .args(["--id", "1", "--listen", &addr, "--peers", &format!("1={addr}"), "--data-dir"])
+            .arg(dir.join("raft"))
+            .arg("--tls-dir")
+            .arg(dir.join("tls"))
+            .args(["--lease-ms", &lease_ms.to_string(), "--heartbeat-ms", "500"])
+            .args(["--kubernetes", "--kube-namespace", NS, "--kube-instance", "podctl"])
+            .args(["--kube-worker-image", "podctl-worker:test", "--kube-coordinator-address", &addr])
+            .args([
+                "--kube-worker-subdomain",
+                "podctl-workers",
+                "--kube-worker-tls-secret",
+                "podctl-worker-tls",
+            ])
+            .args(["--kube-tpu-accelerator", "tpu-v6e-slice", "--kube-tpu-topology", "1x2", "--kube-spot"])
+            .args(["--kube-worker-cpu", "2", "--kube-worker-memory", "8Gi"])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("PODCTL_ADMIN_TOKEN", ADMIN)
+            .env("RUST_LOG", "info,openraft=warn,h2=warn,hyper=warn,tower=warn,kube=warn")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(dir.join("coordinator.log")).unwrap());
+        aws_env(&mut coordinator, s3);
+        let mut coordinator = Killed(coordinator.spawn().unwrap());
+        let mut line = String::new();
+        BufReader::new(coordinator.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert!(line.starts_with("listening on "), "the coordinator printed {line:?}");
+        api.forward(NS, "podctl-0", addr.parse().unwrap());
+
+        let kubelet = Arc::new(std::sync::Mutex::new(Kubelet {
+            api: api.clone(),
+            dir: dir.join("pods"),
+            s3,
+            running: BTreeMap::new(),
+            started: Vec::new(),
+            grace_periods: BTreeMap::new(),
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let ticking = {
+            let (kubelet, stop) = (kubelet.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    kubelet.lock().unwrap().tick();
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+        };
+        Cluster {
+            _moto: moto,
+            _coordinator: coordinator,
+            api,
+            s3,
+            addr,
+            kubeconfig,
+            tls,
+            kubelet,
+            stop,
+            ticking: Some(ticking),
+        }
+    }
+
+    /// The test's own client of the coordinator (mutual TLS, the admin token).
+    fn admin(&self) -> Client {
+        Client::new(ClientConfig::new(
+            vec![self.addr.clone()],
+            ADMIN,
+            Some(coordinator::tls::client_tls(&self.tls).unwrap()),
+        ))
+        .unwrap()
+    }
+
+    /// `podctl launch` of `spec` through the kubeconfig, started; the job's id once submitted.
+    fn launch(&self, spec: &Path, err: &Path) -> (Child, BufReader<std::process::ChildStdout>, String) {
+        let mut launch = podctl(&self.kubeconfig, self.s3)
+            .args(["launch"])
+            .arg(spec)
+            .args(["--kube-context", CONTEXT])
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(err).unwrap())
+            .spawn()
+            .unwrap();
+        let mut stdout = BufReader::new(launch.stdout.take().unwrap());
+        let mut printed = String::new();
+        let job = loop {
+            let mut line = String::new();
+            assert!(stdout.read_line(&mut line).unwrap() > 0, "launch printed no job line:\n{printed}");
+            printed.push_str(&line);
+            if line.starts_with("job ") && line.contains(" submitted") {
+                break line.split_whitespace().nth(1).unwrap().to_string();
+            }
+        };
+        (launch, stdout, job)
+    }
+
+    /// Pods created (201) so far, in order.
+    fn created_pods(&self) -> Vec<String> {
+        self.api
+            .requests()
+            .into_iter()
+            .filter(|r| r.starts_with("POST pods/") && r.ends_with(" 201"))
+            .collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(ticking) = self.ticking.take() {
+            let _ = ticking.join();
+        }
+    }
+}
+
+/// Waits for `launch` to end; its status and what it printed after the job line.
+async fn finished(
+    launch: Child,
+    mut stdout: BufReader<std::process::ChildStdout>,
+) -> (std::process::ExitStatus, String) {
+    let status = tokio::task::spawn_blocking(move || {
+        let mut launch = launch;
+        let mut rest = String::new();
+        stdout.read_to_string(&mut rest).unwrap();
+        (launch.wait().unwrap(), rest)
+    });
+    tokio::time::timeout(Duration::from_secs(400), status).await.unwrap().unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
-    let s3 = free_port();
-    let _moto = moto(s3);
-    let tls = coordinator::tls::create_dev_ca(&dir.join("tls"), &[COORDINATOR_NAME.into()]).unwrap();
-    let api = Arc::new(MockApi::start().await);
-    install(&api, &tls);
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(&kubeconfig, api.kubeconfig_yaml(CONTEXT, NS)).unwrap();
-
-    // One coordinator with the chart's flags (the controller on; `podctl coordinator` is what
-    // the chart's `podctl-coordinator` runs), told about the API server by the kubeconfig
-    // instead of a service account.
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut coordinator = Command::new(env!("CARGO_BIN_EXE_podctl"));
-    coordinator
-        .arg("coordinator")
-        .args(["--id", "1", "--listen", &addr, "--peers", &format!("1={addr}"), "--data-dir"])
-        .arg(dir.join("raft"))
-        .arg("--tls-dir")
-        .arg(dir.join("tls"))
-        .args(["--kubernetes", "--kube-namespace", NS, "--kube-instance", "podctl"])
-        .args(["--kube-worker-image", "podctl-worker:test", "--kube-coordinator-address", &addr])
-        .args(["--kube-worker-subdomain", "podctl-workers", "--kube-worker-tls-secret", "podctl-tls"])
-        .args(["--kube-tpu-accelerator", "tpu-v6e-slice", "--kube-tpu-topology", "1x2", "--kube-spot"])
-        .env("KUBECONFIG", &kubeconfig)
-        .env("PODCTL_ADMIN_TOKEN", ADMIN)
-        .env("RUST_LOG", "info,openraft=warn,h2=warn,hyper=warn,tower=warn,kube=warn")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(dir.join("coordinator.log")).unwrap());
-    aws_env(&mut coordinator, s3);
-    let mut coordinator = Killed(coordinator.spawn().unwrap());
-    let mut line = String::new();
-    BufReader::new(coordinator.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    assert!(line.starts_with("listening on "), "the coordinator printed {line:?}");
-    api.forward(NS, "podctl-0", addr.parse().unwrap());
-
-    let kubelet = Arc::new(std::sync::Mutex::new(Kubelet {
-        api: api.clone(),
-        dir: dir.join("pods"),
-        s3,
-        running: BTreeMap::new(),
-        started: Vec::new(),
-        grace_periods: BTreeMap::new(),
-    }));
-    let stop = Arc::new(AtomicBool::new(false));
-    let ticking = {
-        let (kubelet, stop) = (kubelet.clone(), stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::SeqCst) {
-                kubelet.lock().unwrap().tick();
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        })
-    };
+    let cluster = Cluster::start(dir, 3000).await;
+    let (api, s3, kubeconfig, kubelet) = (&cluster.api, cluster.s3, &cluster.kubeconfig, &cluster.kubelet);
 
     // A context that is not there names the ones that are.
     let (ok, _, err) = output(podctl(&kubeconfig, s3).args(["status", "--kube-context", "nope"]));
@@ -409,33 +555,10 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
         output(podctl(&kubeconfig, s3).arg("launch").arg(&local).args(["--kube-context", CONTEXT]));
     assert!(!ok && err.contains("job spec field `checkpoint`") && err.contains("gs://"), "{err}");
 
-    let spec = job_spec(dir, "kube");
-    let mut launch = podctl(&kubeconfig, s3)
-        .args(["launch"])
-        .arg(&spec)
-        .args(["--kube-context", CONTEXT])
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(dir.join("launch.err")).unwrap())
-        .spawn()
-        .unwrap();
-    let mut stdout = BufReader::new(launch.stdout.take().unwrap());
-    let mut printed = String::new();
-    let job = loop {
-        let mut line = String::new();
-        assert!(stdout.read_line(&mut line).unwrap() > 0, "launch printed no job line:\n{printed}");
-        printed.push_str(&line);
-        if line.starts_with("job ") && line.contains(" submitted") {
-            break line.split_whitespace().nth(1).unwrap().to_string();
-        }
-    };
-
+    let spec = job_spec(dir, "kube", STEPS);
+    let (launch, stdout, job) = cluster.launch(&spec, &dir.join("launch.err"));
     // The test watches the job directly (mutual TLS, the admin token).
-    let admin = Client::new(ClientConfig::new(
-        vec![addr.clone()],
-        ADMIN,
-        Some(coordinator::tls::client_tls(&tls).unwrap()),
-    ))
-    .unwrap();
+    let admin = cluster.admin();
     let started = Instant::now();
     while admin.get_job(&job).await.map(|s| s.step).unwrap_or(0) < 6 {
         assert!(started.elapsed() < Duration::from_secs(300), "the pods' workers did not reach step 6");
@@ -444,14 +567,9 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
     // Spot preemption: GKE deletes the pod of slice 1.
     api.delete("pods", NS, &format!("{job}-s1-a0-h0"));
 
-    let status = tokio::task::spawn_blocking(move || {
-        let mut rest = String::new();
-        stdout.read_to_string(&mut rest).unwrap();
-        (launch.wait().unwrap(), rest)
-    });
-    let (status, rest) = tokio::time::timeout(Duration::from_secs(400), status).await.unwrap().unwrap();
+    let (status, rest) = finished(launch, stdout).await;
     let launch_err = std::fs::read_to_string(dir.join("launch.err")).unwrap();
-    assert!(status.success(), "launch failed:\n{printed}{rest}\n{launch_err}");
+    assert!(status.success(), "launch failed:\n{rest}\n{launch_err}");
     assert!(rest.contains(&format!("done: {STEPS} steps")), "{rest}");
     assert!(launch_err.contains("bundle uploaded to s3://ckpt/runs/kube/bundles/"), "{launch_err}");
     // The recovery names the preemption, heard first from the worker (its SIGTERM notice) or
@@ -462,10 +580,8 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
     );
 
     // Every pod was created once: two slices, then the preempted slice's next attempt.
-    let created: Vec<String> =
-        api.requests().into_iter().filter(|r| r.starts_with("POST pods/") && r.ends_with(" 201")).collect();
     assert_eq!(
-        created,
+        cluster.created_pods(),
         [
             format!("POST pods/{job}-s0-a0-h0 201"),
             format!("POST pods/{job}-s1-a0-h0 201"),
@@ -511,11 +627,7 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
     // and creates its pods; deleted, its job stops and the pods go.
     // The same job continued for 10 more steps (same root and seed: it resumes from the first
     // job's final checkpoint; with the same steps it would be done at once, with no pods).
-    let gitops = job_spec(dir, "gitops");
-    let more = std::fs::read_to_string(&gitops)
-        .unwrap()
-        .replace(&format!("steps: {STEPS}"), &format!("steps: {}", STEPS + 10));
-    std::fs::write(&gitops, more).unwrap();
+    let gitops = job_spec(dir, "gitops", STEPS + 10);
     let (ok, manifest, err) = output(podctl(&kubeconfig, s3).arg("launch").arg(&gitops).arg("--render"));
     assert!(ok, "{err}");
     assert!(!err.contains("bundle uploaded"), "{err}");
@@ -560,7 +672,57 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
         assert!(started.elapsed() < Duration::from_secs(90), "the stopped job's pods stay");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
 
-    stop.store(true, Ordering::SeqCst);
-    ticking.join().unwrap();
+/// The acceptance of issue 29: a worker frozen with SIGSTOP (alive to the kubelet, silent to the
+/// coordinator) has its slice replaced within the lease plus the grace period, its pod and the
+/// frozen process go, and the job goes on to the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_worker_s_slice_is_replaced_within_its_lease_and_grace_period() {
+    const LEASE: Duration = Duration::from_secs(3);
+    const STEPS: u64 = 30;
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let cluster = Cluster::start(dir, LEASE.as_millis() as u64).await;
+    let (launch, stdout, job) = cluster.launch(&job_spec(dir, "frozen", STEPS), &dir.join("launch.err"));
+    let admin = cluster.admin();
+    let started = Instant::now();
+    while admin.get_job(&job).await.map(|s| s.step).unwrap_or(0) < 4 {
+        assert!(started.elapsed() < Duration::from_secs(300), "the pods' workers did not reach step 4");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let frozen = format!("{job}-s1-a0-h0");
+    let pid = cluster.kubelet.lock().unwrap().running[&frozen].0.id();
+    assert!(Command::new("kill").args(["-STOP", &pid.to_string()]).status().unwrap().success());
+    let stopped = Instant::now();
+    let replacement = format!("POST pods/{job}-s1-a1-h0 201");
+    while !cluster.created_pods().contains(&replacement) {
+        assert!(stopped.elapsed() < Duration::from_secs(60), "slice 1 was never replaced");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let replaced_after = stopped.elapsed();
+    let grace = Duration::from_secs(cluster.kubelet.lock().unwrap().grace_periods[&frozen]);
+    assert!(
+        replaced_after <= LEASE + grace,
+        "replaced {replaced_after:?} after the freeze; the lease ({LEASE:?}) and grace period ({grace:?}) allow less"
+    );
+    // The frozen pod is deleted: SIGTERM cannot wake it, SIGKILL after its grace period does.
+    while cluster.api.list("pods", NS).contains_key(&frozen) {
+        assert!(stopped.elapsed() < LEASE + 3 * grace, "the frozen pod stays");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let (status, rest) = finished(launch, stdout).await;
+    let launch_err = std::fs::read_to_string(dir.join("launch.err")).unwrap();
+    assert!(status.success(), "launch failed:\n{rest}\n{launch_err}");
+    assert!(rest.contains(&format!("done: {STEPS} steps")), "{rest}");
+    // The recovery names the silence; the other slice never stopped.
+    let events = admin.get_job(&job).await.unwrap().events;
+    assert!(events.iter().any(|e| e.kind == "recovery" && e.detail.contains("lease expired")), "{events:#?}");
+    assert_eq!(
+        cluster.created_pods(),
+        [format!("POST pods/{job}-s0-a0-h0 201"), format!("POST pods/{job}-s1-a0-h0 201"), replacement]
+    );
+    println!("slice 1 replaced {replaced_after:?} after its worker froze (lease {LEASE:?}, grace {grace:?})");
 }

@@ -1,6 +1,6 @@
-//! A real Prometheus (Debian's `prometheus`, which scripts/setup.sh installs) scrapes a local job
-//! of two slices: the coordinator and both workers, found through file service discovery, so a
-//! preempted worker's replacement is scraped too. Its HTTP API answers `podctl_job_step` with the
+//! A real Prometheus (Debian's `prometheus`, which scripts/install-test-tools.sh installs) scrapes a
+//! local job of two slices: the coordinator and both workers, found through file service discovery,
+//! so a preempted worker's replacement is scraped too. Its HTTP API answers `podctl_job_step` with the
 //! run's step, and every panel of the Grafana dashboard (deploy/grafana/podctl.json) returns data
 //! over the run: a series renamed without the dashboard, or a panel asking for a series nobody
 //! exports, fails here.
@@ -78,7 +78,7 @@ impl Prometheus {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap_or_else(|e| {
-                panic!("cannot start `prometheus` ({e}); scripts/setup.sh installs Debian's package")
+                panic!("cannot start `prometheus` ({e}); sudo scripts/install-test-tools.sh installs it")
             });
         let prometheus = Prometheus { child, addr, log };
         wait_for("Prometheus to be ready", Duration::from_secs(60), || {

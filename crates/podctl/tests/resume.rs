@@ -21,7 +21,7 @@ use common::{podctl, root};
 const LIMIT: Duration = Duration::from_secs(300);
 
 fn plugin() -> PathBuf {
-    root().join(".venv/lib/python3.11/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
+    root().join(".venv/lib/python3/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
 }
 
 /// An SFT job of two slices of two devices.

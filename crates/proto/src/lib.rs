@@ -21,6 +21,10 @@ pub mod v1 {
 /// The metadata key a follower puts its leader's address in when it refuses a write.
 pub const LEADER_METADATA_KEY: &str = "x-podctl-leader";
 
+/// The `domain` of the google.rpc.ErrorInfo a refusal carries; its `reason` names a
+/// [`v1::Refusal`].
+pub const ERROR_DOMAIN: &str = "podctl.v1";
+
 #[cfg(test)]
 mod tests {
     use super::v1;

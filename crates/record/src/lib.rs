@@ -7,6 +7,9 @@
 //!                       something to draw; step_time.png stacks the phases of each step,
 //!                       `phase_<name>_seconds`, under its `step_seconds`)
 //! <run>/summary.json    the run at a glance
+//! <run>/events.out.tfevents.*.podctl
+//!                       TensorBoard's event file: every numeric field of every metrics.jsonl
+//!                       line as a scalar of the same name at its step ([`tensorboard`])
 //! ```
 //!
 //! Lines are flushed as they are written, so `tail -f` and a crash both see every step.
@@ -14,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 mod plot;
+pub mod tensorboard;
 
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -65,6 +69,7 @@ pub struct RunRecord {
     started: Instant,
     metrics: BufWriter<File>,
     events_file: BufWriter<File>,
+    tensorboard: tensorboard::EventWriter,
     steps: Vec<Map<String, Value>>,
     events: Vec<Event>,
 }
@@ -78,9 +83,12 @@ impl RunRecord {
             let path = dir.join(name);
             File::create(&path).map(BufWriter::new).map_err(|source| RecordError::Io { path, source })
         };
+        let tensorboard = tensorboard::EventWriter::create(&dir, unix_now())
+            .map_err(|source| RecordError::Io { path: dir.join("events.out.tfevents.*"), source })?;
         Ok(Self {
             metrics: open("metrics.jsonl")?,
             events_file: open("events.jsonl")?,
+            tensorboard,
             dir,
             started: Instant::now(),
             steps: Vec::new(),
@@ -94,6 +102,7 @@ impl RunRecord {
     }
 
     /// Appends one step's metrics; `metrics` must serialize to a JSON object with a `step`.
+    /// Its numeric fields also go to the TensorBoard event file, as scalars at that step.
     pub fn step(&mut self, metrics: &impl Serialize) -> Result<(), RecordError> {
         let Value::Object(fields) = serde_json::to_value(metrics).unwrap_or(Value::Null) else {
             return Err(self.io_error("metrics.jsonl", "step metrics must serialize to a JSON object"));
@@ -102,13 +111,21 @@ impl RunRecord {
         writeln!(self.metrics, "{line}")
             .and_then(|()| self.metrics.flush())
             .map_err(|source| RecordError::Io { path: self.dir.join("metrics.jsonl"), source })?;
+        let step = fields.get("step").and_then(Value::as_u64).unwrap_or(self.steps.len() as u64 + 1);
+        let scalars = fields
+            .iter()
+            .filter(|(key, _)| *key != "step")
+            .filter_map(|(k, v)| Some((k.as_str(), v.as_f64()?)));
+        self.tensorboard
+            .scalars(step, unix_now(), scalars)
+            .map_err(|source| RecordError::Io { path: self.tensorboard.path().to_path_buf(), source })?;
         self.steps.push(fields);
         Ok(())
     }
 
     /// Appends an event.
     pub fn event(&mut self, kind: &str, step: u64, detail: Value) -> Result<(), RecordError> {
-        let unix = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        let unix = unix_now();
         let event = Event { t: self.started.elapsed().as_secs_f64(), unix, kind: kind.into(), step, detail };
         let line = serde_json::to_string(&event).expect("events serialize");
         writeln!(self.events_file, "{line}")
@@ -195,6 +212,11 @@ impl RunRecord {
     fn io_error(&self, file: &str, message: &str) -> RecordError {
         RecordError::Io { path: self.dir.join(file), source: std::io::Error::other(message.to_string()) }
     }
+}
+
+/// Seconds since the Unix epoch.
+fn unix_now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// The phases of the steps (`phase_<name>_seconds`) as stacked bands: the phase with the most

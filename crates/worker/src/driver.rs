@@ -56,7 +56,7 @@ pub trait Control {
     fn interrupted(&self) -> bool;
 }
 
-/// A run no one stops between steps (a launch in this process: Ctrl-C ends the process).
+/// A run no one stops between steps.
 pub struct Uninterrupted;
 
 impl Control for Uninterrupted {

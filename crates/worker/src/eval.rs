@@ -3,11 +3,11 @@
 //! `####` (and the job's reward, for comparison with training). Also how prompts are laid out
 //! for `rollout` and completions read back ([`Decoding`]), which GRPO's sampling shares.
 
-use crate::WorkerError;
 use crate::objective::EvalReport;
 use crate::phases::Phases;
 use crate::slice::{Arg, DeviceArray, Program};
 use crate::trainer::{Trainer, not_initialized};
+use crate::{Part, WorkerError};
 use data::{Example, Prompter, Reward, RewardWeights};
 use job::JobSpec;
 
@@ -32,21 +32,24 @@ impl Decoding {
         let (Some(prompt_len), Some(max_new), Some(rollout)) =
             (train.prompt_len, train.max_new_tokens, manifest.programs.get("rollout"))
         else {
-            return Err(WorkerError::Mismatch(
+            return Err(WorkerError::incompatible(
+                Part::Bundle,
                 "the bundle has no rollout program to decode with; export it again for the job's grpo: or eval: \
-                 section"
-                    .into(),
+                 section",
             ));
         };
         let slots = rollout.inputs.iter().find(|t| t.name == "sample/stop_ids");
         let slots = slots.map_or(bundle::STOP_IDS as usize, |t| t.shape.iter().product::<u64>() as usize);
         let tokenizer = prompter.tokenizer();
         if tokenizer.stop_ids().len() > slots {
-            return Err(WorkerError::Mismatch(format!(
-                "the tokenizer stops at {} ids ({:?}), but the bundle's rollout takes at most {slots}",
-                tokenizer.stop_ids().len(),
-                tokenizer.stop_ids()
-            )));
+            return Err(WorkerError::incompatible(
+                Part::Bundle,
+                format!(
+                    "the tokenizer stops at {} ids ({:?}), but the bundle's rollout takes at most {slots}",
+                    tokenizer.stop_ids().len(),
+                    tokenizer.stop_ids()
+                ),
+            ));
         }
         let mut stop_ids = vec![-1; slots];
         for (slot, &id) in stop_ids.iter_mut().zip(tokenizer.stop_ids()) {
@@ -120,9 +123,9 @@ pub(crate) struct Completions {
 impl Trainer {
     fn rollout_program(&self) -> Result<&Program, WorkerError> {
         self.rollout.as_ref().ok_or_else(|| {
-            WorkerError::Mismatch(
-                "the bundle has no rollout program; export it again for the job's grpo: or eval: section"
-                    .into(),
+            WorkerError::incompatible(
+                Part::Bundle,
+                "the bundle has no rollout program; export it again for the job's grpo: or eval: section",
             )
         })
     }

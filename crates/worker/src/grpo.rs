@@ -25,13 +25,13 @@
 //! One optimizer step per batch of rollouts: the policy that sampled is the one being trained,
 //! so the ratio starts at 1 (to float rounding) and clipping matters only for off-policy steps.
 
-use crate::WorkerError;
 use crate::eval::{Completions, Decoding, HeldOut, PromptBatch};
 use crate::grpo_stats::{GrpoMetrics, Tally, advantages};
 use crate::objective::{EvalReport, Objective, RankShare, RankStep};
 use crate::phases::Phases;
 use crate::slice::{Arg, DeviceArray};
 use crate::trainer::{GrpoPrograms, Trainer, not_initialized};
+use crate::{Part, WorkerError};
 use data::{BatchSpec, Example, Loader, Reward};
 use job::{GrpoSpec, JobSpec};
 use std::collections::BTreeMap;
@@ -61,35 +61,46 @@ impl GrpoTask {
     /// The task of `job`, for a bundle whose programs take `manifest.train.micro_batch` rows.
     pub fn new(job: &JobSpec, manifest: &bundle::Manifest) -> Result<Self, WorkerError> {
         let spec = job.grpo.clone().ok_or_else(|| {
-            WorkerError::Mismatch(format!("job '{}' has no `grpo:` section; it trains with SFT", job.name))
+            WorkerError::incompatible(
+                Part::Job,
+                format!("job '{}' has no `grpo:` section; it trains with SFT", job.name),
+            )
         })?;
         let train = &manifest.train;
         let (Some(prompt_len), Some(max_new)) = (train.prompt_len, train.max_new_tokens) else {
-            return Err(WorkerError::Mismatch(
-                "the bundle is not a GRPO bundle; export one for the job's grpo section".into(),
+            return Err(WorkerError::incompatible(
+                Part::Bundle,
+                "the bundle is not a GRPO bundle; export one for the job's grpo section",
             ));
         };
         if (prompt_len, max_new) != (spec.prompt_len, spec.max_new_tokens) {
-            return Err(WorkerError::Mismatch(format!(
-                "the bundle was lowered for prompts of {prompt_len} and completions of {max_new} tokens, the job \
+            return Err(WorkerError::incompatible(
+                Part::Bundle,
+                format!(
+                    "the bundle was lowered for prompts of {prompt_len} and completions of {max_new} tokens, the job \
                  asks for {} and {}; export the bundle again",
-                spec.prompt_len, spec.max_new_tokens
-            )));
+                    spec.prompt_len, spec.max_new_tokens
+                ),
+            ));
         }
         if !manifest.frozen.is_empty() {
-            return Err(WorkerError::Mismatch(
-                "GRPO with LoRA adapters is not supported yet; drop train.lora from the GRPO job".into(),
+            return Err(WorkerError::incompatible(
+                Part::Job,
+                "GRPO with LoRA adapters is not supported yet; drop train.lora from the GRPO job",
             ));
         }
         let micro = train.micro_batch as usize;
         // Row r answers prompt r / generations, so a bundle that runs each prompt once for a
         // group of rows must group exactly the job's generations.
         if let Some(group) = train.prompt_group.filter(|&g| g != spec.generations) {
-            return Err(WorkerError::Mismatch(format!(
-                "the bundle computes each prompt once for {group} rows, but the job samples {} generations per \
+            return Err(WorkerError::incompatible(
+                Part::Bundle,
+                format!(
+                    "the bundle computes each prompt once for {group} rows, but the job samples {} generations per \
                  prompt; export the bundle again",
-                spec.generations
-            )));
+                    spec.generations
+                ),
+            ));
         }
         let prompts_per_step = job.batch.global / spec.generations;
         let seq_len = job.seq_len as usize;
@@ -177,8 +188,9 @@ struct TrainBatch {
 impl Trainer {
     fn grpo_programs(&self) -> Result<&GrpoPrograms, WorkerError> {
         self.grpo.as_ref().ok_or_else(|| {
-            WorkerError::Mismatch(
-                "this is an SFT bundle; a GRPO job needs a GRPO bundle (train.kind grpo)".into(),
+            WorkerError::incompatible(
+                Part::Bundle,
+                "this is an SFT bundle; a GRPO job needs a GRPO bundle (train.kind grpo)",
             )
         })
     }
@@ -278,9 +290,12 @@ fn rank_step(
     let g = task.spec.generations;
     let rows = accum * task.micro as u64;
     if !rows.is_multiple_of(g) {
-        return Err(WorkerError::Mismatch(format!(
-            "a rank's {rows} rows are not whole groups of {g} generations; use a global batch of whole groups per slice"
-        )));
+        return Err(WorkerError::incompatible(
+            Part::Job,
+            format!(
+                "a rank's {rows} rows are not whole groups of {g} generations; use a global batch of whole groups per slice"
+            ),
+        ));
     }
     let first_prompt = rank as u64 * rows / g;
     let mut tally = Tally::default();
@@ -378,7 +393,7 @@ impl Grpo {
     /// The objective of `task` with `reference`'s parameters (needed when `kl_beta > 0`).
     pub fn with_reference(task: GrpoTask, reference: Option<Vec<DeviceArray>>) -> Result<Self, WorkerError> {
         if task.spec.kl_beta > 0.0 && reference.is_none() {
-            return Err(WorkerError::Mismatch("grpo.kl_beta > 0 needs the reference's parameters".into()));
+            return Err(WorkerError::broken("grpo.kl_beta > 0 needs the reference's parameters"));
         }
         Ok(Self { task, reference })
     }
@@ -422,10 +437,11 @@ impl Objective for Grpo {
     fn grad_scale(&self, step: u64, sums: &[f32]) -> Result<f32, WorkerError> {
         let tokens = Tally::from_slice(sums).token_count;
         if tokens <= 0.0 {
-            return Err(WorkerError::Mismatch(format!(
-                "step {} sampled no completion tokens to learn from",
-                step + 1
-            )));
+            return Err(WorkerError::NothingToLearn {
+                step,
+                what: "completion tokens",
+                fix: "sample longer completions (grpo.max_new_tokens) or check the prompts",
+            });
         }
         Ok(1.0 / tokens)
     }

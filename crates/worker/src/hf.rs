@@ -15,7 +15,7 @@
 
 use crate::slice::{Arg, DeviceArray, Program, Slice};
 use crate::trainer::Trainer;
-use crate::{PjrtContext, WorkerError};
+use crate::{Part, PjrtContext, WorkerError};
 use ::hf::HfModel;
 use bundle::{Manifest, ModelConfig, TensorSpec};
 use mesh::Region;
@@ -85,7 +85,7 @@ pub fn place_tensors(
     let mut arrays = Vec::with_capacity(specs.len());
     for spec in specs {
         let path = spec.name.strip_prefix(prefix).ok_or_else(|| {
-            WorkerError::Mismatch(format!("'{}' is not a {prefix}* tensor of the bundle", spec.name))
+            WorkerError::broken(format!("'{}' is not a {prefix}* tensor of the bundle", spec.name))
         })?;
         let mut regions: Vec<Region> = Vec::new();
         for d in 0..mesh.num_devices() {
@@ -140,11 +140,14 @@ fn weight_specs(manifest: &Manifest) -> &[TensorSpec] {
 fn check_model(bundle: ModelConfig, model: &HfModel) -> Result<(), WorkerError> {
     let ours = ModelConfig { preset: model.model().preset.clone(), ..bundle };
     if ours != *model.model() {
-        return Err(WorkerError::Mismatch(format!(
-            "the bundle was exported for model {ours:?}, but {} describes {:?}; export the bundle for this model",
-            model.location().describe(::hf::config::CONFIG_FILE),
-            model.model()
-        )));
+        return Err(WorkerError::incompatible(
+            Part::Model,
+            format!(
+                "the bundle was exported for model {ours:?}, but {} describes {:?}; export the bundle for this model",
+                model.location().describe(::hf::config::CONFIG_FILE),
+                model.model()
+            ),
+        ));
     }
     Ok(())
 }

@@ -16,6 +16,8 @@
 //!   hosts: every rank's gradient, the reduction between workers, apply.
 //! - [`phases`]: where a step's time went, by named phase, returned with every step.
 //! - [`eval`]: held-out evaluation of either objective through the bundle's `rollout`.
+//! - [`WorkerError`] (`error.rs`): why the worker stopped, as types, and what that means
+//!   ([`fault::Fault`]).
 //! - [`driver`]: the one training loop (steps, evaluation, reports, saves), whoever runs it.
 //! - [`start`]: where a fresh run's state comes from, and an objective's frozen reference.
 //! - [`ckpt`]: checkpoints of the train state: a host's share saved in the background, restore
@@ -37,6 +39,7 @@ pub mod agent;
 pub mod ckpt;
 pub mod compile_cache;
 pub mod driver;
+mod error;
 pub mod eval;
 pub mod grpo;
 pub mod grpo_stats;
@@ -53,56 +56,10 @@ pub mod step;
 pub mod trainer;
 
 pub use driver::{Control, Ended, Plan, Sink, Trained};
+pub(crate) use error::PjrtContext;
+pub use error::{Part, WorkerError};
 pub use objective::{EvalReport, Objective};
 pub use phases::Phases;
 pub use slice::{Arg, DeviceArray, Program, Slice};
 pub use step::{Reduce, StepResult, run_step};
 pub use trainer::Trainer;
-
-/// Why the worker stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum WorkerError {
-    /// A PJRT call failed.
-    #[error("{context}: {source}")]
-    Pjrt {
-        /// What the worker was doing.
-        context: String,
-        /// The plugin's error.
-        source: pjrt::Error,
-    },
-    /// The bundle is unusable.
-    #[error(transparent)]
-    Bundle(#[from] bundle::BundleError),
-    /// The data could not be produced.
-    #[error(transparent)]
-    Data(#[from] data::DataError),
-    /// A checkpoint could not be saved, committed or restored.
-    #[error("checkpoint: {0}")]
-    Checkpoint(#[from] checkpoint::CheckpointError),
-    /// A Hugging Face model directory could not be read, or does not fit the bundle.
-    #[error("Hugging Face model: {0}")]
-    Hf(#[from] ::hf::HfError),
-    /// The all-reduce between slices failed (a peer vanished, the generation changed, ...).
-    #[error("all-reduce: {0}")]
-    Collective(#[from] collective::Error),
-    /// The plugin, the bundle and the job disagree.
-    #[error("{0}")]
-    Mismatch(String),
-    /// The checkpoint root's newest checkpoints are another job's.
-    #[error(transparent)]
-    ForeignRoot(#[from] checkpoint::lineage::ForeignRoot),
-    /// A state transfer with a peer failed.
-    #[error(transparent)]
-    Peer(#[from] peer::PeerError),
-}
-
-/// Attaches what the worker was doing to a PJRT error.
-pub(crate) trait PjrtContext<T> {
-    fn context(self, context: impl FnOnce() -> String) -> Result<T, WorkerError>;
-}
-
-impl<T> PjrtContext<T> for Result<T, pjrt::Error> {
-    fn context(self, context: impl FnOnce() -> String) -> Result<T, WorkerError> {
-        self.map_err(|source| WorkerError::Pjrt { context: context(), source })
-    }
-}

@@ -49,6 +49,19 @@ const OK: u8 = 0;
 const REFUSED: u8 = 1;
 const INCOMPATIBLE: u8 = 2;
 
+impl fault::Classify for PeerError {
+    fn fault(&self) -> fault::Fault {
+        match self {
+            PeerError::Io { .. } | PeerError::Refused { .. } | PeerError::NotPulled { .. } => {
+                fault::Fault::Unreachable
+            }
+            PeerError::Incompatible { .. } | PeerError::Invalid { .. } | PeerError::Read(_) => fault::Fault::Failed,
+            PeerError::Place { source, .. } => fault::Classify::fault(&**source),
+            PeerError::Cancelled { .. } | PeerError::Interrupted => fault::Fault::Interrupted,
+        }
+    }
+}
+
 /// Why a transfer failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PeerError {
@@ -580,26 +593,24 @@ fn pull_once(
     let started = Instant::now();
     let mut pieces = layout.pieces.iter().peekable();
     let mut arrays = Vec::with_capacity(specs.len());
-    let mut failure = None;
     for (index, spec) in specs.iter().enumerate() {
+        // The wire's own failure, kept aside: `upload_each` only carries the devices' errors.
+        let mut wire = None;
         let placed = slice.upload_each(spec, |device, _| {
-            let piece = pieces.next().filter(|p| p.array == index && p.device == device).copied();
-            let piece = piece.ok_or_else(|| {
-                WorkerError::from(invalid(format!("the layout has no piece for array {index} on device {device}")))
-            })?;
-            read_piece(&mut reader, piece, peer).map_err(WorkerError::from)
+            let read = match pieces.next().filter(|p| p.array == index && p.device == device) {
+                Some(piece) => read_piece(&mut reader, *piece, peer),
+                None => Err(invalid(format!("the layout has no piece for array {index} on device {device}"))),
+            };
+            read.map_err(|e| {
+                wire = Some(e);
+                WorkerError::Interrupted
+            })
         });
-        match placed {
-            Ok(array) => arrays.push(array),
-            Err(WorkerError::Peer(e)) => return Err(e),
-            Err(e) => {
-                failure = Some(e);
-                break;
-            }
+        match (placed, wire) {
+            (_, Some(e)) => return Err(e),
+            (Ok(array), None) => arrays.push(array),
+            (Err(source), None) => return Err(PeerError::Place { peer, source: Box::new(source) }),
         }
-    }
-    if let Some(source) = failure {
-        return Err(PeerError::Place { peer, source: Box::new(source) });
     }
     if pieces.next().is_some() {
         return Err(invalid("the layout has pieces the devices did not ask for".into()));

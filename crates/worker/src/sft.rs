@@ -49,10 +49,11 @@ impl Objective for Sft {
     /// Every worker derives the global token count from the data alone: no extra round trip.
     fn grad_scale(&self, step: u64, _sums: &[f32]) -> Result<f32, WorkerError> {
         match self.loader.step_token_count(step)? {
-            0 => Err(WorkerError::Mismatch(format!(
-                "step {} has no target tokens to learn from; check the data and seq_len",
-                step + 1
-            ))),
+            0 => Err(WorkerError::NothingToLearn {
+                step,
+                what: "target tokens",
+                fix: "check the data and seq_len",
+            }),
             tokens => Ok(1.0 / tokens as f32),
         }
     }

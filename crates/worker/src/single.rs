@@ -3,14 +3,14 @@
 //! newest checkpoint under the job's root that restores, a checkpoint named by `--resume`, or a
 //! fresh start), commits its saves through the store's own markers, and runs the driver.
 
-use crate::WorkerError;
 use crate::ckpt::{
     self, CheckpointEvent, Checkpoints, PassedOver, Restored, SaveLayout, StoreCommit, restore_newest,
 };
-use crate::driver::{self, Ended, Plan, Sink, Trained, Uninterrupted};
+use crate::driver::{self, Control, Ended, Plan, Sink, Trained};
 use crate::objective;
 use crate::start;
 use crate::trainer::Trainer;
+use crate::{Part, WorkerError};
 use checkpoint::lineage::{line_of, new_line, save_id};
 use checkpoint::{Storage, StoreCommitLog, StoreOptions};
 use job::JobSpec;
@@ -42,19 +42,22 @@ pub struct RunSummary {
 }
 
 /// Trains `job` on `trainer`'s slice, starting where `resume` says (else from `grpo.init_from`
-/// or the job seed), saving as the job's `checkpoint` section asks, reporting to `sink`.
+/// or the job seed), saving as the job's `checkpoint` section asks, reporting to `sink`. When
+/// `control` interrupts the run (Ctrl-C), it stops at the step boundary and saves the state of
+/// the steps done (where the job has checkpoints): the summary's `trained.ended` says so.
 pub fn run(
     trainer: &mut Trainer,
     job: &JobSpec,
     sink: &mut dyn Sink,
     resume: &Resume,
+    control: &dyn Control,
 ) -> Result<RunSummary, WorkerError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("podctl-ckpt")
         .enable_all()
         .build()
-        .map_err(|e| WorkerError::Mismatch(format!("cannot start the checkpoint runtime: {e}")))?;
+        .map_err(|source| WorkerError::Io { what: "starting the checkpoint runtime", source })?;
     let handle = runtime.handle();
     let root = match (&job.checkpoint, job.checkpoint_uri()) {
         (Some(spec), Some(uri)) => Some((spec, Storage::open(&uri, &StoreOptions::default())?)),
@@ -113,11 +116,19 @@ pub fn run(
         group: None,
         evaluate_first: true,
     };
-    let mut trained = driver::train(trainer, &plan, &*objective, checkpoints.as_mut(), sink, &Uninterrupted)?;
+    let mut trained = driver::train(trainer, &plan, &*objective, checkpoints.as_mut(), sink, control)?;
     match std::mem::replace(&mut trained.ended, Ended::Finished) {
         Ended::Finished => Ok(RunSummary { trained, init_from }),
         Ended::StepFailed { error, .. } => Err(error),
-        Ended::Interrupted => Err(WorkerError::Mismatch("the run was interrupted".into())),
+        Ended::Interrupted => {
+            // The state is that of the steps done: save it, so a relaunch resumes there.
+            let done = trained.last.as_ref().map_or(start, |last| last.step);
+            if let Some(checkpoints) = checkpoints.as_mut() {
+                checkpoints.finish(trainer, done)?.iter().for_each(|e| sink.on_checkpoint(e));
+            }
+            trained.ended = Ended::Interrupted;
+            Ok(RunSummary { trained, init_from })
+        }
     }
 }
 
@@ -142,10 +153,11 @@ fn restore_from(
         }
     };
     if found.0.is_none() {
-        return Err(WorkerError::Mismatch(format!(
-            "nothing to resume from under {uri}: no committed checkpoint restores{}",
-            start::reasons(&found.1)
-        )));
+        return Err(WorkerError::NothingRestores {
+            uri: uri.to_string(),
+            asked_by: "--resume",
+            passed_over: found.1,
+        });
     }
     Ok(found)
 }
@@ -154,16 +166,22 @@ fn restore_from(
 fn check_restored(restored: &Restored, job: &JobSpec) -> Result<(), WorkerError> {
     let position = restored.data_position;
     if position.seed != job.seed {
-        return Err(WorkerError::Mismatch(format!(
-            "checkpoint {} continues the data order of seed {}, but the job's seed is {}; set `seed: {}` or start without it",
-            restored.uri, position.seed, job.seed, position.seed
-        )));
+        return Err(WorkerError::incompatible(
+            Part::Checkpoint,
+            format!(
+                "checkpoint {} continues the data order of seed {}, but the job's seed is {}; set `seed: {}` or start without it",
+                restored.uri, position.seed, job.seed, position.seed
+            ),
+        ));
     }
     if restored.step > job.steps {
-        return Err(WorkerError::Mismatch(format!(
-            "checkpoint {} is at step {}, past the job's {} steps; raise `steps` or start without it",
-            restored.uri, restored.step, job.steps
-        )));
+        return Err(WorkerError::incompatible(
+            Part::Checkpoint,
+            format!(
+                "checkpoint {} is at step {}, past the job's {} steps; raise `steps` or start without it",
+                restored.uri, restored.step, job.steps
+            ),
+        ));
     }
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! One slice's devices, the programs compiled for them, and global arrays held on them.
 
 use crate::compile_cache::{CacheKey, CompileCache};
-use crate::{PjrtContext, WorkerError};
+use crate::{Part, PjrtContext, WorkerError};
 use bundle::{Bundle, ProgramSpec, TensorSpec};
 use mesh::{DType, IciMesh, Region, copy_region};
 use pjrt::{
@@ -31,18 +31,21 @@ impl Slice {
         let found = client.platform_name().context(|| "reading the client's platform".into())?;
         let same = found.eq_ignore_ascii_case(platform) || (platform == "tpu" && found.contains("tpu"));
         if !same {
-            return Err(WorkerError::Mismatch(format!(
-                "the bundle was lowered for platform '{platform}' but plugin {} is '{found}'; \
+            return Err(WorkerError::incompatible(
+                Part::Plugin,
+                format!(
+                    "the bundle was lowered for platform '{platform}' but plugin {} is '{found}'; \
                  use the {platform} plugin or export the bundle for {found}",
-                plugin.path().display()
-            )));
+                    plugin.path().display()
+                ),
+            ));
         }
         let mut devices = client.devices().context(|| "listing devices".into())?;
         if devices.len() < n {
-            return Err(WorkerError::Mismatch(format!(
-                "mesh {mesh} needs {n} devices but the {found} client has {}",
-                devices.len()
-            )));
+            return Err(WorkerError::incompatible(
+                Part::Plugin,
+                format!("mesh {mesh} needs {n} devices but the {found} client has {}", devices.len()),
+            ));
         }
         devices.truncate(n);
         Ok(Self { client, platform: found, devices, mesh: mesh.clone(), cache: None })
@@ -73,16 +76,19 @@ impl Slice {
         let order: Vec<i64> =
             exe.devices().context(|| format!("devices of '{name}'"))?.iter().map(Device::id).collect();
         if order != ids {
-            return Err(WorkerError::Mismatch(format!(
+            return Err(WorkerError::broken(format!(
                 "program '{name}' was placed on devices {order:?}, not the requested {ids:?}"
             )));
         }
         let outputs = exe.num_outputs().context(|| format!("outputs of '{name}'"))?;
         if outputs != spec.outputs.len() {
-            return Err(WorkerError::Mismatch(format!(
-                "program '{name}' has {outputs} outputs but the manifest lists {}; the bundle is inconsistent, export it again",
-                spec.outputs.len()
-            )));
+            return Err(WorkerError::incompatible(
+                Part::Bundle,
+                format!(
+                    "program '{name}' has {outputs} outputs but the manifest lists {}; the bundle is inconsistent, export it again",
+                    spec.outputs.len()
+                ),
+            ));
         }
         Ok(Program { name: name.to_string(), exe, spec, devices: ids.len() })
     }
@@ -126,7 +132,7 @@ impl Slice {
         let elem = spec.dtype.size();
         let full = Region::full(&spec.shape);
         if host.len() as u64 != full.num_elements() * elem as u64 {
-            return Err(WorkerError::Mismatch(format!(
+            return Err(WorkerError::broken(format!(
                 "'{}' {} {:?} needs {} bytes, got {}",
                 spec.name,
                 spec.dtype,
@@ -175,7 +181,7 @@ impl Slice {
             let piece =
                 buffer.to_host().context(|| format!("downloading '{}' from device {d}", spec.name))?;
             if piece.len() as u64 != region.num_elements() * elem as u64 {
-                return Err(WorkerError::Mismatch(format!(
+                return Err(WorkerError::broken(format!(
                     "device {d} holds {} bytes of '{}', expected {}",
                     piece.len(),
                     spec.name,
@@ -198,12 +204,12 @@ impl Slice {
         let region = spec.sharding.shard_region(&spec.shape, &self.mesh, device);
         let want = region.num_elements() * spec.dtype.size() as u64;
         let buffer = array.shards.get(device).ok_or_else(|| {
-            WorkerError::Mismatch(format!("device {device} is not on this slice of {}", self.devices.len()))
+            WorkerError::broken(format!("device {device} is not on this slice of {}", self.devices.len()))
         })?;
         let piece =
             buffer.to_host().context(|| format!("downloading '{}' from device {device}", spec.name))?;
         if piece.len() as u64 != want {
-            return Err(WorkerError::Mismatch(format!(
+            return Err(WorkerError::broken(format!(
                 "device {device} holds {} bytes of '{}', expected {want}",
                 piece.len(),
                 spec.name
@@ -216,7 +222,7 @@ impl Slice {
     /// sharding, row-major (a restore reads exactly these regions, never the whole array).
     pub fn upload_shards(&self, spec: &TensorSpec, shards: &[&[u8]]) -> Result<DeviceArray, WorkerError> {
         if shards.len() != self.devices.len() {
-            return Err(WorkerError::Mismatch(format!(
+            return Err(WorkerError::broken(format!(
                 "'{}' needs one shard per device of {}, got {}",
                 spec.name,
                 self.mesh,
@@ -326,7 +332,7 @@ impl Program {
     /// Runs the program on every device of the slice; returns its outputs in manifest order.
     pub fn run(&self, args: Vec<Arg<'_>>) -> Result<Vec<DeviceArray>, WorkerError> {
         if args.len() != self.spec.inputs.len() {
-            return Err(WorkerError::Mismatch(format!(
+            return Err(WorkerError::broken(format!(
                 "program '{}' takes {} arguments, got {}",
                 self.name,
                 self.spec.inputs.len(),
@@ -381,7 +387,7 @@ fn element_type(dtype: DType) -> ElementType {
 fn check_shard(spec: &TensorSpec, d: usize, region: &Region, piece: &[u8]) -> Result<(), WorkerError> {
     let want = region.num_elements() * spec.dtype.size() as u64;
     if piece.len() as u64 != want {
-        return Err(WorkerError::Mismatch(format!(
+        return Err(WorkerError::broken(format!(
             "shard of '{}' for device {d} has {} bytes, its region {:?} needs {want}",
             spec.name,
             piece.len(),

@@ -61,11 +61,10 @@ pub fn fresh(
             let log = StoreCommitLog::new(storage.clone());
             let (restored, passed_over) =
                 runtime.block_on(ckpt::restore_newest(trainer, &storage, &log, None))?;
-            restored.ok_or_else(|| {
-                WorkerError::Mismatch(format!(
-                    "grpo.init_from {uri}: no committed checkpoint restores there{}",
-                    reasons(&passed_over)
-                ))
+            restored.ok_or_else(|| WorkerError::NothingRestores {
+                uri: uri.to_string(),
+                asked_by: "grpo.init_from",
+                passed_over,
             })?
         }
     };

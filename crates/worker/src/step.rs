@@ -87,7 +87,7 @@ pub fn run_step(
         let share = objective.rank_gradient(trainer, RankStep { step, rank, accum })?;
         phases.merge(&share.phases);
         if share.sums.len() != sums_len {
-            return Err(WorkerError::Mismatch(format!(
+            return Err(WorkerError::broken(format!(
                 "rank {rank} reported {} metric sums, not {sums_len}",
                 share.sums.len()
             )));
@@ -114,7 +114,7 @@ pub fn run_step(
         if sums_len > 0 {
             sums = reduced.pop().expect("n + 1 buckets").swap_remove(0).to_f32()?;
             if sums.len() != sums_len {
-                return Err(WorkerError::Mismatch(format!(
+                return Err(WorkerError::broken(format!(
                     "a step's reduced metric sums have {} values, not {sums_len}",
                     sums.len()
                 )));

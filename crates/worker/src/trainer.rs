@@ -14,8 +14,8 @@
 //! the trainer compiles whichever set the bundle's kind has, and `crate::grpo` drives them. The
 //! state, the accumulator, apply, checkpoints and state transfer are the same for both kinds.
 
-use crate::WorkerError;
 use crate::slice::{Arg, DeviceArray, Program, Slice};
+use crate::{Part, WorkerError};
 use bundle::{Bundle, Manifest, TensorSpec};
 use std::collections::HashMap;
 
@@ -153,23 +153,26 @@ impl Trainer {
     pub fn grad_step(&mut self, batch: &data::Batch) -> Result<(), WorkerError> {
         let train = &self.manifest.train;
         if self.grpo.is_some() {
-            return Err(WorkerError::Mismatch(
+            return Err(WorkerError::incompatible(
+                Part::Bundle,
                 "this is a GRPO bundle: it learns from its own rollouts (crate::grpo), not from SFT batches; \
-                 export an SFT bundle for supervised training"
-                    .into(),
+                 export an SFT bundle for supervised training",
             ));
         }
         if batch.rows as u64 != train.micro_batch || batch.seq_len as u64 != train.seq_len {
-            return Err(WorkerError::Mismatch(format!(
-                "a batch of {}x{} does not fit the bundle's grad_step, lowered for micro_batch {} x seq_len {}",
-                batch.rows, batch.seq_len, train.micro_batch, train.seq_len
-            )));
+            return Err(WorkerError::incompatible(
+                Part::Bundle,
+                format!(
+                    "a batch of {}x{} does not fit the bundle's grad_step, lowered for micro_batch {} x seq_len {}",
+                    batch.rows, batch.seq_len, train.micro_batch, train.seq_len
+                ),
+            ));
         }
         let state = self.state.as_mut().ok_or_else(not_initialized)?;
         let f = self.manifest.frozen.len();
         if self.frozen.len() != f {
-            return Err(WorkerError::Mismatch(
-                "the LoRA bundle's frozen base is not on the devices; init or restore it first".into(),
+            return Err(WorkerError::broken(
+                "the LoRA bundle's frozen base is not on the devices; init or restore it first",
             ));
         }
         let n = self.manifest.params.len();
@@ -202,7 +205,7 @@ impl Trainer {
         let n = self.manifest.params.len();
         let inputs = &self.apply_step.spec().inputs;
         let step_index = i32::try_from(step).map_err(|_| {
-            WorkerError::Mismatch(format!("step {step} does not fit the program's int32 step"))
+            WorkerError::incompatible(Part::Job, format!("step {step} does not fit the program's int32 step"))
         })?;
         let step_arg = self.slice.scalar(&inputs[4 * n], step_index.to_le_bytes())?;
         let lr = self.slice.scalar(&inputs[4 * n + 1], learning_rate.to_le_bytes())?;
@@ -255,7 +258,7 @@ impl Trainer {
     pub fn upload_state(&mut self, arrays: &[(String, Vec<u8>)]) -> Result<(), WorkerError> {
         let specs = self.state_specs();
         if arrays.len() != specs.len() {
-            return Err(WorkerError::Mismatch(format!(
+            return Err(WorkerError::broken(format!(
                 "a state of {} arrays does not fit the bundle's {}",
                 arrays.len(),
                 specs.len()
@@ -264,7 +267,7 @@ impl Trainer {
         let mut uploaded = Vec::with_capacity(specs.len());
         for (spec, (name, bytes)) in specs.iter().zip(arrays) {
             if *name != spec.name {
-                return Err(WorkerError::Mismatch(format!(
+                return Err(WorkerError::broken(format!(
                     "state array '{name}' is where '{}' belongs",
                     spec.name
                 )));
@@ -293,7 +296,7 @@ impl Trainer {
     /// Copies device `device`'s shard of frozen tensor `index` to the host.
     pub fn download_frozen_shard(&self, index: usize, device: usize) -> Result<Vec<u8>, WorkerError> {
         let (spec, array) = self.frozen_specs().get(index).zip(self.frozen.get(index)).ok_or_else(|| {
-            WorkerError::Mismatch(format!(
+            WorkerError::broken(format!(
                 "frozen tensor {index} is not on the devices; init or restore it first"
             ))
         })?;
@@ -303,7 +306,7 @@ impl Trainer {
     /// Copies frozen tensor `index` (whole, row-major) to the host.
     pub fn download_frozen(&self, index: usize) -> Result<Vec<u8>, WorkerError> {
         let (spec, array) = self.frozen_specs().get(index).zip(self.frozen.get(index)).ok_or_else(|| {
-            WorkerError::Mismatch(format!(
+            WorkerError::broken(format!(
                 "frozen tensor {index} is not on the devices; init or restore it first"
             ))
         })?;
@@ -314,7 +317,7 @@ impl Trainer {
     /// [`Trainer::frozen_specs`].
     pub fn set_frozen(&mut self, arrays: Vec<DeviceArray>) -> Result<(), WorkerError> {
         if arrays.len() != self.manifest.frozen.len() {
-            return Err(WorkerError::Mismatch(format!(
+            return Err(WorkerError::broken(format!(
                 "a frozen base of {} arrays does not fit the bundle's {}",
                 arrays.len(),
                 self.manifest.frozen.len()
@@ -329,7 +332,7 @@ impl Trainer {
         let state = self.state.as_ref().ok_or_else(not_initialized)?;
         let n = self.manifest.params.len();
         let spec = self.state_specs().get(index).ok_or_else(|| {
-            WorkerError::Mismatch(format!("state tensor {index} of {} does not exist", 3 * n))
+            WorkerError::broken(format!("state tensor {index} of {} does not exist", 3 * n))
         })?;
         let array = match index / n {
             0 => &state.params[index],
@@ -344,15 +347,15 @@ impl Trainer {
     pub fn set_state(&mut self, arrays: Vec<DeviceArray>) -> Result<(), WorkerError> {
         if self.manifest.train.optimizer_offload {
             // Uploads land in device memory; apply_step takes the moments in host memory.
-            return Err(WorkerError::Mismatch(
+            return Err(WorkerError::incompatible(
+                Part::Bundle,
                 "this bundle keeps AdamW state in host memory (train.optimizer_offload), and placing a \
-                 restored state there is not supported yet; resume without optimizer offload"
-                    .into(),
+                 restored state there is not supported yet; resume without optimizer offload",
             ));
         }
         let n = self.manifest.params.len();
         if arrays.len() != 3 * n {
-            return Err(WorkerError::Mismatch(format!(
+            return Err(WorkerError::broken(format!(
                 "a state of {} arrays does not fit the bundle's {}",
                 arrays.len(),
                 3 * n
@@ -383,15 +386,15 @@ impl Trainer {
     /// moments and the gradients zero: what `init` leaves, without its draw.
     pub fn start_from_params(&mut self, params: Vec<DeviceArray>) -> Result<(), WorkerError> {
         if self.manifest.train.optimizer_offload {
-            return Err(WorkerError::Mismatch(
+            return Err(WorkerError::incompatible(
+                Part::Bundle,
                 "this bundle keeps AdamW state in host memory (train.optimizer_offload), and placing \
-                 parameters loaded from files there is not supported yet; load without optimizer offload"
-                    .into(),
+                 parameters loaded from files there is not supported yet; load without optimizer offload",
             ));
         }
         let n = self.manifest.params.len();
         if params.len() != n {
-            return Err(WorkerError::Mismatch(format!(
+            return Err(WorkerError::broken(format!(
                 "{} parameters do not fit the bundle's {n}",
                 params.len()
             )));
@@ -481,5 +484,5 @@ impl Trainer {
 }
 
 pub(crate) fn not_initialized() -> WorkerError {
-    WorkerError::Mismatch("the train state is not initialized; call init first".into())
+    WorkerError::broken("the train state is not initialized; call init first")
 }

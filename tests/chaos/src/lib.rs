@@ -56,7 +56,7 @@ pub struct Setup {
 impl Setup {
     /// The CPU PJRT plugin of the project's Python environment.
     pub fn plugin(&self) -> PathBuf {
-        self.home.join(".venv/lib/python3.11/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
+        self.home.join(".venv/lib/python3/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
     }
 }
 

@@ -15,7 +15,11 @@
 //!   with `unsafe` (a counting allocator, `posix_fadvise`).
 //!
 //! Crates are named without the `podctl-` prefix of their package (`podctl-worker` is `worker`).
+//!
+//! Then the source checks ([`errors`]): no product code decides on an error's text.
 #![forbid(unsafe_code)]
+
+mod errors;
 
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -219,19 +223,35 @@ fn metadata() -> Result<Metadata, String> {
     serde_json::from_slice(&out.stdout).map_err(|e| format!("reading cargo metadata: {e}"))
 }
 
+/// Where the source checks look, from the workspace root.
+const SOURCE_DIRS: [&str; 3] = ["crates", "tests", "tools"];
+
 fn run() -> Result<Vec<String>, String> {
     let metadata = metadata()?;
     let doc_path = metadata.workspace_root.join(DOC);
     let doc =
         std::fs::read_to_string(&doc_path).map_err(|e| format!("reading {}: {e}", doc_path.display()))?;
     let rules = parse(&doc)?;
-    Ok(check(&metadata, &rules, |path| std::fs::read_to_string(path).ok()))
+    let mut found = check(&metadata, &rules, |path| std::fs::read_to_string(path).ok());
+    let sources = errors::product_sources(&metadata.workspace_root, &SOURCE_DIRS)?;
+    let (text_variants, decisions) = errors::check(&sources)?;
+    println!(
+        "errors: {} error variant(s) carry only text; no product code may decide on them:",
+        text_variants.len()
+    );
+    for v in &text_variants {
+        println!("  {}::{}::{} ({})", v.krate, v.owner, v.variant, v.at);
+    }
+    found.extend(decisions);
+    Ok(found)
 }
 
 fn main() -> ExitCode {
     match run() {
         Ok(found) if found.is_empty() => {
-            println!("layering: every crate edge and crate root agrees with {DOC}");
+            println!(
+                "layering: every crate edge and crate root agrees with {DOC}, and no code decides on an error's text"
+            );
             ExitCode::SUCCESS
         }
         Ok(found) => {
@@ -271,6 +291,20 @@ mod tests {
     fn the_workspace_keeps_its_layering() {
         let (metadata, rules) = workspace();
         assert_eq!(check(&metadata, &rules, read), Vec::<String>::new());
+    }
+
+    #[test]
+    fn no_product_code_decides_on_an_error_s_text() {
+        let (metadata, _) = workspace();
+        let sources = errors::product_sources(&metadata.workspace_root, &SOURCE_DIRS).unwrap();
+        assert!(sources.iter().any(|(p, _)| p.ends_with("crates/worker/src/lib.rs")));
+        assert!(
+            !sources
+                .iter()
+                .any(|(p, _)| p.components().any(|c| c.as_os_str() == "tests") && p.starts_with("crates"))
+        );
+        let (_, decisions) = errors::check(&sources).unwrap();
+        assert_eq!(decisions, Vec::<String>::new());
     }
 
     #[test]

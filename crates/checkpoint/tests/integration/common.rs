@@ -129,7 +129,7 @@ pub fn venv_file(relative: &str) -> PathBuf {
     let path = venv.join(relative);
     assert!(
         path.exists(),
-        "{} is missing: run scripts/setup.sh (it installs scripts/requirements/objectstore.txt into the venv)",
+        "{} is missing: run scripts/setup.sh --test (it installs scripts/requirements/objectstore.txt into the venv)",
         path.display()
     );
     path

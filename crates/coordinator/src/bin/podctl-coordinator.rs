@@ -30,13 +30,7 @@ async fn main() -> ExitCode {
         }));
         fail::FailScenario::setup()
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| coordinator::command::DEFAULT_LOG.into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    coordinator::logging::init(coordinator::command::DEFAULT_LOG, false);
     match coordinator::command::run(Cli::parse().node).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

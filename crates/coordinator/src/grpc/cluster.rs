@@ -2,6 +2,7 @@
 
 use super::caller;
 use crate::ctx::Ctx;
+use crate::peers::PeerState;
 use openraft::BasicNode;
 use openraft::error::{ClientWriteError, RaftError};
 use proto::v1::cluster_server::Cluster;
@@ -22,6 +23,15 @@ pub fn info(ctx: &Ctx) -> ClusterInfo {
         metrics.replication.as_ref().and_then(|r| r.get(&id).cloned().flatten()).map_or(0, |l| l.index)
     };
     let leader_id = metrics.current_leader.unwrap_or(0);
+    let peers = ctx.peers.view();
+    let reachability = |id: u64| match peers.get(&id) {
+        _ if id == ctx.id => ("self", 0.0, String::new()),
+        Some((_, PeerState::Answering)) => ("answering", 0.0, String::new()),
+        Some((_, PeerState::Unreachable { since, error })) => {
+            ("unreachable", since.elapsed().as_secs_f64(), error.clone())
+        }
+        None => ("unknown", 0.0, String::new()),
+    };
     ClusterInfo {
         leader_id,
         leader_address: membership.get_node(&leader_id).map(|n| n.addr.clone()).unwrap_or_default(),
@@ -29,11 +39,17 @@ pub fn info(ctx: &Ctx) -> ClusterInfo {
         commit_index: metrics.last_applied.map_or(0, |l| l.index),
         members: membership
             .nodes()
-            .map(|(id, node)| Member {
-                id: *id,
-                address: node.addr.clone(),
-                voter: voters.contains(id),
-                matched_index: matched(*id),
+            .map(|(id, node)| {
+                let (reachability, unreachable_seconds, unreachable_error) = reachability(*id);
+                Member {
+                    id: *id,
+                    address: node.addr.clone(),
+                    voter: voters.contains(id),
+                    matched_index: matched(*id),
+                    reachability: reachability.into(),
+                    unreachable_seconds,
+                    unreachable_error,
+                }
             })
             .collect(),
         answered_by: ctx.id,

@@ -3,6 +3,7 @@
 use super::{Caller, caller, find_job, linearizable};
 use crate::ctx::Ctx;
 use crate::decide::{JobLive, Out};
+use crate::logs::LogRecord;
 use crate::state::{self, Job};
 use proto::v1::jobs_server::Jobs;
 use proto::v1::{
@@ -242,7 +243,12 @@ impl Jobs for JobsService {
         let who = caller(&ctx, &request)?;
         ctx.require_leader()?;
         let LogsRequest { job_id, follow, slice, tail } = request.into_inner();
-        let job_id = find_job(&ctx, &who, &job_id)?.id;
+        let job = find_job(&ctx, &who, &job_id)?;
+        // A new leader's ring starts empty: the lines its predecessors took are in the run record.
+        if let Some(uri) = LogRecord::location(&job, ctx.config.record_runs) {
+            ctx.logs.read_history(&job.id, &uri, &ctx.config.store_options).await;
+        }
+        let job_id = job.id;
         let (backlog, mut follower) = ctx.logs.read(&job_id, tail as usize, slice);
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         tokio::spawn(async move {

@@ -28,10 +28,7 @@ impl Kv for KvService {
             return Err(super::stale_generation(g, job.generation));
         }
         match ctx.propose(Command::KvPut { job_id: job.id, key, value, generation }).await? {
-            Applied::Refused { reason } if reason.starts_with("stale") => {
-                Err(Status::failed_precondition(reason))
-            }
-            Applied::Refused { reason } => Err(Status::resource_exhausted(reason)),
+            Applied::Refused { why, reason } => Err(super::refused_by_state(why, reason)),
             _ => Ok(Response::new(KvPutResponse {})),
         }
     }

@@ -7,8 +7,9 @@
 //! - `Kv` (workers): rendezvous keys.
 //! - `Raft` (peers only): openraft's messages.
 //!
-//! The core's typed refusals ([`NotServing`], [`JobError`]) become a `tonic::Status` here only,
-//! by the `From` conversions below.
+//! The core's typed refusals ([`NotServing`], [`JobError`], the state's [`Refusal`]) become a
+//! `tonic::Status` here only, by the conversions below: a code, a message for people, and a
+//! `podctl.v1.Refusal` in the status's details ([`client::refusal`]) that clients decide by.
 //!
 //! Everything but `Cluster.Info` and `Raft` is served by the leader; a follower answers
 //! UNAVAILABLE with the leader's address in `x-podctl-leader`, which the client crate
@@ -22,7 +23,8 @@ mod workers;
 
 use crate::ctx::{Ctx, NotServing};
 use crate::jobs::JobError;
-use crate::state::Job;
+use crate::state::{Job, Refusal};
+use client::refusal::{self, Refusal as Why};
 use proto::v1::{
     cluster_server::ClusterServer, jobs_server::JobsServer, kv_server::KvServer, raft_server::RaftServer,
     workers_server::WorkersServer,
@@ -31,7 +33,7 @@ use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use tonic::metadata::MetadataMap;
 use tonic::transport::server::Router;
-use tonic::{Request, Status};
+use tonic::{Code, Request, Status};
 
 /// Adds every service to `builder`.
 pub fn routes(builder: &mut tonic::transport::Server, ctx: Arc<Ctx>) -> Router {
@@ -49,10 +51,12 @@ pub fn routes(builder: &mut tonic::transport::Server, ctx: Arc<Ctx>) -> Router {
         )
 }
 
-/// UNAVAILABLE, with the leader's address when known, so clients can follow it.
+/// UNAVAILABLE, with the leader's address when known (in the refusal's metadata and in the
+/// `x-podctl-leader` header), so clients can follow it.
 pub fn not_leader(leader: Option<String>) -> Status {
     let message = NotServing::NotLeader { leader: leader.clone() }.to_string();
-    let mut status = Status::unavailable(message);
+    let named: Vec<(&str, String)> = leader.iter().map(|addr| ("leader", addr.clone())).collect();
+    let mut status = refusal::status(Code::Unavailable, message, Why::NotLeader, &named);
     if let Some(addr) = leader
         && let Ok(value) = addr.parse()
     {
@@ -63,9 +67,11 @@ pub fn not_leader(leader: Option<String>) -> Status {
 
 impl From<NotServing> for Status {
     fn from(e: NotServing) -> Self {
+        let message = e.to_string();
         match e {
             NotServing::NotLeader { leader } => not_leader(leader),
-            NotServing::CatchingUp | NotServing::NoCommit(_) => Status::unavailable(e.to_string()),
+            NotServing::CatchingUp => refusal::status(Code::Unavailable, message, Why::CatchingUp, &[]),
+            NotServing::NoCommit { .. } => refusal::status(Code::Unavailable, message, Why::NoCommit, &[]),
         }
     }
 }
@@ -73,27 +79,56 @@ impl From<NotServing> for Status {
 impl From<JobError> for Status {
     fn from(e: JobError) -> Self {
         let message = e.to_string();
+        let refused = |code, why| refusal::status(code, message.clone(), why, &[]);
         match e {
             JobError::NotServing(e) => e.into(),
-            JobError::InvalidSpec(_) | JobError::SaveSpecDiffers { .. } => Status::invalid_argument(message),
-            JobError::Full(_) => Status::resource_exhausted(message),
-            JobError::NotCommitted { .. } | JobError::ForeignRoot(_) => Status::failed_precondition(message),
-            JobError::Resume(_) => Status::unavailable(message),
+            JobError::InvalidSpec(_) | JobError::Unfit { .. } | JobError::SaveSpecDiffers { .. } => {
+                refused(Code::InvalidArgument, Why::Invalid)
+            }
+            JobError::ForeignRoot(root) => {
+                refusal::status(Code::FailedPrecondition, message, Why::ForeignRoot, &[("root", root.root)])
+            }
+            JobError::Refused { why, reason } => refused_by_state(why, reason),
+            JobError::NotCommitted { step, .. } => refusal::status(
+                Code::FailedPrecondition,
+                message,
+                Why::NotCommitted,
+                &[("step", step.to_string())],
+            ),
+            JobError::Resume(_) | JobError::ResumeTimeout { .. } => Status::unavailable(message),
             JobError::FinalizeTimeout(_) => Status::deadline_exceeded(message),
-            JobError::Internal(_) => Status::internal(message),
+            JobError::Internal { .. } => Status::internal(message),
         }
+    }
+}
+
+/// The status of a command the replicated state refused.
+pub fn refused_by_state(why: Refusal, reason: String) -> Status {
+    match why {
+        Refusal::NoJob => Status::not_found(reason),
+        Refusal::StaleGeneration => {
+            refusal::status(Code::FailedPrecondition, reason, Why::StaleGeneration, &[])
+        }
+        Refusal::State => refusal::status(Code::FailedPrecondition, reason, Why::State, &[]),
+        Refusal::Limit => refusal::status(Code::ResourceExhausted, reason, Why::Limit, &[]),
     }
 }
 
 /// FAILED_PRECONDITION for a message of an older (or unknown newer) generation.
 pub fn stale_generation(got: u64, current: u64) -> Status {
-    if got < current {
-        Status::failed_precondition(format!(
+    let message = if got < current {
+        format!(
             "stale generation {got}, current {current}: this worker was cut off; wait for the directive of generation {current}"
-        ))
+        )
     } else {
-        Status::failed_precondition(format!("generation {got} is ahead of the current generation {current}"))
-    }
+        format!("generation {got} is ahead of the current generation {current}")
+    };
+    refusal::status(
+        Code::FailedPrecondition,
+        message,
+        Why::StaleGeneration,
+        &[("current", current.to_string())],
+    )
 }
 
 /// Who is calling.
@@ -179,6 +214,26 @@ pub fn require_client_cert<T>(ctx: &Ctx, request: &Request<T>, service: &str) ->
     }
 }
 
+/// With TLS on, the Raft service admits only the coordinators' peer certificate (common name
+/// [`crate::tls::PEER_COMMON_NAME`]): a worker's certificate, signed by the same CA, is refused.
+pub fn require_peer_cert<T>(ctx: &Ctx, request: &Request<T>) -> Result<(), Status> {
+    if ctx.config.tls.is_none() {
+        return Ok(());
+    }
+    require_client_cert(ctx, request, "Raft")?;
+    let presented =
+        request.peer_certs().and_then(|certs| certs.first().and_then(|c| crate::tls::common_name(c)));
+    match presented {
+        Some(name) if name == crate::tls::PEER_COMMON_NAME => Ok(()),
+        other => Err(Status::permission_denied(format!(
+            "the Raft service admits only the coordinators' peer certificate (common name {}); this one's \
+             common name is {}: a worker's or a user's certificate cannot speak Raft",
+            crate::tls::PEER_COMMON_NAME,
+            other.map_or_else(|| "missing".to_string(), |n| format!("{n:?}"))
+        ))),
+    }
+}
+
 /// The job `id_or_name`, if the caller may see it.
 pub fn find_job(ctx: &Ctx, caller: &Caller, id_or_name: &str) -> Result<Job, Status> {
     let job = ctx
@@ -214,14 +269,24 @@ mod tests {
         assert!(client::retry_safe(&not_leader(None)));
         assert!(client::retry_safe(&NotServing::CatchingUp.into()));
         // A commit that failed may have happened: not safe to repeat blindly.
-        assert!(!client::retry_safe(&NotServing::NoCommit("timeout".into()).into()));
+        let no_commit = NotServing::NoCommit { fatal: false, reason: "timeout".into() };
+        assert!(!client::retry_safe(&no_commit.into()));
     }
 
     #[test]
     fn job_refusals_keep_their_codes_at_the_edge() {
         let code = |e: JobError| Status::from(e).code();
-        assert_eq!(code(JobError::InvalidSpec("x".into())), tonic::Code::InvalidArgument);
-        assert_eq!(code(JobError::Full("x".into())), tonic::Code::ResourceExhausted);
+        let unfit = JobError::Unfit { field: "mesh.dcn", reason: "x".into() };
+        assert_eq!(refusal::of(&Status::from(unfit)).map(|(r, _)| r), Some(Why::Invalid));
+        let full = JobError::Refused { why: Refusal::Limit, reason: "x".into() };
+        assert_eq!(code(full), tonic::Code::ResourceExhausted);
+        let foreign = JobError::ForeignRoot(checkpoint::lineage::ForeignRoot {
+            root: "file:///r".into(),
+            checkpoint: "c".into(),
+            difference: "d".into(),
+        });
+        let (why, metadata) = refusal::of(&Status::from(foreign)).unwrap();
+        assert_eq!((why, metadata["root"].as_str()), (Why::ForeignRoot, "file:///r"));
         assert_eq!(
             code(JobError::NotCommitted { step: 4, reason: "x".into() }),
             tonic::Code::FailedPrecondition
@@ -249,6 +314,8 @@ mod tests {
         assert!(stale_generation(1, 2).message().starts_with("stale generation 1, current 2"));
         assert!(stale_generation(3, 2).message().contains("ahead"));
         assert_eq!(stale_generation(1, 2).code(), tonic::Code::FailedPrecondition);
+        let (why, metadata) = refusal::of(&stale_generation(1, 2)).unwrap();
+        assert_eq!((why, metadata["current"].as_str()), (Why::StaleGeneration, "2"));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Inbound Raft RPCs from peers. Only the coordinator's own nodes may call these: with TLS on,
-//! a client certificate signed by the cluster CA is required, and the bearer token is not used.
+//! the peer certificate (signed by the cluster CA, common name `podctl-peer`) is required, and
+//! the bearer token is not used.
 
-use super::require_client_cert;
+use super::require_peer_cert;
 use crate::ctx::Ctx;
 use proto::v1::RaftPayload;
 use proto::v1::raft_server::Raft;
@@ -27,19 +28,19 @@ fn encode<T: Serialize>(result: &T) -> Result<Response<RaftPayload>, Status> {
 #[tonic::async_trait]
 impl Raft for RaftService {
     async fn append_entries(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        require_client_cert(&self.0, &request, "Raft")?;
+        require_peer_cert(&self.0, &request)?;
         let rpc = decode(request, "AppendEntries")?;
         encode(&self.0.raft.append_entries(rpc).await)
     }
 
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        require_client_cert(&self.0, &request, "Raft")?;
+        require_peer_cert(&self.0, &request)?;
         let rpc = decode(request, "Vote")?;
         encode(&self.0.raft.vote(rpc).await)
     }
 
     async fn install_snapshot(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        require_client_cert(&self.0, &request, "Raft")?;
+        require_peer_cert(&self.0, &request)?;
         let rpc = decode(request, "InstallSnapshot")?;
         encode(&self.0.raft.install_snapshot(rpc).await)
     }

@@ -5,15 +5,16 @@
 
 use super::{caller, find_job, require_client_cert, stale_generation};
 use crate::ctx::Ctx;
-use crate::decide::{MAX_STEPS_AHEAD, Out, StepReportData};
+use crate::decide::{Cause, MAX_STEPS_AHEAD, Out, StepReportData};
 use crate::jobs::SaveReport;
 use crate::leader::{directive_in_force, record_step_report, unix_now};
+use crate::logs::LogRecord;
 use crate::state::{Command, Job, JobState, RegisterWorker, Response as Applied, WorkerRecord};
 use checkpoint::{HostReport, SaveSpec};
 use proto::v1::workers_server::Workers;
 use proto::v1::{
-    CheckpointAck, CheckpointReport, Directive, HeartbeatAck, LogLine, PushLogsResponse, RegisterRequest,
-    RegisterResponse, StepAck, StepReport, WorkerEvent, directive, worker_event,
+    CheckpointAck, CheckpointReport, Directive, FailureKind, HeartbeatAck, LogLine, PushLogsResponse,
+    RegisterRequest, RegisterResponse, StepAck, StepReport, WorkerEvent, directive, worker_event,
 };
 use std::pin::Pin;
 use std::sync::Arc;
@@ -149,29 +150,31 @@ impl WorkersService {
                     );
                     return Ok(out);
                 }
-                tracing::info!(worker_id, suspect = f.suspect_worker_id, "failed: {}", f.reason);
-                if !f.corrupt_checkpoint.is_empty()
-                    && job.checkpoints.iter().any(|c| c.uri == f.corrupt_checkpoint)
+                let cause = cause(&f);
+                tracing::info!(worker_id, ?cause, "failed: {}", f.reason);
+                if let Cause::Checkpoint(uri) = &cause
+                    && job.checkpoints.iter().any(|c| &c.uri == uri)
                 {
                     // The checkpoint leaves the catalog before the worker counts as failed, so the
                     // generation planned next restores an older one.
                     let ctx = ctx.clone();
                     let worker_id = worker_id.to_string();
+                    let uri = uri.clone();
                     tokio::spawn(async move {
                         let command = Command::PassOverCheckpoint {
                             job_id: job.id.clone(),
-                            uri: f.corrupt_checkpoint.clone(),
+                            uri: uri.clone(),
                             reason: f.reason.clone(),
                             unix: unix_now(),
                         };
                         if let Err(e) = ctx.propose(command).await {
-                            tracing::warn!(job_id = job.id, "cannot pass over {}: {e}", f.corrupt_checkpoint);
+                            tracing::warn!(job_id = job.id, "cannot pass over {uri}: {e}");
                         }
-                        mark_failed(&ctx, &job, &worker_id, &f);
+                        mark_failed(&ctx, &job, &worker_id, cause, f.reason);
                     });
                     return Ok(out);
                 }
-                mark_failed(ctx, &job, worker_id, &f);
+                mark_failed(ctx, &job, worker_id, cause, f.reason);
             }
             None => return Err(Status::invalid_argument("an empty WorkerEvent")),
         }
@@ -179,25 +182,39 @@ impl WorkersService {
     }
 }
 
+/// What a worker's failure report says happened, by its kind (by the fields it names, from a
+/// worker older than `kind`).
+fn cause(f: &proto::v1::Failed) -> Cause {
+    let named = |field: &String| (!field.is_empty()).then(|| field.clone());
+    match FailureKind::try_from(f.kind).unwrap_or(FailureKind::Unspecified) {
+        FailureKind::Own => Cause::Own,
+        FailureKind::Job => Cause::Job,
+        FailureKind::Peer => named(&f.suspect_worker_id).map_or(Cause::Own, Cause::Peer),
+        FailureKind::Checkpoint => named(&f.corrupt_checkpoint).map_or(Cause::Own, Cause::Checkpoint),
+        FailureKind::Unspecified => match (named(&f.corrupt_checkpoint), named(&f.suspect_worker_id)) {
+            (Some(uri), _) => Cause::Checkpoint(uri),
+            (None, Some(suspect)) => Cause::Peer(suspect),
+            (None, None) => Cause::Own,
+        },
+    }
+}
+
 /// Marks a worker that reported a failure (or the peer it suspects) out of the generation.
-fn mark_failed(ctx: &Ctx, job: &Job, worker_id: &str, f: &proto::v1::Failed) {
+fn mark_failed(ctx: &Ctx, job: &Job, worker_id: &str, cause: Cause, reason: String) {
     let now = Instant::now();
     ctx.leader.with(|m| {
         let live = m.job_mut(job, now);
-        let suspect = (!f.suspect_worker_id.is_empty() && f.suspect_worker_id != worker_id)
-            .then_some(f.suspect_worker_id.as_str())
-            .filter(|s| live.workers.contains_key(*s));
-        match suspect {
-            Some(s) => {
-                if let Some(w) = live.workers.get_mut(s) {
-                    w.out = Some(Out::Suspected { by: worker_id.to_string(), reason: f.reason.clone() });
-                }
+        let (whom, out) = match cause {
+            Cause::Peer(suspect) if suspect != worker_id && live.workers.contains_key(&suspect) => {
+                (suspect, Out::Suspected { by: worker_id.to_string(), reason })
             }
-            None => {
-                if let Some(w) = live.workers.get_mut(worker_id) {
-                    w.out = Some(Out::Failed(f.reason.clone()));
-                }
+            Cause::Job => (worker_id.to_string(), Out::Unrunnable(reason)),
+            Cause::Own | Cause::Peer(_) | Cause::Checkpoint(_) => {
+                (worker_id.to_string(), Out::Failed(reason))
             }
+        };
+        if let Some(w) = live.workers.get_mut(&whom) {
+            w.out = Some(out);
         }
     });
     ctx.leader.wake.notify_one();
@@ -237,7 +254,7 @@ impl Workers for WorkersService {
         let command = Command::RegisterWorker(Box::new(RegisterWorker { job_id: job.id.clone(), record }));
         let worker_id = match ctx.propose(command).await? {
             Applied::WorkerRegistered { worker_id } => worker_id,
-            Applied::Refused { reason } => return Err(Status::failed_precondition(reason)),
+            Applied::Refused { why, reason } => return Err(super::refused_by_state(why, reason)),
             other => return Err(Status::internal(format!("unexpected answer to a registration: {other:?}"))),
         };
         if let Some(job) = ctx.shared.read(|s| s.jobs.get(&job.id).cloned()) {
@@ -450,13 +467,23 @@ impl Workers for WorkersService {
         ctx.require_leader()?;
         let mut lines = request.into_inner();
         let idle = ctx.config.timeouts.lease * 10;
+        let mut jobs = std::collections::BTreeSet::new();
         while let Some(line) = tokio::time::timeout(idle, lines.next())
             .await
             .map_err(|_| Status::deadline_exceeded("no log line for 10 leases; open a new stream"))?
         {
             let line = line?;
             who.require_job(&line.job_id)?;
+            jobs.insert(line.job_id.clone());
             ctx.logs.push(line);
+        }
+        // Answered once the lines are in the run record: a worker whose push fails offers them
+        // again, so a leader change loses none.
+        for job_id in jobs {
+            let job = ctx.shared.read(|s| s.jobs.get(&job_id).cloned());
+            if let Some(uri) = job.and_then(|job| LogRecord::location(&job, ctx.config.record_runs)) {
+                ctx.logs.write(&job_id, &uri, &ctx.config.store_options, ctx.id).await;
+            }
         }
         Ok(Response::new(PushLogsResponse {}))
     }

@@ -4,7 +4,7 @@
 use crate::common::*;
 use crate::sim::{self, SimOptions};
 use client::JobState;
-use controller::{Controller, ControllerConfig, TpuSlice, WorkerTemplate};
+use controller::{Controller, ControllerConfig, Policy, Resources, TpuSlice, WorkerTemplate};
 use coordinator::kubernetes::Plane;
 use k8s_openapi::api::core::v1::Secret;
 use kube_mock::MockApi;
@@ -21,6 +21,37 @@ fn live_pods(api: &MockApi) -> Vec<String> {
         .collect()
 }
 
+/// The chart's workers Service, which owns every job object.
+fn install(api: &MockApi) {
+    api.put(
+        "services",
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": { "name": "podctl-workers", "namespace": NS },
+            "spec": { "clusterIP": "None" }
+        }),
+    );
+}
+
+/// One-chip slices, so the test spec's mesh (ici 1x1) fits.
+fn template(coordinator: &str) -> WorkerTemplate {
+    let slice = TpuSlice::new("tpu-v6e-slice", "1x1", None).unwrap();
+    WorkerTemplate {
+        namespace: NS.into(),
+        instance: "podctl".into(),
+        image: "ghcr.io/podctl/podctl-worker:0.1.0".into(),
+        coordinator: coordinator.into(),
+        resources: Resources::for_slice(&slice).unwrap(),
+        slice,
+        spot: true,
+        grace_period_seconds: 30,
+        host_network: false,
+        service_account: None,
+        subdomain: "podctl-workers".into(),
+        tls_secret: None,
+    }
+}
+
 fn opts() -> SimOptions {
     SimOptions {
         step_time: Duration::from_millis(30),
@@ -35,22 +66,11 @@ async fn a_deleted_pod_is_a_preemption_and_its_slice_is_replaced() {
     let dir = tempfile::tempdir().unwrap();
     let (node, addr) = embedded(dir.path(), None, false).await;
     let api = MockApi::start().await;
-    // One-chip slices, so the test spec's mesh (ici 1x1) fits.
+    install(&api);
     let config = ControllerConfig {
-        template: WorkerTemplate {
-            namespace: NS.into(),
-            instance: "podctl".into(),
-            image: "ghcr.io/podctl/podctl-worker:0.1.0".into(),
-            coordinator: addr.clone(),
-            slice: TpuSlice::new("tpu-v6e-slice", "1x1", None).unwrap(),
-            spot: true,
-            grace_period_seconds: 30,
-            host_network: true,
-            service_account: None,
-            subdomain: "podctl-workers".into(),
-            tls_secret: None,
-        },
+        template: template(&addr),
         resync: Duration::from_millis(200),
+        policy: Policy::default(),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let controller = Controller::new(api.client(NS), config, Arc::new(Plane(node.ctx())));
@@ -213,25 +233,18 @@ async fn a_declared_job_is_submitted_once_and_its_deletion_stops_it() {
     let dir = tempfile::tempdir().unwrap();
     let (node, addr) = embedded(dir.path(), None, false).await;
     let api = MockApi::start().await;
-    let template = WorkerTemplate {
-        namespace: NS.into(),
-        instance: "podctl".into(),
-        image: "ghcr.io/podctl/podctl-worker:0.1.0".into(),
-        coordinator: addr.clone(),
-        slice: TpuSlice::new("tpu-v6e-slice", "1x1", None).unwrap(),
-        spot: false,
-        grace_period_seconds: 30,
-        host_network: true,
-        service_account: None,
-        subdomain: "podctl-workers".into(),
-        tls_secret: None,
-    };
+    install(&api);
+    let template = template(&addr);
     // Two controllers acting at once (a leader and one that still believes it leads) see the
     // same declaration: the state machine keeps one job per declaration.
     let mut controllers = Vec::new();
     let (stop, _) = tokio::sync::watch::channel(false);
     for _ in 0..2 {
-        let config = ControllerConfig { template: template.clone(), resync: Duration::from_millis(100) };
+        let config = ControllerConfig {
+            template: template.clone(),
+            resync: Duration::from_millis(100),
+            policy: Policy::default(),
+        };
         let controller = Controller::new(api.client(NS), config, Arc::new(Plane(node.ctx())));
         let mut stopped = stop.subscribe();
         controllers.push(tokio::spawn(controller.run(async move {
@@ -273,5 +286,37 @@ async fn a_declared_job_is_submitted_once_and_its_deletion_stops_it() {
     for controller in controllers {
         controller.await.unwrap();
     }
+    node.stop().await.unwrap();
+}
+
+/// The acceptance of issue 29: a submission that needs one slice across several hosts is
+/// refused, with what works instead: on an install whose slices span hosts (every job), and a
+/// spec that asks for such a slice by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_needs_one_slice_across_hosts_is_refused_at_submission() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = local_config(&dir.path().join("raft"), None);
+    let mut multi_host = template("unused:1");
+    multi_host.slice = TpuSlice::new("tpu-v6e-slice", "4x4", None).unwrap();
+    config.kubernetes = Some(multi_host);
+    let node = coordinator::Embedded::start(config).await.unwrap();
+    let admin = client(vec![node.addr().to_string()], ADMIN, None);
+    let e = admin.submit(&submit_request(spec("wide", 2, 10, None, dir.path()))).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    let message = e.to_string();
+    assert!(
+        message.contains("span 4 hosts")
+            && message.contains("training one slice across several hosts is not built yet")
+            && message.contains("what works is several single-host slices over DCN"),
+        "{message}"
+    );
+    assert!(admin.list_jobs().await.unwrap().is_empty());
+
+    let by_name = spec("named", 2, 10, None, dir.path()) + "runtime: { accelerator: v6e-16 }\n";
+    let e = admin.submit(&submit_request(by_name)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    let message = e.to_string();
+    assert!(message.contains("v6e-16 is one slice of 16 chips across several hosts"), "{message}");
+    assert!(message.contains("runtime.accelerator: v6e-8 and mesh.dcn: 2"), "{message}");
     node.stop().await.unwrap();
 }

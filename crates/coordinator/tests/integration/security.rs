@@ -159,3 +159,54 @@ async fn a_report_from_an_older_generation_is_refused() {
     assert!(stop.reason.contains("removed"), "{}", stop.reason);
     node.stop().await.unwrap();
 }
+
+/// The acceptance of issue 29: over mutual TLS with one CA, a worker's certificate is refused by
+/// the Raft service and accepted by the worker services; a coordinator peer's is accepted by
+/// both.
+#[tokio::test]
+async fn only_the_peer_certificate_speaks_raft() {
+    use proto::v1::RaftPayload;
+    use proto::v1::raft_client::RaftClient;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (_, files) = tls_dir(dir.path());
+    let (node, addr) = embedded(dir.path(), Some(files.clone()), false).await;
+    let worker_tls = coordinator::tls::client_tls(&files).unwrap();
+    let peer_tls = coordinator::tls::peer_tls(&files).unwrap();
+    let admin = client(vec![addr.clone()], ADMIN, Some(ClientTls::read(&files.ca, None).unwrap()));
+    let job = admin.submit(&submit_request(spec("tls", 1, 5, None, dir.path()))).await.unwrap();
+
+    let raft = |tls: ClientTls| {
+        let addr = addr.clone();
+        async move {
+            let endpoint = client::tls::endpoint(&addr, Some(&tls), Duration::from_secs(5)).unwrap();
+            let mut raft = RaftClient::new(endpoint.connect().await.unwrap());
+            // Not a Raft message: a service that admits the caller answers that it cannot read
+            // it, one that does not refuses the caller first.
+            raft.vote(RaftPayload { data: b"{}".to_vec() }).await.unwrap_err()
+        }
+    };
+    let refused = raft(worker_tls.clone()).await;
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused}");
+    assert!(
+        refused
+            .message()
+            .contains("admits only the coordinators' peer certificate (common name podctl-peer)")
+            && refused.message().contains("\"podctl-worker\""),
+        "{refused}"
+    );
+    let admitted = raft(peer_tls.clone()).await;
+    assert_eq!(admitted.code(), Code::InvalidArgument, "{admitted}");
+    assert!(admitted.message().contains("not a Raft Vote message"), "{admitted}");
+    // No client certificate at all: refused as before.
+    let anonymous = raft(ClientTls::read(&files.ca, None).unwrap()).await;
+    assert_eq!(anonymous.code(), Code::Unauthenticated, "{anonymous}");
+
+    // The worker services take either certificate, with the job's token.
+    for (who, tls) in [("worker", worker_tls), ("peer", peer_tls)] {
+        let worker = client(vec![addr.clone()], &job.job_token, Some(tls));
+        let registered = worker.register(register(&job.job_id, who)).await;
+        assert!(registered.is_ok(), "the {who} certificate: {registered:?}");
+    }
+    node.stop().await.unwrap();
+}

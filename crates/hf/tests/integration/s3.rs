@@ -20,7 +20,7 @@ impl Drop for Moto {
 fn moto() -> Moto {
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let binary = root().join(".venv/bin/moto_server");
-    assert!(binary.exists(), "{} is missing: run scripts/setup.sh", binary.display());
+    assert!(binary.exists(), "{} is missing: run scripts/setup.sh --test", binary.display());
     let child = Command::new(binary)
         .args(["-H", "127.0.0.1", "-p", &port.to_string()])
         .stdout(Stdio::null())

@@ -19,13 +19,13 @@ fn plugin_path(env: &str, default: &str) -> PathBuf {
 pub fn cpu_plugin_path() -> PathBuf {
     plugin_path(
         "PODCTL_PJRT_PLUGIN",
-        ".venv/lib/python3.11/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so",
+        ".venv/lib/python3/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so",
     )
 }
 
 /// libtpu from the venv, or `PODCTL_LIBTPU`.
 pub fn libtpu_path() -> PathBuf {
-    plugin_path("PODCTL_LIBTPU", ".venv/lib/python3.11/site-packages/libtpu/libtpu.so")
+    plugin_path("PODCTL_LIBTPU", ".venv/lib/python3/site-packages/libtpu/libtpu.so")
 }
 
 pub fn cpu_plugin() -> &'static Plugin {

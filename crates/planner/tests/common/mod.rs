@@ -14,7 +14,7 @@ pub fn root() -> PathBuf {
 }
 
 fn site_packages() -> PathBuf {
-    root().join(".venv/lib/python3.11/site-packages")
+    root().join(".venv/lib/python3/site-packages")
 }
 
 /// The CPU PJRT plugin the project's setup installs.

@@ -1,11 +1,118 @@
 //! The worker's decisions as pure functions of what it knows, tested here; the session and the
 //! trainer side only carry them out (as the coordinator's `decide.rs` does for the leader).
 
-use super::{AgentExit, Control, Leave};
-use crate::WorkerError;
+use super::{AgentExit, AssignmentError, Control, Leave};
+use crate::{Part, WorkerError};
 use collective::GroupSpec;
-use proto::v1::{Assignment, Peer, StepAck, StepReport, directive, resume};
-use std::net::SocketAddr;
+use proto::v1::{Assignment, FailureKind, Peer, StepAck, StepReport, directive, resume};
+use std::net::{AddrParseError, SocketAddr};
+
+/// An assignment this worker cannot carry out as given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unassignable {
+    /// Told to keep a state it does not hold.
+    #[error(
+        "told to keep the state at step {start_step}, but this worker holds {}",
+        held.map_or("no state".to_string(), |s| format!("step {s}"))
+    )]
+    KeepWithout {
+        /// The generation's start.
+        start_step: u64,
+        /// The steps of the state it holds, if any.
+        held: Option<u64>,
+    },
+    /// The resumed state is not at the generation's start.
+    #[error("the state is at step {held} but the generation starts at step {start_step}")]
+    WrongStart {
+        /// The generation's start.
+        start_step: u64,
+        /// The steps of the state it holds.
+        held: u64,
+    },
+    /// A member's data address does not parse.
+    #[error("peer {worker_id} data address {addr:?}: {source}")]
+    PeerAddress {
+        /// The member.
+        worker_id: String,
+        /// Its address as sent.
+        addr: String,
+        /// Why it does not parse.
+        source: AddrParseError,
+    },
+    /// A member is placed on a rank the job does not have.
+    #[error("rank {rank} is beyond the data-parallel size {dp_size}")]
+    RankBeyond {
+        /// The rank.
+        rank: u32,
+        /// The job's data-parallel size.
+        dp_size: u32,
+    },
+    /// A rank nobody computes.
+    #[error("the assignment places no member on rank {rank}")]
+    RankUnplaced {
+        /// The rank.
+        rank: usize,
+    },
+    /// This worker is not a member of the generation it was assigned.
+    #[error("the assignment does not list this worker ({worker_id})")]
+    NotListed {
+        /// This worker.
+        worker_id: String,
+    },
+    /// The save ids a newer coordinator sends are missing.
+    #[error("the assignment names no save id: the coordinator is older than this worker; upgrade it")]
+    NoSaveId,
+    /// The bundle id cannot name a directory.
+    #[error("the job's bundle id {id:?} is not a name")]
+    BundleId {
+        /// The id as sent.
+        id: String,
+    },
+}
+
+/// What the leader is told when this worker cannot go on in its generation: what kind of
+/// failure, whom it suspects, and the checkpoint that failed its integrity check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Failure {
+    pub(super) kind: FailureKind,
+    pub(super) suspect_worker_id: String,
+    pub(super) corrupt_checkpoint: String,
+}
+
+impl Failure {
+    fn of(kind: FailureKind) -> Self {
+        Failure { kind, suspect_worker_id: String::new(), corrupt_checkpoint: String::new() }
+    }
+}
+
+/// What kind of failure a worker error is, for the leader: a checkpoint whose bytes are bad
+/// (passed over), the job's own inputs, which no member can run (the bundle, the spec, the
+/// model, a step with nothing to learn from), or this worker's own.
+fn kind_of(error: &WorkerError) -> Failure {
+    if let Some(uri) = error.corrupt_checkpoint() {
+        return Failure { corrupt_checkpoint: uri.to_string(), ..Failure::of(FailureKind::Checkpoint) };
+    }
+    match error {
+        WorkerError::Incompatible { part: Part::Bundle | Part::Job | Part::Model, .. }
+        | WorkerError::NothingToLearn { .. }
+        | WorkerError::Bundle(_) => Failure::of(FailureKind::Job),
+        _ => Failure::of(FailureKind::Own),
+    }
+}
+
+/// What the leader is told of an assignment that failed.
+pub(super) fn assignment_failure(error: &AssignmentError) -> Failure {
+    match error {
+        AssignmentError::Worker { source, .. } => kind_of(source),
+        AssignmentError::WrongBundle { .. } => Failure::of(FailureKind::Job),
+        AssignmentError::Spec(_)
+        | AssignmentError::Unassignable(_)
+        | AssignmentError::FetchBundle { .. }
+        | AssignmentError::PeerLookup { .. }
+        | AssignmentError::Peer(_)
+        | AssignmentError::Ring(_) => Failure::of(FailureKind::Own),
+    }
+}
 
 /// What the session does with a directive from the leader.
 #[derive(Debug, PartialEq)]
@@ -86,7 +193,7 @@ pub(super) fn resume_plan(
     start_step: u64,
     holds_state: bool,
     steps_done: u64,
-) -> Result<ResumePlan, String> {
+) -> Result<ResumePlan, Unassignable> {
     Ok(match source {
         None | Some(resume::Source::Fresh(_)) => ResumePlan::Fresh,
         // The state after no step is the initial one.
@@ -95,13 +202,7 @@ pub(super) fn resume_plan(
         }
         Some(resume::Source::Keep(_)) if holds_state && steps_done == start_step => ResumePlan::KeepAndOffer,
         Some(resume::Source::Keep(_)) => {
-            return Err(format!(
-                "told to keep the state at step {start_step}, but this worker holds {}",
-                match holds_state {
-                    true => format!("step {steps_done}"),
-                    false => "no state".to_string(),
-                }
-            ));
+            return Err(Unassignable::KeepWithout { start_step, held: holds_state.then_some(steps_done) });
         }
         Some(resume::Source::Peer(p)) => ResumePlan::Peer { worker_id: p.worker_id.clone(), step: p.step },
         Some(resume::Source::Checkpoint(c)) => ResumePlan::Checkpoint { uri: c.uri.clone(), step: c.step },
@@ -118,24 +219,18 @@ pub(super) fn resume_name(a: &Assignment) -> &'static str {
     }
 }
 
-/// Whether a restore failed because the checkpoint itself is bad (a chunk whose CRC does not
-/// match, a manifest that does not check out), which the leader is told so that it passes over
-/// the checkpoint, rather than because of this worker or its devices.
-pub(super) fn fails_integrity(error: &WorkerError) -> bool {
-    use checkpoint::CheckpointError::{BadManifest, Corrupt};
-    matches!(error, WorkerError::Checkpoint(Corrupt { .. } | BadManifest { .. }))
-}
-
-/// Whom to name when a step failed with `error` in a generation of `peers`: the member the
-/// ring lost or that broke the protocol; nobody (`Some("")`) for a failure of this worker's
-/// own; `None` when a peer aborted or relayed a failure (whoever saw it first reports it).
-pub(super) fn suspect(error: &WorkerError, peers: &[Peer]) -> Option<String> {
+/// What the leader is told when a step failed with `error` in a generation of `peers`: the
+/// member the ring lost or that broke the protocol; the job's inputs or this worker's own
+/// failure; `None` when a peer aborted or relayed a failure (whoever saw it first reports it).
+pub(super) fn step_failure(error: &WorkerError, peers: &[Peer]) -> Option<Failure> {
     match error {
         WorkerError::Collective(
             collective::Error::PeerLost { member, .. } | collective::Error::Protocol { member, .. },
-        ) => peers.get(*member).map(|p| p.worker_id.clone()),
+        ) => peers
+            .get(*member)
+            .map(|p| Failure { suspect_worker_id: p.worker_id.clone(), ..Failure::of(FailureKind::Peer) }),
         WorkerError::Collective(_) => None,
-        _ => Some(String::new()),
+        own => Some(kind_of(own)),
     }
 }
 
@@ -174,14 +269,16 @@ pub(super) fn report_settled(report: &StepReport, ack: &StepAck) -> bool {
 }
 
 /// The ring of the generation: members in the assignment's order, ranks where it put them.
-pub(super) fn group_spec(a: &Assignment, worker_id: &str) -> Result<GroupSpec, String> {
+pub(super) fn group_spec(a: &Assignment, worker_id: &str) -> Result<GroupSpec, Unassignable> {
     let members = a
         .peers
         .iter()
         .map(|p| {
-            p.data_addr
-                .parse::<SocketAddr>()
-                .map_err(|e| format!("peer {} data address {:?}: {e}", p.worker_id, p.data_addr))
+            p.data_addr.parse::<SocketAddr>().map_err(|source| Unassignable::PeerAddress {
+                worker_id: p.worker_id.clone(),
+                addr: p.data_addr.clone(),
+                source,
+            })
         })
         .collect::<Result<Vec<_>, _>>()?;
     let mut placement = vec![usize::MAX; a.dp_size as usize];
@@ -189,18 +286,18 @@ pub(super) fn group_spec(a: &Assignment, worker_id: &str) -> Result<GroupSpec, S
         for &rank in &p.virtual_ranks {
             let slot = placement
                 .get_mut(rank as usize)
-                .ok_or_else(|| format!("rank {rank} is beyond the data-parallel size {}", a.dp_size))?;
+                .ok_or(Unassignable::RankBeyond { rank, dp_size: a.dp_size })?;
             *slot = member;
         }
     }
     if let Some(rank) = placement.iter().position(|&m| m == usize::MAX) {
-        return Err(format!("the assignment places no member on rank {rank}"));
+        return Err(Unassignable::RankUnplaced { rank });
     }
     let me = a
         .peers
         .iter()
         .position(|p| p.worker_id == worker_id)
-        .ok_or_else(|| format!("the assignment does not list this worker ({worker_id})"))?;
+        .ok_or_else(|| Unassignable::NotListed { worker_id: worker_id.to_string() })?;
     Ok(GroupSpec { job: a.job_id.clone(), generation: a.generation, members, placement, me })
 }
 
@@ -209,7 +306,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_a_bad_checkpoint_fails_integrity() {
+    fn a_failed_assignment_tells_the_leader_what_kind_of_failure_it_is() {
         let corrupt = checkpoint::CheckpointError::Corrupt {
             key: "c/000000000010-s/host-0.shards".into(),
             chunk: 1,
@@ -217,8 +314,25 @@ mod tests {
             expected: 1,
             actual: 2,
         };
-        assert!(fails_integrity(&WorkerError::Checkpoint(corrupt)));
-        assert!(!fails_integrity(&WorkerError::Mismatch("a bundle of another model".into())));
+        let uri = "file:///c/000000000010-s";
+        let worker = |source| AssignmentError::Worker { doing: "resuming", source };
+        let restore = worker(WorkerError::restore(uri)(corrupt.into()));
+        assert_eq!(
+            assignment_failure(&restore),
+            Failure { corrupt_checkpoint: uri.into(), ..Failure::of(FailureKind::Checkpoint) }
+        );
+        let other_model = worker(WorkerError::incompatible(Part::Checkpoint, "another model"));
+        assert_eq!(
+            assignment_failure(&other_model),
+            Failure::of(FailureKind::Own),
+            "the checkpoint is sound"
+        );
+        let sft_bundle = worker(WorkerError::incompatible(Part::Bundle, "an SFT bundle for a GRPO job"));
+        assert_eq!(assignment_failure(&sft_bundle), Failure::of(FailureKind::Job), "no member can run it");
+        let plugin = worker(WorkerError::incompatible(Part::Plugin, "a TPU bundle on the CPU plugin"));
+        assert_eq!(assignment_failure(&plugin), Failure::of(FailureKind::Own), "another host may have it");
+        let unlisted = AssignmentError::Unassignable(Unassignable::NotListed { worker_id: "w".into() });
+        assert_eq!(assignment_failure(&unlisted), Failure::of(FailureKind::Own));
     }
     use proto::v1::{FromPeer, Keep, Quiesce, Resume, StopWork};
 
@@ -272,9 +386,11 @@ mod tests {
         assert_eq!(resume_plan(Some(&keep), 0, false, 0), Ok(ResumePlan::FreshAndOffer));
         assert_eq!(resume_plan(Some(&keep), 7, true, 7), Ok(ResumePlan::KeepAndOffer));
         let wrong = resume_plan(Some(&keep), 7, true, 6).unwrap_err();
-        assert!(wrong.contains("keep the state at step 7") && wrong.contains("holds step 6"), "{wrong}");
+        assert_eq!(wrong, Unassignable::KeepWithout { start_step: 7, held: Some(6) });
+        assert!(wrong.to_string().ends_with("keep the state at step 7, but this worker holds step 6"));
         let none = resume_plan(Some(&keep), 7, false, 7).unwrap_err();
-        assert!(none.contains("holds no state"), "{none}");
+        assert_eq!(none, Unassignable::KeepWithout { start_step: 7, held: None });
+        assert!(none.to_string().ends_with("holds no state"), "{none}");
         let from_peer =
             resume::Source::Peer(FromPeer { worker_id: "w2".into(), step: 9, ..Default::default() });
         assert_eq!(
@@ -296,15 +412,29 @@ mod tests {
             addr,
             detail: "reset".into(),
         });
-        assert_eq!(suspect(&lost, &peers), Some("w1".into()));
+        let named = Failure { suspect_worker_id: "w1".into(), ..Failure::of(FailureKind::Peer) };
+        assert_eq!(step_failure(&lost, &peers), Some(named));
         let aborted = WorkerError::Collective(collective::Error::PeerAborted {
             rank: 0,
             member: 0,
             detail: "x".into(),
         });
-        assert_eq!(suspect(&aborted, &peers), None, "whoever saw the failure first reports it");
-        let own = WorkerError::Mismatch("bad batch".into());
-        assert_eq!(suspect(&own, &peers), Some(String::new()));
+        assert_eq!(step_failure(&aborted, &peers), None, "whoever saw the failure first reports it");
+        let own = WorkerError::Pjrt {
+            context: "executing grad_step".into(),
+            source: pjrt::Error::Pjrt {
+                function: "PJRT_LoadedExecutable_Execute",
+                code: pjrt::ErrorCode::ResourceExhausted,
+                message: "out of memory".into(),
+            },
+        };
+        assert_eq!(step_failure(&own, &peers), Some(Failure::of(FailureKind::Own)));
+        let empty = WorkerError::NothingToLearn { step: 3, what: "target tokens", fix: "check the data" };
+        assert_eq!(
+            step_failure(&empty, &peers),
+            Some(Failure::of(FailureKind::Job)),
+            "every member fails it"
+        );
     }
 
     #[test]
@@ -342,10 +472,10 @@ mod tests {
         };
         let spec = group_spec(&a, "w1").unwrap();
         assert_eq!((spec.placement, spec.me, spec.generation), (vec![0, 1, 1, 0], 1, 6));
-        assert!(group_spec(&a, "w9").unwrap_err().contains("does not list this worker"));
+        assert_eq!(group_spec(&a, "w9").unwrap_err(), Unassignable::NotListed { worker_id: "w9".into() });
         let gap = Assignment { dp_size: 3, ..a.clone() };
-        assert!(group_spec(&gap, "w0").unwrap_err().contains("beyond the data-parallel size"));
+        assert_eq!(group_spec(&gap, "w0").unwrap_err(), Unassignable::RankBeyond { rank: 3, dp_size: 3 });
         let hole = Assignment { dp_size: 5, ..a };
-        assert!(group_spec(&hole, "w0").unwrap_err().contains("places no member on rank 4"));
+        assert_eq!(group_spec(&hole, "w0").unwrap_err(), Unassignable::RankUnplaced { rank: 4 });
     }
 }

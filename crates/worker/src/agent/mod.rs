@@ -37,6 +37,8 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, watch};
 use trainer_side::TrainerSide;
 
+pub use decide::Unassignable;
+
 /// How a worker process runs.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -91,9 +93,93 @@ pub enum AgentError {
     /// The collective data plane could not start.
     #[error("data plane: {0}")]
     Collective(#[from] collective::Error),
-    /// The job's bundle could not be loaded or compiled.
+    /// The job's bundle could not be fetched, loaded or compiled before registering.
+    #[error("the job's bundle: {0}")]
+    Bundle(#[from] AssignmentError),
+}
+
+impl fault::Classify for AgentError {
+    fn fault(&self) -> fault::Fault {
+        match self {
+            AgentError::Coordinator(e) => e.fault(),
+            AgentError::Io { .. } => fault::Fault::Failed,
+            AgentError::Collective(e) => e.fault(),
+            AgentError::Bundle(e) => e.fault(),
+        }
+    }
+}
+
+/// A failure inside an assignment, as the leader and the logs see it.
+#[derive(Debug, thiserror::Error)]
+pub enum AssignmentError {
+    /// The assigned job spec does not parse here (a coordinator of another version).
+    #[error("the assigned job spec: {0}")]
+    Spec(#[from] job::JobError),
+    /// The assignment cannot be carried out as given.
     #[error("{0}")]
-    Bundle(String),
+    Unassignable(#[from] decide::Unassignable),
+    /// The job's bundle could not be copied from object storage.
+    #[error("fetching the job's bundle from {uri}: {source}")]
+    FetchBundle {
+        /// Where it is.
+        uri: String,
+        /// Why.
+        source: checkpoint::CheckpointError,
+    },
+    /// The bundle found is not the one the job was submitted with.
+    #[error("the bundle at {uri} is {found}, but the job was submitted with {submitted}; resubmit the job")]
+    WrongBundle {
+        /// Where it is.
+        uri: String,
+        /// Its identity.
+        found: String,
+        /// The identity the job names.
+        submitted: String,
+    },
+    /// A peer's state server could not be found through the coordinator.
+    #[error("finding peer {worker_id}'s state server: {source}")]
+    PeerLookup {
+        /// The peer.
+        worker_id: String,
+        /// The coordinator's answer.
+        source: ClientError,
+    },
+    /// Catching up from a live peer failed.
+    #[error(transparent)]
+    Peer(#[from] peer::PeerError),
+    /// The all-reduce ring of the generation could not be formed.
+    #[error("forming the all-reduce ring: {0}")]
+    Ring(collective::Error),
+    /// What the worker was doing failed.
+    #[error("{doing}: {source}")]
+    Worker {
+        /// What it was doing.
+        doing: &'static str,
+        /// Why it failed.
+        source: crate::WorkerError,
+    },
+}
+
+impl AssignmentError {
+    /// What the worker was doing when `source` failed.
+    pub(crate) fn doing(doing: &'static str) -> impl FnOnce(crate::WorkerError) -> AssignmentError {
+        move |source| AssignmentError::Worker { doing, source }
+    }
+}
+
+impl fault::Classify for AssignmentError {
+    fn fault(&self) -> fault::Fault {
+        use fault::Fault;
+        match self {
+            AssignmentError::Spec(_) | AssignmentError::Unassignable(_) => Fault::Failed,
+            AssignmentError::FetchBundle { source, .. } => source.fault(),
+            AssignmentError::WrongBundle { .. } => Fault::Input,
+            AssignmentError::PeerLookup { source, .. } => source.fault(),
+            AssignmentError::Peer(e) => e.fault(),
+            AssignmentError::Ring(e) => e.fault(),
+            AssignmentError::Worker { source, .. } => source.fault(),
+        }
+    }
 }
 
 /// Where the trainer is; every heartbeat carries it.
@@ -223,7 +309,7 @@ pub fn run(
         metrics,
         shutdown_rx,
     );
-    trainer.prepare(&job.bundle_uri, &job.bundle_id).map_err(|e| AgentError::Bundle(e.to_string()))?;
+    trainer.prepare(&job.bundle_uri, &job.bundle_id)?;
     let mut fruitless = 0;
     let exit = loop {
         let registration = trainer.register(&runtime)?;

@@ -143,7 +143,7 @@ impl Commit for CoordinatorCommit {
         let encoded =
             serde_json::to_vec(&saved.report).and_then(|r| Ok((r, serde_json::to_vec(&saved.spec)?)));
         let (host_report_json, save_spec_json) = encoded
-            .map_err(|e| WorkerError::Mismatch(format!("a checkpoint report could not be encoded: {e}")))?;
+            .map_err(|e| WorkerError::broken(format!("a checkpoint report could not be encoded: {e}")))?;
         let step = saved.spec.step;
         let report = CheckpointReport {
             job_id: self.line.job_id.clone(),

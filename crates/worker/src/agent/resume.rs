@@ -1,8 +1,9 @@
 //! Bringing the state to an assignment's start step: afresh, kept, from a live peer, or from a
 //! committed checkpoint, as `decide::resume_plan` says.
 
-use super::decide::{self, ResumePlan};
-use super::trainer_side::{AssignmentError, TrainerSide, state_key};
+use super::AssignmentError;
+use super::decide::{self, ResumePlan, Unassignable};
+use super::trainer_side::{TrainerSide, state_key};
 use crate::ckpt;
 use crate::peer;
 use crate::start;
@@ -42,8 +43,7 @@ impl TrainerSide {
     /// Brings the state to the assignment's start step.
     pub(super) fn resume(&mut self, a: &Assignment, spec: &JobSpec) -> Result<(), AssignmentError> {
         let source = a.resume.as_ref().and_then(|r| r.source.as_ref());
-        let plan = decide::resume_plan(source, a.start_step, self.holds_state, self.steps_done)
-            .map_err(AssignmentError)?;
+        let plan = decide::resume_plan(source, a.start_step, self.holds_state, self.steps_done)?;
         match plan {
             ResumePlan::Fresh => {
                 self.fresh(spec)?;
@@ -57,10 +57,7 @@ impl TrainerSide {
             ResumePlan::Checkpoint { uri, step } => self.restore_checkpoint(&uri, step)?,
         }
         if self.steps_done != a.start_step {
-            return Err(AssignmentError(format!(
-                "the state is at step {} but the generation starts at step {}",
-                self.steps_done, a.start_step
-            )));
+            return Err(Unassignable::WrongStart { start_step: a.start_step, held: self.steps_done }.into());
         }
         Ok(())
     }
@@ -70,7 +67,7 @@ impl TrainerSide {
         let loaded = self.loaded.as_mut().expect("loaded before resume");
         self.holds_state = false;
         let from = start::fresh(&mut loaded.trainer, spec, &self.runtime)
-            .map_err(|e| AssignmentError(format!("starting the policy: {e}")))?;
+            .map_err(AssignmentError::doing("starting the policy"))?;
         self.holds_state = true;
         self.steps_done = 0;
         if let Some(from) = from {
@@ -90,18 +87,21 @@ impl TrainerSide {
         let loaded = self.loaded.as_ref().expect("loaded before resume");
         let trainer = &loaded.trainer;
         let layout = peer::Layout::new(trainer.state_specs(), trainer.slice().mesh());
-        let arrays = trainer.state_arrays().map_err(|e| AssignmentError(e.to_string()))?;
+        let arrays = trainer.state_arrays().map_err(AssignmentError::doing("reading the state to serve"))?;
         let sources: Vec<&pjrt::Buffer> = layout
             .pieces
             .iter()
             .map(|p| arrays.get(p.array).and_then(|array| array.shard(p.device)))
             .collect::<Option<_>>()
-            .ok_or_else(|| AssignmentError("the state on the devices does not match its layout".into()))?;
+            .ok_or_else(|| {
+                AssignmentError::doing("serving the state")(crate::WorkerError::broken(
+                    "the state on the devices does not match its layout",
+                ))
+            })?;
         let window = self.state_server.open(&a.job_id, self.steps_done, &layout, &a.serve_to);
         let shared = self.shared.clone();
         let interrupted = || shared.interrupted(a.generation);
-        let served = peer::serve(&window, &layout, &sources, &a.serve_to, PEER_STATE_WAIT, &interrupted)
-            .map_err(|e| AssignmentError(e.to_string()))?;
+        let served = peer::serve(&window, &layout, &sources, &a.serve_to, PEER_STATE_WAIT, &interrupted)?;
         for (worker, bytes, seconds) in served.pulls {
             self.log(
                 "info",
@@ -128,10 +128,13 @@ impl TrainerSide {
         let addr = self
             .runtime
             .block_on(self.client.kv_get(&a.job_id, &state_key(worker_id), PEER_LOOKUP_WAIT))
-            .map_err(|e| AssignmentError(format!("finding peer {worker_id}'s state server: {e}")))?;
-        let addr: SocketAddr = String::from_utf8_lossy(&addr)
-            .parse()
-            .map_err(|e| AssignmentError(format!("peer {worker_id}'s state address: {e}")))?;
+            .map_err(|source| AssignmentError::PeerLookup { worker_id: worker_id.to_string(), source })?;
+        let addr = String::from_utf8_lossy(&addr).into_owned();
+        let addr: SocketAddr = addr.parse().map_err(|source| Unassignable::PeerAddress {
+            worker_id: worker_id.to_string(),
+            addr: addr.clone(),
+            source,
+        })?;
         let loaded = self.loaded.as_mut().expect("loaded before resume");
         let cancel = peer::Cancel::default();
         *self.shared.fetch.lock().unwrap_or_else(|e| e.into_inner()) = Some(cancel.clone());
@@ -145,9 +148,8 @@ impl TrainerSide {
         self.holds_state = false;
         let trainer = &mut loaded.trainer;
         let (arrays, pulled) =
-            peer::pull(addr, &request, trainer.slice(), trainer.state_specs(), PEER_STATE_WAIT, &cancel)
-                .map_err(|e| AssignmentError(e.to_string()))?;
-        trainer.set_state(arrays).map_err(|e| AssignmentError(e.to_string()))?;
+            peer::pull(addr, &request, trainer.slice(), trainer.state_specs(), PEER_STATE_WAIT, &cancel)?;
+        trainer.set_state(arrays).map_err(AssignmentError::doing("placing the peer's state"))?;
         let peak = memory::peak();
         self.holds_state = true;
         self.steps_done = step;
@@ -180,12 +182,7 @@ impl TrainerSide {
         let restored = self
             .runtime
             .block_on(ckpt::restore(&mut loaded.trainer, uri, step, &StoreOptions::default()))
-            .map_err(|e| {
-                if decide::fails_integrity(&e) {
-                    self.corrupt_checkpoint = Some(uri.to_string());
-                }
-                AssignmentError(format!("restoring checkpoint {uri}: {e}"))
-            })?;
+            .map_err(AssignmentError::doing("resuming"))?;
         self.holds_state = true;
         self.steps_done = restored.step;
         self.metrics.restores_total.add(1.0);

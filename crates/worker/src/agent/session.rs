@@ -256,21 +256,41 @@ async fn shut_down(shutdown: &mut watch::Receiver<bool>) -> bool {
     shutdown.wait_for(|&down| down).await.is_ok()
 }
 
-/// Sends log lines in batches, at most every half second, until every sender is dropped.
+/// How long a batch of log lines is offered again while the leader cannot take it (an election,
+/// a restart) before it is dropped; lines queue meanwhile, up to [`LOG_QUEUE`].
+const LOG_RETRY_FOR: Duration = Duration::from_secs(60);
+
+/// Sends log lines in batches, at most every half second, until every sender is dropped. Lines
+/// are numbered in order (`seq`, from 1), and a batch the leader did not take is offered again:
+/// the leader keeps a line it already has only once, so none is lost or doubled across a
+/// leader change.
 pub(super) async fn forward_logs(client: Client, mut lines: mpsc::Receiver<LogLine>) {
     let mut batch = Vec::new();
+    let mut seq = 0;
+    let mut number = |mut line: LogLine| {
+        seq += 1;
+        line.seq = seq;
+        line
+    };
     while let Some(line) = lines.recv().await {
-        batch.push(line);
+        batch.push(number(line));
         let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
         while batch.len() < 256 {
             match tokio::time::timeout_at(deadline, lines.recv()).await {
-                Ok(Some(line)) => batch.push(line),
+                Ok(Some(line)) => batch.push(number(line)),
                 _ => break,
             }
         }
-        if let Err(e) = client.push_logs(std::mem::take(&mut batch)).await {
-            tracing::debug!("log lines to the coordinator: {e}");
+        let given_up = tokio::time::Instant::now() + LOG_RETRY_FOR;
+        while let Err(e) = client.push_logs(batch.clone()).await {
+            if tokio::time::Instant::now() >= given_up {
+                tracing::warn!("dropping {} log lines the coordinator did not take: {e}", batch.len());
+                break;
+            }
+            tracing::debug!("log lines to the coordinator: {e}; offering them again");
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
+        batch.clear();
     }
 }
 

@@ -2,10 +2,11 @@
 //! compiles the job's bundle, registers, and runs each generation's assignment through the
 //! training driver.
 
-use super::decide::{self, Next};
+use super::decide::{self, Failure, Next, Unassignable};
 use super::report::{AgentSink, CoordinatorCommit, GenerationControl};
 use super::session::SessionSide;
-use super::{AgentConfig, AgentError, AgentExit, Control, Leave, Shared, Status};
+use super::{AgentConfig, AgentError, AgentExit, AssignmentError, Control, Leave, Shared, Status};
+use crate::WorkerError;
 use crate::ckpt::{Checkpoints, SaveLayout};
 use crate::compile_cache::CompileCache;
 use crate::driver::{self, Ended, Plan};
@@ -47,16 +48,6 @@ pub(super) struct Loaded {
     pub(super) trainer: Trainer,
 }
 
-/// A failure inside an assignment, as the leader and the logs see it.
-#[derive(Debug)]
-pub(super) struct AssignmentError(pub(super) String);
-
-impl std::fmt::Display for AssignmentError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 /// How an assignment ended.
 enum AssignmentEnd {
     /// Every step of the job is done.
@@ -81,9 +72,6 @@ pub(super) struct TrainerSide {
     /// after an upload that failed half-way).
     pub(super) holds_state: bool,
     pub(super) steps_done: u64,
-    /// The checkpoint whose restore just failed its integrity check (a chunk's CRC, its
-    /// manifest): the failure report names it, so the leader passes over it.
-    pub(super) corrupt_checkpoint: Option<String>,
     /// Steps done since the last registration: a rejoin that never gets to train is fruitless.
     pub(super) steps_this_registration: u64,
     /// Registrations so far (the first one uses the configured instance id as it is).
@@ -119,7 +107,6 @@ impl TrainerSide {
             loaded: None,
             holds_state: false,
             steps_done: 0,
-            corrupt_checkpoint: None,
             steps_this_registration: 0,
             registrations: 0,
             generation: 0,
@@ -216,8 +203,7 @@ impl TrainerSide {
                         Ok(AssignmentEnd::Ready) => self.publish("ready"),
                         Err(e) => {
                             self.log("error", format!("generation {}: {e}", a.generation));
-                            let corrupt = self.corrupt_checkpoint.take().unwrap_or_default();
-                            self.fail(e.to_string(), String::new(), corrupt);
+                            self.fail(e.to_string(), decide::assignment_failure(&e));
                             self.publish("ready");
                         }
                     }
@@ -250,19 +236,22 @@ impl TrainerSide {
             message: String::new(),
             step: self.steps_done,
             generation: self.generation,
+            // Numbered as the forwarder sends it.
+            seq: 0,
         }
     }
 
-    /// Tells the leader this worker cannot go on in its generation, naming whom it suspects
-    /// and the checkpoint that failed its integrity check, when either is known.
-    fn fail(&self, reason: String, suspect_worker_id: String, corrupt_checkpoint: String) {
+    /// Tells the leader this worker cannot go on in its generation, and what kind of failure it
+    /// is: naming whom it suspects or the checkpoint that failed its integrity check.
+    fn fail(&self, reason: String, failure: Failure) {
         let event = WorkerEvent {
             event: Some(worker_event::Event::Failed(v1::Failed {
                 worker_id: self.worker_id.clone(),
                 generation: self.generation,
                 reason,
-                suspect_worker_id,
-                corrupt_checkpoint,
+                suspect_worker_id: failure.suspect_worker_id,
+                corrupt_checkpoint: failure.corrupt_checkpoint,
+                kind: failure.kind.into(),
             })),
         };
         let _ = self.events.blocking_send(event);
@@ -270,8 +259,7 @@ impl TrainerSide {
 
     /// Runs one generation's assignment until the job's last step or an interruption.
     fn assignment(&mut self, a: &Assignment) -> Result<AssignmentEnd, AssignmentError> {
-        let spec = JobSpec::from_yaml(&a.spec_yaml, std::path::Path::new("<assigned spec>"))
-            .map_err(|e| AssignmentError(format!("the assigned job spec: {e}")))?;
+        let spec = JobSpec::from_yaml(&a.spec_yaml, std::path::Path::new("<assigned spec>"))?;
         self.log(
             "info",
             format!(
@@ -299,13 +287,13 @@ impl TrainerSide {
             return Ok(AssignmentEnd::Ready);
         }
         let group = if a.dp_size > 1 {
-            let spec = decide::group_spec(a, &self.worker_id).map_err(AssignmentError)?;
+            let spec = decide::group_spec(a, &self.worker_id)?;
             let config =
                 collective::Config { connect_timeout: FORM_TIMEOUT, ..collective::Config::default() };
             match self.endpoint.form(&spec, &config, &abort) {
                 Ok(group) => Some(group),
                 Err(_) if interrupted(self) => return Ok(AssignmentEnd::Ready),
-                Err(e) => return Err(AssignmentError(format!("forming the all-reduce ring: {e}"))),
+                Err(e) => return Err(AssignmentError::Ring(e)),
             }
         } else {
             None
@@ -326,8 +314,8 @@ impl TrainerSide {
         spec: &JobSpec,
         group: Option<&collective::Group>,
     ) -> Result<AssignmentEnd, AssignmentError> {
-        let objective =
-            objective::for_job(trainer, spec, &self.runtime).map_err(|e| AssignmentError(e.to_string()))?;
+        let objective = objective::for_job(trainer, spec, &self.runtime)
+            .map_err(AssignmentError::doing("preparing the objective"))?;
         let ranks: Vec<usize> = a.virtual_ranks.iter().map(|&r| r as usize).collect();
         let plan = Plan {
             job: spec,
@@ -341,7 +329,7 @@ impl TrainerSide {
         let control = GenerationControl { shared: self.shared.clone(), generation: a.generation };
         let mut sink = AgentSink { side: self };
         let run = driver::train(trainer, &plan, &*objective, checkpoints.as_mut(), &mut sink, &control)
-            .map_err(|e| AssignmentError(e.to_string()))?;
+            .map_err(AssignmentError::doing("training"))?;
         match run.ended {
             Ended::Finished => {
                 self.log("info", format!("finished the job's {} steps", spec.steps));
@@ -351,8 +339,8 @@ impl TrainerSide {
             Ended::StepFailed { step, error } => {
                 self.log("warn", format!("step {} failed: {error}", step + 1));
                 self.metrics.failed_steps_total.add(1.0);
-                if let Some(suspect) = decide::suspect(&error, &a.peers) {
-                    self.fail(format!("step {}: {error}", step + 1), suspect, String::new());
+                if let Some(failure) = decide::step_failure(&error, &a.peers) {
+                    self.fail(format!("step {}: {error}", step + 1), failure);
                 }
                 Ok(AssignmentEnd::Ready)
             }
@@ -369,22 +357,22 @@ impl TrainerSide {
         if a.checkpoint_uri.is_empty() {
             return Ok(None);
         }
-        let slice = a.peers.iter().position(|p| p.worker_id == self.worker_id).ok_or_else(|| {
-            AssignmentError(format!("this worker ({}) is not among the generation's peers", self.worker_id))
-        })?;
+        let slice = a
+            .peers
+            .iter()
+            .position(|p| p.worker_id == self.worker_id)
+            .ok_or_else(|| Unassignable::NotListed { worker_id: self.worker_id.clone() })?;
         let layout = SaveLayout::for_job(spec, a.peers.len(), slice);
-        let storage = Storage::open(&a.checkpoint_uri, &StoreOptions::default())
-            .map_err(|e| AssignmentError(format!("checkpoint root {}: {e}", a.checkpoint_uri)))?;
         if a.save_id.is_empty() {
-            return Err(AssignmentError(
-                "the assignment names no save id: the coordinator is older than this worker; upgrade it"
-                    .into(),
-            ));
+            return Err(Unassignable::NoSaveId.into());
         }
+        let opening = AssignmentError::doing("opening the checkpoint root");
+        let storage =
+            Storage::open(&a.checkpoint_uri, &StoreOptions::default()).map_err(|e| opening(e.into()))?;
         let commit = Box::new(CoordinatorCommit::new(self, a.generation));
         Checkpoints::new(storage, layout, every, a.save_id.clone(), commit, self.runtime.clone())
             .map(Some)
-            .map_err(|e| AssignmentError(e.to_string()))
+            .map_err(AssignmentError::doing("preparing the checkpoints"))
     }
 
     /// Where the job's bundle is on this host: a `file://` bundle where it is, one in
@@ -398,7 +386,7 @@ impl TrainerSide {
             return Ok(PathBuf::from(bundle_uri));
         }
         if !checkpoint::layout::is_safe_segment(bundle_id) {
-            return Err(AssignmentError(format!("the job's bundle id '{}' is not a name", bundle_id)));
+            return Err(Unassignable::BundleId { id: bundle_id.to_string() }.into());
         }
         let cache = std::env::var_os("PODCTL_CACHE")
             .map_or_else(|| std::env::temp_dir().join("podctl"), PathBuf::from);
@@ -417,7 +405,7 @@ impl TrainerSide {
             }
             // Another worker of this host fetched it meanwhile.
             Err(_) if dir.join(bundle::MANIFEST_FILE).exists() => Ok(dir),
-            Err(e) => Err(AssignmentError(format!("fetching the job's bundle from {}: {e}", bundle_uri))),
+            Err(source) => Err(AssignmentError::FetchBundle { uri: bundle_uri.to_string(), source }),
         }
     }
 
@@ -428,24 +416,30 @@ impl TrainerSide {
         }
         self.publish("loading");
         let path = self.bundle_dir(bundle_uri, bundle_id)?;
-        let bundle =
-            bundle::Bundle::load(&path).map_err(|e| AssignmentError(format!("the job's bundle: {e}")))?;
+        let bundle = bundle::Bundle::load(&path)
+            .map_err(|e| AssignmentError::doing("loading the job's bundle")(e.into()))?;
         if bundle.id() != bundle_id {
-            return Err(AssignmentError(format!(
-                "the bundle at {bundle_uri} is {}, but the job was submitted with {bundle_id}; resubmit the job",
-                bundle.id(),
-            )));
+            return Err(AssignmentError::WrongBundle {
+                uri: bundle_uri.to_string(),
+                found: bundle.id().to_string(),
+                submitted: bundle_id.to_string(),
+            });
         }
         self.publish("compiling");
         let started = Instant::now();
-        let plugin = pjrt::Plugin::load(&self.config.plugin)
-            .map_err(|e| AssignmentError(format!("PJRT plugin {}: {e}", self.config.plugin.display())))?;
+        let compiling = AssignmentError::doing;
+        let plugin = pjrt::Plugin::load(&self.config.plugin).map_err(|source| {
+            compiling("loading the PJRT plugin")(WorkerError::Pjrt {
+                context: format!("PJRT plugin {}", self.config.plugin.display()),
+                source,
+            })
+        })?;
         let mut slice = Slice::open(plugin, &bundle.manifest().platform, bundle.mesh())
-            .map_err(|e| AssignmentError(e.to_string()))?;
+            .map_err(compiling("opening the slice's devices"))?;
         if let Some(dir) = &self.config.compile_cache {
             slice = slice.with_compile_cache(CompileCache::new(dir));
         }
-        let trainer = Trainer::new(slice, &bundle).map_err(|e| AssignmentError(e.to_string()))?;
+        let trainer = Trainer::new(slice, &bundle).map_err(compiling("compiling the bundle"))?;
         if let Ok(stats) = trainer.grad_step_memory() {
             self.metrics.device_bytes.set(stats.peak_bytes as f64);
         }

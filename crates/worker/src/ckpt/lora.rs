@@ -4,8 +4,8 @@
 
 use super::restore::read_arrays;
 use super::save::plan_buffers;
-use crate::WorkerError;
 use crate::trainer::Trainer;
+use crate::{Part, WorkerError};
 use checkpoint::layout::{dir_name, parse_dir_name};
 use checkpoint::{
     ArraySpec, Checkpoint, CheckpointError, CommitLog, DataPosition, Limits, SaveOptions, SaveSpec, Storage,
@@ -79,9 +79,12 @@ pub(super) async fn place_base(
     let Some((step, save_id)) =
         named.and_then(|b| b.strip_prefix(&format!("{BASE_DIR}/"))).and_then(parse_dir_name)
     else {
-        return Err(WorkerError::Mismatch(format!(
-            "checkpoint {dir} names no LoRA base (metadata lora.base = {named:?}); restore a checkpoint of a LoRA run"
-        )));
+        return Err(WorkerError::incompatible(
+            Part::Checkpoint,
+            format!(
+                "checkpoint {dir} names no LoRA base (metadata lora.base = {named:?}); restore a checkpoint of a LoRA run"
+            ),
+        ));
     };
     let storage = base_storage(root)?;
     let commit = StoreCommitLog::new(storage.clone())

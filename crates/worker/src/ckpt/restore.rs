@@ -3,9 +3,9 @@
 
 use super::lora::place_base;
 use super::{dir_uri, split_uri};
-use crate::WorkerError;
 use crate::slice::DeviceArray;
 use crate::trainer::Trainer;
+use crate::{Part, WorkerError};
 use checkpoint::lineage::{identity_difference, line_of};
 use checkpoint::{
     Checkpoint, CheckpointError, CommitLog, DataPosition, Limits, Storage, StoreCommitLog, StoreOptions,
@@ -36,20 +36,24 @@ pub struct PassedOver {
 /// Restores the committed checkpoint at `uri`, a checkpoint directory
 /// (`<root>/<step:012>-<save_id>`, as the coordinator's `FromCheckpoint` names it) whose step must
 /// be `step`, onto `trainer`'s mesh: see [`restore_newest`] for what is read and checked.
+/// Failures are [`WorkerError::Restore`], naming the checkpoint.
 pub async fn restore(
     trainer: &mut Trainer,
     uri: &str,
     step: u64,
     store: &StoreOptions,
 ) -> Result<Restored, WorkerError> {
-    let (storage, checkpoint) = open_committed(uri, Some(step), store).await?;
-    place(trainer, &checkpoint, &storage).await?;
-    let manifest = checkpoint.manifest();
-    Ok(Restored {
-        step: manifest.step,
-        data_position: manifest.data_position,
-        uri: dir_uri(&storage, &checkpoint.commit().dir()),
-    })
+    let restored = async {
+        let (storage, checkpoint) = open_committed(uri, Some(step), store).await?;
+        place(trainer, &checkpoint, &storage).await?;
+        let manifest = checkpoint.manifest();
+        Ok(Restored {
+            step: manifest.step,
+            data_position: manifest.data_position,
+            uri: dir_uri(&storage, &checkpoint.commit().dir()),
+        })
+    };
+    restored.await.map_err(WorkerError::restore(uri))
 }
 
 /// Opens the committed checkpoint at `uri`, a checkpoint directory (`<root>/<step:012>-<save_id>`)
@@ -61,16 +65,20 @@ async fn open_committed(
 ) -> Result<(Storage, Checkpoint), WorkerError> {
     let (root, dir) = split_uri(uri);
     let Some((dir_step, save_id)) = dir else {
-        return Err(WorkerError::Mismatch(format!(
-            "'{uri}' names no checkpoint directory; pass <root>/<step:012>-<save_id>"
-        )));
+        return Err(CheckpointError::InvalidInput {
+            what: format!("checkpoint '{uri}'"),
+            reason: "it names no checkpoint directory; pass <root>/<step:012>-<save_id>".into(),
+        }
+        .into());
     };
     if let Some(step) = step
         && dir_step != step
     {
-        return Err(WorkerError::Mismatch(format!(
-            "checkpoint {uri} holds step {dir_step}, not the step {step} asked for"
-        )));
+        return Err(CheckpointError::InvalidInput {
+            what: format!("checkpoint {uri}"),
+            reason: format!("it holds step {dir_step}, not the step {step} asked for"),
+        }
+        .into());
     }
     let storage = Storage::open(root, store)?;
     let log = StoreCommitLog::new(storage.clone());
@@ -147,11 +155,14 @@ async fn place(trainer: &mut Trainer, checkpoint: &Checkpoint, root: &Storage) -
     let dir = checkpoint.commit().dir();
     let specs = trainer.state_specs();
     if checkpoint.manifest().arrays.len() != specs.len() {
-        return Err(WorkerError::Mismatch(format!(
-            "checkpoint {dir} holds {} arrays, this bundle's state has {}; restore a checkpoint of the same model",
-            checkpoint.manifest().arrays.len(),
-            specs.len()
-        )));
+        return Err(WorkerError::incompatible(
+            Part::Checkpoint,
+            format!(
+                "checkpoint {dir} holds {} arrays, this bundle's state has {}; restore a checkpoint of the same model",
+                checkpoint.manifest().arrays.len(),
+                specs.len()
+            ),
+        ));
     }
     let arrays = read_arrays(trainer, checkpoint, specs).await?;
     if !trainer.frozen_specs().is_empty() {
@@ -173,16 +184,22 @@ pub(super) async fn read_arrays(
         match manifest.array(&spec.name) {
             Some(saved) if saved.shape == spec.shape && saved.dtype == spec.dtype => {}
             Some(saved) => {
-                return Err(WorkerError::Mismatch(format!(
-                    "checkpoint {dir} holds '{}' as {}{:?}, this bundle's state has {}{:?}; restore a checkpoint of the same model and param_dtype",
-                    spec.name, saved.dtype, saved.shape, spec.dtype, spec.shape
-                )));
+                return Err(WorkerError::incompatible(
+                    Part::Checkpoint,
+                    format!(
+                        "checkpoint {dir} holds '{}' as {}{:?}, this bundle's state has {}{:?}; restore a checkpoint of the same model and param_dtype",
+                        spec.name, saved.dtype, saved.shape, spec.dtype, spec.shape
+                    ),
+                ));
             }
             None => {
-                return Err(WorkerError::Mismatch(format!(
-                    "checkpoint {dir} has no array '{}'; restore a checkpoint of the same model",
-                    spec.name
-                )));
+                return Err(WorkerError::incompatible(
+                    Part::Checkpoint,
+                    format!(
+                        "checkpoint {dir} has no array '{}'; restore a checkpoint of the same model",
+                        spec.name
+                    ),
+                ));
             }
         }
     }
@@ -240,7 +257,10 @@ pub async fn read_params(
     uri: &str,
     store: &StoreOptions,
 ) -> Result<Vec<DeviceArray>, WorkerError> {
-    let (_, checkpoint) = open_committed(uri, None, store).await?;
-    let n = trainer.manifest().params.len();
-    read_arrays(trainer, &checkpoint, &trainer.state_specs()[..n]).await
+    let read = async {
+        let (_, checkpoint) = open_committed(uri, None, store).await?;
+        let n = trainer.manifest().params.len();
+        read_arrays(trainer, &checkpoint, &trainer.state_specs()[..n]).await
+    };
+    read.await.map_err(WorkerError::restore(uri))
 }

@@ -56,7 +56,7 @@ fn save_spec(
     save_id: &str,
 ) -> Result<SaveSpec, WorkerError> {
     if layout.slice >= layout.dcn {
-        return Err(WorkerError::Mismatch(format!(
+        return Err(WorkerError::broken(format!(
             "slice {} does not exist in a job of {} slice(s) (mesh.dcn)",
             layout.slice, layout.dcn
         )));
@@ -123,7 +123,7 @@ pub(super) fn plan_buffers(
     for shard in plan.host_shards(host) {
         let name = &spec.arrays[shard.array].name;
         let device = shard.devices.iter().copied().find(|d| local.contains(d)).ok_or_else(|| {
-            WorkerError::Mismatch(format!(
+            WorkerError::broken(format!(
                 "the write plan gives host {host} a shard of '{name}' held only by devices {:?}",
                 shard.devices
             ))

@@ -71,7 +71,14 @@ fn child() {
             let events = std::fs::File::create(out.join("events.jsonl")).unwrap();
             let root = job.checkpoint_uri().map(|u| PathBuf::from(u.trim_start_matches("file://")));
             let mut recorder = Recorder { events, hold_at, root };
-            let summary = worker::single::run(&mut trainer, &job, &mut recorder, &Resume::Newest).unwrap();
+            let summary = worker::single::run(
+                &mut trainer,
+                &job,
+                &mut recorder,
+                &Resume::Newest,
+                &worker::driver::Uninterrupted,
+            )
+            .unwrap();
             std::fs::write(out.join("start_step"), summary.trained.start.to_string()).unwrap();
             write_state(&out, &trainer.download_state().unwrap());
         }

@@ -73,20 +73,40 @@ fn another_jobs_root_is_refused_and_starting_over_keeps_every_earlier_checkpoint
     let mut trainer = Trainer::new(slice, &bundle).unwrap();
 
     let first = job(bundle.dir(), &root, 1, 4);
-    worker::single::run(&mut trainer, &first, &mut Events::default(), &Resume::Newest).unwrap();
+    worker::single::run(
+        &mut trainer,
+        &first,
+        &mut Events::default(),
+        &Resume::Newest,
+        &worker::driver::Uninterrupted,
+    )
+    .unwrap();
     let before = committed_digests(&root);
     assert_eq!(lines(&before).len(), 1, "a fresh run begins one line: {before:?}");
 
     let other_seed = job(bundle.dir(), &root, 2, 4);
-    let refused = worker::single::run(&mut trainer, &other_seed, &mut Events::default(), &Resume::Newest)
-        .expect_err("another job's root is refused");
+    let refused = worker::single::run(
+        &mut trainer,
+        &other_seed,
+        &mut Events::default(),
+        &Resume::Newest,
+        &worker::driver::Uninterrupted,
+    )
+    .expect_err("another job's root is refused");
     let message = refused.to_string();
     assert!(matches!(refused, WorkerError::ForeignRoot(_)), "{message}");
     assert!(message.contains("--start-over") && message.contains("seed 1, this job's 2"), "{message}");
     assert_eq!(committed_digests(&root), before, "a refused launch writes nothing");
 
     let mut events = Events::default();
-    worker::single::run(&mut trainer, &other_seed, &mut events, &Resume::StartOver).unwrap();
+    worker::single::run(
+        &mut trainer,
+        &other_seed,
+        &mut events,
+        &Resume::StartOver,
+        &worker::driver::Uninterrupted,
+    )
+    .unwrap();
     assert!(matches!(&events.0[0], CheckpointEvent::Fresh { .. }), "{:?}", events.0[0]);
     let after = committed_digests(&root);
     for (object, digest) in &before {
@@ -98,7 +118,8 @@ fn another_jobs_root_is_refused_and_starting_over_keeps_every_earlier_checkpoint
     // The next launch resumes the newest line, and its retention stays in it.
     let longer = job(bundle.dir(), &root, 2, 8);
     let mut events = Events::default();
-    worker::single::run(&mut trainer, &longer, &mut events, &Resume::Newest).unwrap();
+    worker::single::run(&mut trainer, &longer, &mut events, &Resume::Newest, &worker::driver::Uninterrupted)
+        .unwrap();
     let CheckpointEvent::Restored { restored, .. } = &events.0[0] else { panic!("{:?}", events.0[0]) };
     assert_eq!(restored.step, 4);
     assert!(restored.uri.contains(&both[1]), "resumed the newest line: {}", restored.uri);

@@ -90,7 +90,9 @@ fn lora_trains_only_its_adapters_and_saves_the_base_once_apart() {
     let adapters_before = trainer.download_state().unwrap();
 
     let mut losses = Losses(Vec::new());
-    let summary = worker::single::run(&mut trainer, &job, &mut losses, &Resume::Newest).unwrap();
+    let summary =
+        worker::single::run(&mut trainer, &job, &mut losses, &Resume::Newest, &worker::driver::Uninterrupted)
+            .unwrap();
     assert_eq!(summary.trained.steps(), 12);
     let (first, last) = (losses.0[0], losses.0[losses.0.len() - 1]);
     assert!(last < 0.9 * first, "LoRA trains: {:?}", losses.0);
@@ -141,7 +143,14 @@ fn lora_trains_only_its_adapters_and_saves_the_base_once_apart() {
         .collect();
     trainer.set_frozen(zeros).unwrap();
     let longer = self::job(&root, 16);
-    let resumed = worker::single::run(&mut trainer, &longer, &mut losses, &Resume::Newest).unwrap();
+    let resumed = worker::single::run(
+        &mut trainer,
+        &longer,
+        &mut losses,
+        &Resume::Newest,
+        &worker::driver::Uninterrupted,
+    )
+    .unwrap();
     assert_eq!((resumed.trained.start, resumed.trained.steps()), (12, 4));
     assert!(frozen(&trainer) == base_before, "the resumed run trains on the saved base");
     let base_commits = runtime.block_on(committed_newest_first(&StoreCommitLog::new(base_storage))).unwrap();

@@ -18,7 +18,7 @@ pub fn python() -> PathBuf {
 
 pub fn plugin() -> &'static pjrt::Plugin {
     let path = std::env::var_os("PODCTL_PJRT_PLUGIN").map(PathBuf::from).unwrap_or_else(|| {
-        root().join(".venv/lib/python3.11/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
+        root().join(".venv/lib/python3/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
     });
     assert!(path.exists(), "CPU PJRT plugin {} is missing: run scripts/setup.sh", path.display());
     pjrt::Plugin::load(&path).expect("plugin loads")
