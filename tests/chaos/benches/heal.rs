@@ -64,7 +64,7 @@ fn load() -> String {
 }
 
 fn plugin(home: &Path) -> &'static pjrt::Plugin {
-    let path = home.join(".venv/lib/python3.11/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so");
+    let path = home.join(".venv/lib/python3/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so");
     pjrt::Plugin::load(&path).expect("the CPU plugin loads (scripts/setup.sh installs it)")
 }
 
