@@ -276,14 +276,15 @@ impl StateServer {
             pullers: pullers.iter().cloned().collect(),
             incoming,
         });
-        ServeWindow { window: self.window.clone(), incoming: rx }
+        ServeWindow { window: self.window.clone(), incoming: Mutex::new(rx) }
     }
 }
 
 /// An open serve window; see [`StateServer::open`] and [`serve`].
 pub struct ServeWindow {
     window: Arc<Mutex<Option<Window>>>,
-    incoming: mpsc::Receiver<Pull>,
+    /// Behind a lock so that whichever thread serves may hold the window.
+    incoming: Mutex<mpsc::Receiver<Pull>>,
 }
 
 impl Drop for ServeWindow {
@@ -422,7 +423,8 @@ pub fn serve(
             if started.elapsed() >= wait {
                 break Err(PeerError::NotPulled { missing: missing.iter().cloned().collect(), waited: wait });
             }
-            let Ok((worker, stream)) = window.incoming.recv_timeout(Duration::from_millis(50)) else {
+            let next = window.incoming.lock().unwrap_or_else(|e| e.into_inner()).recv_timeout(Duration::from_millis(50));
+            let Ok((worker, stream)) = next else {
                 continue;
             };
             let Ok(peer) = stream.peer_addr() else { continue };

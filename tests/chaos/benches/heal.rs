@@ -23,8 +23,6 @@
 //! `cargo bench -p podctl-chaos --bench heal [-- --wire-gb 0.5 --job-gb 0.5 --rounds 3]`.
 //! Needs about 3.5x `--job-gb` of free memory for part 2; every file goes at the end.
 
-extern crate podctl_worker as worker;
-
 use anyhow::{Context, Result, bail};
 use bundle::TensorSpec;
 use bytes::{Buf, BufMut, Bytes};
@@ -294,7 +292,7 @@ fn via_codec(layout: &Layout, views: &[&[u8]], to: &Slice, specs: &[TensorSpec])
                 for chunk in chunks(views) {
                     framed.feed(chunk).await?;
                 }
-                framed.flush().await?;
+                SinkExt::<Bytes>::flush(&mut framed).await?;
                 Ok(())
             })
         });
@@ -448,7 +446,7 @@ fn via_tonic(layout: &Layout, views: &[&[u8]], to: &Slice, specs: &[TensorSpec])
 /// Qwen3-0.6B's widths with as many layers as make parameters and AdamW moments (float32)
 /// about `gb` GB.
 fn job_model(gb: f64) -> Result<bundle::ModelConfig> {
-    let mut model = bundle::preset("qwen3-0.6b").context("the qwen3-0.6b preset")?;
+    let mut model = bundle::preset("qwen3-0.6b").map_err(anyhow::Error::msg)?;
     let per_layer = {
         let mut one = model.clone();
         one.num_layers = 1;
@@ -469,7 +467,7 @@ fn job_model(gb: f64) -> Result<bundle::ModelConfig> {
 fn write_model(dir: &Path, model: &bundle::ModelConfig) -> Result<()> {
     use std::io::Write;
     std::fs::create_dir_all(dir)?;
-    let config = hf::config::synthesize(model, DType::BFloat16);
+    let config = hf::config::synthesize(model, DType::Bfloat16);
     std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
     let tensors: Vec<(String, safetensors::Dtype, Vec<u64>)> = hf::names::hf_tensors(model)
         .into_iter()

@@ -60,10 +60,8 @@ fn a_pulled_state_arrives_whole_on_the_pullers_devices() {
     let server = StateServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let window = server.open("job", 7, &layout, &["w2".to_string()]);
     let (arrays, pulled, served) = std::thread::scope(|scope| {
-        let (layout, sources) = (&layout, &sources);
-        // The window moves to the serving thread: it hands connections over to one thread.
-        let serving = scope.spawn(move || {
-            peer::serve(&window, layout, sources, &["w2".to_string()], Duration::from_secs(30), &|| false)
+        let serving = scope.spawn(|| {
+            peer::serve(&window, &layout, &sources, &["w2".to_string()], Duration::from_secs(30), &|| false)
         });
         let (arrays, pulled) = peer::pull(
             server.local_addr(),
