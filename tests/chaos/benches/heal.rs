@@ -506,6 +506,12 @@ fn pid_of(run: &Path, slice: u32) -> Option<u32> {
     std::fs::read_to_string(run.join(format!("workers/slice-{slice}.pid"))).ok()?.trim().parse().ok()
 }
 
+/// A `/proc/<pid>/status` field in KiB.
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
+}
+
 fn committed_steps(run: &Path) -> usize {
     std::fs::read_to_string(run.join("metrics.jsonl")).map_or(0, |t| t.lines().count())
 }
@@ -590,9 +596,15 @@ fn job(home: &Path, gb: f64) -> Result<()> {
             .find(|l| l.contains("served the state"))
             .map(str::to_string)
             .unwrap_or_default();
+        // The replacement's whole peak resident memory (programs, runtime and the pulled state).
+        let peak = pid_of(&run, 1).and_then(|pid| status_kib(pid, "VmHWM:")).map_or_else(
+            || "unknown".to_string(),
+            |kib| format!("{:.2} GB ({:.2}x the state)", kib as f64 * 1024.0 / GB, kib as f64 * 1024.0 / state as f64),
+        );
         let limit_rate = state as f64 / GB / limit;
         println!("loopback TCP limit right before the kill: {limit_rate:.2} GB/s ({:.2} GB in {limit:.2}s)", state as f64 / GB);
         println!("replacement: {}", line.split("caught up").nth(1).map_or(line.as_str(), |l| l.trim()));
+        println!("replacement's peak resident memory: {peak}");
         println!("survivor:    {}", served.split("served").nth(1).map_or(served.as_str(), |l| l.trim()));
         let rate = line
             .split('(')
