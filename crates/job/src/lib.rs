@@ -79,9 +79,10 @@ pub enum JobError {
 impl fault::Classify for JobError {
     fn fault(&self) -> fault::Fault {
         match self {
-            JobError::Io { .. } | JobError::Yaml { .. } | JobError::Invalid { .. } | JobError::Override { .. } => {
-                fault::Fault::Input
-            }
+            JobError::Io { .. }
+            | JobError::Yaml { .. }
+            | JobError::Invalid { .. }
+            | JobError::Override { .. } => fault::Fault::Input,
             JobError::Data(e) => e.fault(),
         }
     }

@@ -101,7 +101,8 @@ impl Buffer {
         let mut ready = new_args!(PJRT_Buffer_ReadyEvent_Args);
         ready.buffer = self.raw;
         // SAFETY: the buffer is live; the event is awaited and destroyed below.
-        plugin.check(unsafe { call!(plugin, PJRT_Buffer_ReadyEvent)(&mut ready) }, "PJRT_Buffer_ReadyEvent")?;
+        plugin
+            .check(unsafe { call!(plugin, PJRT_Buffer_ReadyEvent)(&mut ready) }, "PJRT_Buffer_ReadyEvent")?;
         plugin.await_event(ready.event, "PJRT_Buffer_ReadyEvent")?;
         let size = self.host_size()?;
         if self.on_device_size()? != size {

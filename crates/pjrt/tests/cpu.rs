@@ -307,7 +307,8 @@ fn a_host_buffer_becomes_device_memory_without_a_copy() {
 fn a_cpu_buffer_is_read_in_place_and_an_output_once_it_is_ready() {
     let acc = accumulate();
     let expected = expected_one_step(&acc);
-    let input = acc.client.buffer_from_host(&acc.acc0.bytes, acc.acc0.ty, &acc.acc0.dims, &acc.device).unwrap();
+    let input =
+        acc.client.buffer_from_host(&acc.acc0.bytes, acc.acc0.ty, &acc.acc0.dims, &acc.device).unwrap();
     let view = input.host_view().unwrap().expect("CPU memory is host memory");
     assert_eq!(view, &acc.acc0.bytes[..]);
     assert_eq!(view.as_ptr() as usize, input.device_address().unwrap(), "no copy");

@@ -24,8 +24,8 @@
 //! device takes over; that copy costs as much as the kernel's and cuts the rate on a 2-core
 //! machine by a third (`benches/heal.rs` measures the three side by side).
 
-use crate::slice::{DeviceArray, Slice};
 use crate::WorkerError;
+use crate::slice::{DeviceArray, Slice};
 use bundle::TensorSpec;
 use mesh::IciMesh;
 use sha2::{Digest, Sha256};
@@ -55,7 +55,9 @@ impl fault::Classify for PeerError {
             PeerError::Io { .. } | PeerError::Refused { .. } | PeerError::NotPulled { .. } => {
                 fault::Fault::Unreachable
             }
-            PeerError::Incompatible { .. } | PeerError::Invalid { .. } | PeerError::Read(_) => fault::Fault::Failed,
+            PeerError::Incompatible { .. } | PeerError::Invalid { .. } | PeerError::Read(_) => {
+                fault::Fault::Failed
+            }
             PeerError::Place { source, .. } => fault::Classify::fault(&**source),
             PeerError::Cancelled { .. } | PeerError::Interrupted => fault::Fault::Interrupted,
         }
@@ -303,7 +305,9 @@ fn route(stream: TcpStream, window: &Mutex<Option<Window>>) -> io::Result<()> {
         let window = window.lock().unwrap_or_else(|e| e.into_inner());
         match window.as_ref() {
             None => Err((REFUSED, format!("it offers no state now (asked for step {})", request.step))),
-            Some(w) if w.job != request.job => Err((REFUSED, format!("it serves another job, not {}", request.job))),
+            Some(w) if w.job != request.job => {
+                Err((REFUSED, format!("it serves another job, not {}", request.job)))
+            }
             Some(w) if w.step != request.step => {
                 Err((REFUSED, format!("it holds step {}, not {}", w.step, request.step)))
             }
@@ -423,7 +427,11 @@ pub fn serve(
             if started.elapsed() >= wait {
                 break Err(PeerError::NotPulled { missing: missing.iter().cloned().collect(), waited: wait });
             }
-            let next = window.incoming.lock().unwrap_or_else(|e| e.into_inner()).recv_timeout(Duration::from_millis(50));
+            let next = window
+                .incoming
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .recv_timeout(Duration::from_millis(50));
             let Ok((worker, stream)) = next else {
                 continue;
             };
@@ -544,7 +552,9 @@ pub fn pull(
         match pull_once(peer, request, &layout, slice, specs, cancel) {
             Ok((arrays, bytes, seconds)) => return Ok((arrays, Pulled { bytes, seconds, retries })),
             Err(_) if cancel.is_cancelled() => return Err(PeerError::Cancelled { peer }),
-            Err(e @ (PeerError::Invalid { .. } | PeerError::Incompatible { .. } | PeerError::Place { .. })) => {
+            Err(
+                e @ (PeerError::Invalid { .. } | PeerError::Incompatible { .. } | PeerError::Place { .. }),
+            ) => {
                 return Err(e);
             }
             Err(e) if Instant::now() >= deadline => return Err(e),

@@ -41,7 +41,9 @@ const GB: f64 = 1e9;
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
-    let number = |name: &str, default: f64| flag(name).map_or(Ok(default), |v| v.parse::<f64>()).context(name.to_string());
+    let number = |name: &str, default: f64| {
+        flag(name).map_or(Ok(default), |v| v.parse::<f64>()).context(name.to_string())
+    };
     let wire_gb = number("--wire-gb", 1.0)?;
     let job_gb = number("--job-gb", 4.1)?;
     let rounds = number("--rounds", 3.0)? as usize;
@@ -207,9 +209,17 @@ fn via_podctl(layout: &Layout, sources: &[&pjrt::Buffer], to: &Slice, specs: &[T
     let window = server.open("bench", 1, layout, &pullers);
     let request = Request { job: "bench".into(), step: 1, worker: "replacement".into() };
     std::thread::scope(|scope| {
-        let serving = scope.spawn(|| peer::serve(&window, layout, sources, &pullers, Duration::from_secs(600), &|| false));
+        let serving = scope
+            .spawn(|| peer::serve(&window, layout, sources, &pullers, Duration::from_secs(600), &|| false));
         let started = Instant::now();
-        let (arrays, _) = peer::pull(server.local_addr(), &request, to, specs, Duration::from_secs(600), &Cancel::default())?;
+        let (arrays, _) = peer::pull(
+            server.local_addr(),
+            &request,
+            to,
+            specs,
+            Duration::from_secs(600),
+            &Cancel::default(),
+        )?;
         let seconds = started.elapsed().as_secs_f64();
         drop(arrays);
         serving.join().expect("server")?;
@@ -234,7 +244,8 @@ impl<'a> Receiving<'a> {
     fn take(&mut self, chunk: &[u8]) -> Result<()> {
         let index = self.pieces.len();
         let piece = self.layout.pieces.get(index).context("more data than the layout has")?;
-        let (buffer, filled, crc) = self.current.get_or_insert_with(|| (HostBuffer::zeroed(piece.bytes).expect("memory"), 0, 0));
+        let (buffer, filled, crc) =
+            self.current.get_or_insert_with(|| (HostBuffer::zeroed(piece.bytes).expect("memory"), 0, 0));
         if *filled == piece.bytes {
             let sent = u32::from_le_bytes(chunk.try_into().context("a 4-byte CRC")?);
             if sent != *crc {
@@ -268,7 +279,9 @@ impl<'a> Receiving<'a> {
 fn chunks<'a>(views: &'a [&'a [u8]]) -> impl Iterator<Item = Bytes> + 'a {
     views.iter().flat_map(|view| {
         let crc = crc32c::crc32c(view);
-        view.chunks(SEGMENT).map(Bytes::copy_from_slice).chain(std::iter::once(Bytes::copy_from_slice(&crc.to_le_bytes())))
+        view.chunks(SEGMENT)
+            .map(Bytes::copy_from_slice)
+            .chain(std::iter::once(Bytes::copy_from_slice(&crc.to_le_bytes())))
     })
 }
 
@@ -366,7 +379,8 @@ impl tonic::server::ServerStreamingService<Bytes> for PullService {
         let rx = self.0.lock().expect("lock").take();
         futures::future::ready(match rx {
             Some(rx) => Ok(tonic::Response::new(
-                futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok(b), rx)) }).boxed(),
+                futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok(b), rx)) })
+                    .boxed(),
             )),
             None => Err(tonic::Status::failed_precondition("pulled once already")),
         })
@@ -474,7 +488,8 @@ fn write_model(dir: &Path, model: &bundle::ModelConfig) -> Result<()> {
         .map(|t| (t.name, safetensors::Dtype::BF16, t.shape))
         .collect();
     let header = hf::header::write_header(&tensors)?;
-    let mut file = std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(dir.join("model.safetensors"))?);
+    let mut file =
+        std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(dir.join("model.safetensors"))?);
     file.write_all(&header)?;
     let mut x = 0x2545_F491_4F6C_DD1Du64;
     let mut block = vec![0u8; 8 << 20];
@@ -517,7 +532,12 @@ fn committed_steps(run: &Path) -> usize {
 }
 
 /// Waits up to `limit` for `ready`, failing with `what`; stops early if `launch` exited.
-fn wait_for<T>(what: &str, limit: Duration, launch: &mut Child, mut ready: impl FnMut() -> Option<T>) -> Result<T> {
+fn wait_for<T>(
+    what: &str,
+    limit: Duration,
+    launch: &mut Child,
+    mut ready: impl FnMut() -> Option<T>,
+) -> Result<T> {
     let started = Instant::now();
     loop {
         if let Some(value) = ready() {
@@ -550,7 +570,10 @@ fn job(home: &Path, gb: f64) -> Result<()> {
         free as f64 / GB
     );
     if (free as f64) < 3.5 * state as f64 {
-        bail!("part 2 needs about {:.1} GB of free memory for this state; pass a smaller --job-gb or --skip-job", 3.5 * state as f64 / GB);
+        bail!(
+            "part 2 needs about {:.1} GB of free memory for this state; pass a smaller --job-gb or --skip-job",
+            3.5 * state as f64 / GB
+        );
     }
     let scratch = tempfile::Builder::new().prefix("podctl-heal-bench").tempdir()?;
     let dir = scratch.path();
@@ -579,7 +602,9 @@ fn job(home: &Path, gb: f64) -> Result<()> {
         .stdin(Stdio::null())
         .spawn()?;
     let outcome = (|| -> Result<()> {
-        wait_for("3 committed steps", Duration::from_secs(1800), &mut launch, || (committed_steps(&run) >= 3).then_some(()))?;
+        wait_for("3 committed steps", Duration::from_secs(1800), &mut launch, || {
+            (committed_steps(&run) >= 3).then_some(())
+        })?;
         let limit = tcp(state)?;
         let victim = pid_of(&run, 1).context("slice 1's pid")?;
         kill(victim);
@@ -599,10 +624,19 @@ fn job(home: &Path, gb: f64) -> Result<()> {
         // The replacement's whole peak resident memory (programs, runtime and the pulled state).
         let peak = pid_of(&run, 1).and_then(|pid| status_kib(pid, "VmHWM:")).map_or_else(
             || "unknown".to_string(),
-            |kib| format!("{:.2} GB ({:.2}x the state)", kib as f64 * 1024.0 / GB, kib as f64 * 1024.0 / state as f64),
+            |kib| {
+                format!(
+                    "{:.2} GB ({:.2}x the state)",
+                    kib as f64 * 1024.0 / GB,
+                    kib as f64 * 1024.0 / state as f64
+                )
+            },
         );
         let limit_rate = state as f64 / GB / limit;
-        println!("loopback TCP limit right before the kill: {limit_rate:.2} GB/s ({:.2} GB in {limit:.2}s)", state as f64 / GB);
+        println!(
+            "loopback TCP limit right before the kill: {limit_rate:.2} GB/s ({:.2} GB in {limit:.2}s)",
+            state as f64 / GB
+        );
         println!("replacement: {}", line.split("caught up").nth(1).map_or(line.as_str(), |l| l.trim()));
         println!("replacement's peak resident memory: {peak}");
         println!("survivor:    {}", served.split("served").nth(1).map_or(served.as_str(), |l| l.trim()));

@@ -156,7 +156,9 @@ impl TrainerSide {
         self.metrics.peer_catchups_total.add(1.0);
         self.metrics.peer_catchup_seconds.set(started.elapsed().as_secs_f64());
         let growth = match (before, peak) {
-            (Some(before), Some(peak)) => format!("; peak memory +{:.2} GB", peak.saturating_sub(before) as f64 / 1e9),
+            (Some(before), Some(peak)) => {
+                format!("; peak memory +{:.2} GB", peak.saturating_sub(before) as f64 / 1e9)
+            }
             _ => String::new(),
         };
         self.log(

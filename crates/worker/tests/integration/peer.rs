@@ -47,8 +47,10 @@ fn request(worker: &str, step: u64) -> Request {
 
 #[test]
 fn a_pulled_state_arrives_whole_on_the_pullers_devices() {
-    let (survivor, replacement) =
-        (Slice::open(support::plugin(), "cpu", &mesh()).unwrap(), Slice::open(support::plugin(), "cpu", &mesh()).unwrap());
+    let (survivor, replacement) = (
+        Slice::open(support::plugin(), "cpu", &mesh()).unwrap(),
+        Slice::open(support::plugin(), "cpu", &mesh()).unwrap(),
+    );
     let specs = specs();
     let held: Vec<_> =
         specs.iter().enumerate().map(|(i, s)| survivor.upload(s, &values(i, s)).unwrap()).collect();
@@ -112,8 +114,10 @@ fn refusals_say_why_and_another_layout_is_not_retried() {
 
 #[test]
 fn a_pull_waits_for_the_window_and_a_cancel_ends_it() {
-    let (survivor, replacement) =
-        (Slice::open(support::plugin(), "cpu", &mesh()).unwrap(), Slice::open(support::plugin(), "cpu", &mesh()).unwrap());
+    let (survivor, replacement) = (
+        Slice::open(support::plugin(), "cpu", &mesh()).unwrap(),
+        Slice::open(support::plugin(), "cpu", &mesh()).unwrap(),
+    );
     let specs = specs();
     let held: Vec<_> =
         specs.iter().enumerate().map(|(i, s)| survivor.upload(s, &values(i, s)).unwrap()).collect();
@@ -148,9 +152,16 @@ fn a_pull_waits_for_the_window_and_a_cancel_ends_it() {
             std::thread::sleep(Duration::from_millis(300));
             cancel.cancel();
         });
-        peer::pull(server.local_addr(), &request("w2", 4), &replacement, &specs, Duration::from_secs(60), &cancel)
-            .map(|_| ())
-            .unwrap_err()
+        peer::pull(
+            server.local_addr(),
+            &request("w2", 4),
+            &replacement,
+            &specs,
+            Duration::from_secs(60),
+            &cancel,
+        )
+        .map(|_| ())
+        .unwrap_err()
     });
     assert!(matches!(e, PeerError::Cancelled { .. }), "{e}");
     assert!(started.elapsed() < Duration::from_secs(10), "the cancel took {:?}", started.elapsed());
@@ -160,7 +171,8 @@ fn a_pull_waits_for_the_window_and_a_cancel_ends_it() {
 fn a_serve_window_ends_when_interrupted_or_when_nobody_pulls() {
     let slice = Slice::open(support::plugin(), "cpu", &mesh()).unwrap();
     let specs = specs();
-    let held: Vec<_> = specs.iter().enumerate().map(|(i, s)| slice.upload(s, &values(i, s)).unwrap()).collect();
+    let held: Vec<_> =
+        specs.iter().enumerate().map(|(i, s)| slice.upload(s, &values(i, s)).unwrap()).collect();
     let layout = Layout::new(&specs, slice.mesh());
     let sources: Vec<&pjrt::Buffer> =
         layout.pieces.iter().map(|p| held[p.array].shard(p.device).unwrap()).collect();
@@ -169,15 +181,24 @@ fn a_serve_window_ends_when_interrupted_or_when_nobody_pulls() {
     let window = server.open("job", 3, &layout, &pullers);
     let started = Instant::now();
     let interrupted = || started.elapsed() > Duration::from_millis(300);
-    let e = peer::serve(&window, &layout, &sources, &pullers, Duration::from_secs(60), &interrupted).unwrap_err();
+    let e =
+        peer::serve(&window, &layout, &sources, &pullers, Duration::from_secs(60), &interrupted).unwrap_err();
     assert!(matches!(e, PeerError::Interrupted), "{e}");
     assert!(started.elapsed() < Duration::from_secs(10));
-    let e = peer::serve(&window, &layout, &sources, &pullers, Duration::from_millis(300), &|| false).unwrap_err();
+    let e =
+        peer::serve(&window, &layout, &sources, &pullers, Duration::from_millis(300), &|| false).unwrap_err();
     assert!(matches!(&e, PeerError::NotPulled { missing, .. } if missing == &pullers), "{e}");
     drop(window);
-    let e = peer::pull(server.local_addr(), &request("w2", 3), &slice, &specs, Duration::ZERO, &Cancel::default())
-        .map(|_| ())
-        .unwrap_err();
+    let e = peer::pull(
+        server.local_addr(),
+        &request("w2", 3),
+        &slice,
+        &specs,
+        Duration::ZERO,
+        &Cancel::default(),
+    )
+    .map(|_| ())
+    .unwrap_err();
     assert!(e.to_string().contains("offers no state now"), "the window closed: {e}");
 }
 
