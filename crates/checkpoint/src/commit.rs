@@ -51,6 +51,11 @@ pub trait CommitLog: Send + Sync {
     fn list(&self) -> impl Future<Output = Result<Vec<CommitRecord>>> + Send;
     /// Forgets a commit (retention). Forgetting an unknown commit is not an error.
     fn remove(&self, commit: &CommitRecord) -> impl Future<Output = Result<()>> + Send;
+    /// Whether [`CommitLog::record`] writes the `COMMITTED` marker under `storage` itself, so
+    /// [`finalize`] does not write it a second time.
+    fn records_marker_in(&self, _storage: &Storage) -> bool {
+        false
+    }
 }
 
 /// Committed records sorted newest first: the newest line first ([`crate::lineage`]), then by
@@ -106,6 +111,10 @@ impl CommitLog for StoreCommitLog {
 
     async fn remove(&self, commit: &CommitRecord) -> Result<()> {
         self.storage.delete(&self.storage.key(&commit.dir(), COMMITTED)).await
+    }
+
+    fn records_marker_in(&self, storage: &Storage) -> bool {
+        self.storage.url() == storage.url()
     }
 }
 
@@ -211,7 +220,8 @@ pub fn build_manifest(spec: &SaveSpec, reports: &[HostReport]) -> Result<Manifes
 
 /// Commits a save once every host has reported: checks the reports against the plan and the
 /// stored object sizes, writes `manifest.json`, records the commit in `log`, then writes the
-/// `COMMITTED` marker. Returns the commit record.
+/// `COMMITTED` marker (once: a [`StoreCommitLog`] of `storage` wrote it as the record). Returns
+/// the commit record.
 pub async fn finalize(
     storage: &Storage,
     spec: &SaveSpec,
@@ -238,13 +248,14 @@ pub async fn finalize(
         manifest_size: json.len() as u64,
         manifest_crc32c: crc32c::crc32c(&json),
     };
-    crate::fail_point!("checkpoint::manifest_put");
+    fault::fail_point!("checkpoint::manifest_put");
     storage.put(&storage.key(&dir, MANIFEST), json.into()).await?;
-    crate::fail_point!("checkpoint::commit_record");
+    fault::fail_point!("checkpoint::commit_record");
     log.record(&commit).await?;
-    crate::fail_point!("checkpoint::commit_marker");
-    // With StoreCommitLog the record already was this marker; writing it again is harmless.
-    write_marker(storage, &commit).await?;
+    fault::fail_point!("checkpoint::commit_marker");
+    if !log.records_marker_in(storage) {
+        write_marker(storage, &commit).await?;
+    }
     Ok(commit)
 }
 
@@ -314,6 +325,11 @@ mod tests {
         let manifest = storage.get(&storage.key(&spec.dir(), MANIFEST)).await.unwrap();
         assert_eq!(crc32c::crc32c(&manifest), commit.manifest_crc32c);
         assert!(dir.path().join("000000000003-a/COMMITTED").is_file());
+        // The record was the marker: finalize does not write it again.
+        assert!(log.records_marker_in(&storage));
+        let elsewhere = tempfile::tempdir().unwrap();
+        let other = Storage::open(elsewhere.path().to_str().unwrap(), &Default::default()).unwrap();
+        assert!(!log.records_marker_in(&other));
     }
 
     #[tokio::test]

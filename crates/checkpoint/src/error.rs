@@ -32,21 +32,6 @@ pub enum CheckpointError {
         #[source]
         source: object_store::Error,
     },
-    /// A previous save of this host is still uploading; saves are never stacked.
-    #[error(
-        "save of step {requested_step} refused: the save of step {running_step} is still running \
-         ({bytes_written} of {bytes_total} bytes uploaded); wait for it or skip this checkpoint"
-    )]
-    SaveInProgress {
-        /// The step whose save is still running.
-        running_step: u64,
-        /// The step that was asked for.
-        requested_step: u64,
-        /// Bytes of the running save already uploaded.
-        bytes_written: u64,
-        /// Bytes the running save will upload in total.
-        bytes_total: u64,
-    },
     /// The host reports handed to finalize do not match the save's write plan.
     #[error("cannot finalize checkpoint {dir}: {reason}")]
     BadReport {
@@ -155,8 +140,7 @@ impl fault::Classify for CheckpointError {
                 ..
             } => Fault::Denied,
             CheckpointError::Store { .. } | CheckpointError::CommitLog { .. } => Fault::Unreachable,
-            CheckpointError::SaveInProgress { .. }
-            | CheckpointError::BadReport { .. }
+            CheckpointError::BadReport { .. }
             | CheckpointError::BadManifest { .. }
             | CheckpointError::Corrupt { .. }
             | CheckpointError::SizeMismatch { .. }

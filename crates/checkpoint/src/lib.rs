@@ -5,7 +5,8 @@
 //! - [`plan`]: the pure assignment of every distinct shard to one writer host, balancing bytes;
 //!   replicated shards are written once.
 //! - [`save`]: one host's stream object, uploaded in bounded parts straight from the caller's
-//!   buffers, in the calling task ([`save_host`]) or in the background ([`AsyncSaver`]).
+//!   buffers: [`save_host`] in the calling task, or a [`HostUpload`] whose progress can be
+//!   watched while it runs in the background.
 //! - [`commit`]: [`finalize`] writes `manifest.json` after every host report is in, records the
 //!   commit through a [`CommitLog`], then writes the `COMMITTED` marker.
 //! - [`restore`]: [`Checkpoint`] reads any region of any array with ranged GETs, verifying the
@@ -31,17 +32,6 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-/// A `fail::fail_point!` that exists only with the `failpoints` feature. The save path's points
-/// take no closure: they are for crashing the process (`panic`, which a test's child turns into
-/// an abort), pausing or slowing it, not for returning errors.
-macro_rules! fail_point {
-    ($name:expr) => {
-        #[cfg(feature = "failpoints")]
-        fail::fail_point!($name);
-    };
-}
-pub(crate) use fail_point;
-
 pub mod commit;
 mod error;
 pub mod export;
@@ -61,8 +51,6 @@ pub use error::{CheckpointError, Result};
 pub use gc::{ActiveSave, GcReport, Listing, Retention, gc, list, remove};
 pub use manifest::{DataPosition, Limits, Manifest};
 pub use restore::{Checkpoint, ReadOptions, RestoredShard, VerifyReport, newest_verified};
-pub use save::{
-    AsyncSaver, HostReport, SaveHandle, SaveOptions, SaveSpec, SaverStatus, ShardBuffer, save_host,
-};
+pub use save::{HostReport, HostUpload, SaveOptions, SaveProgress, SaveSpec, ShardBuffer, save_host};
 pub use store::{Storage, StoreOptions};
 pub use topology::{ArraySpec, Topology};

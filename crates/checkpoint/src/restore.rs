@@ -14,7 +14,7 @@ use crate::manifest::{Limits, Manifest};
 use crate::store::{Storage, local_error};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
-use mesh::{IciMesh, Region, Sharding};
+use mesh::{IciMesh, Region, Sharding, for_each_run};
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -639,51 +639,6 @@ pub async fn newest_verified(
         }
     }
     Ok((None, skipped))
-}
-
-/// Calls `f(src_offset, dst_offset, len)` (bytes) for every row-major run of `overlap` between a
-/// buffer holding `src` and one holding `dst`. Trailing dimensions that all three span whole
-/// merge into one run, so identical layouts give a single call.
-fn for_each_run(src: &Region, dst: &Region, overlap: &Region, elem: u64, mut f: impl FnMut(u64, u64, u64)) {
-    let rank = overlap.ranges().len();
-    let (src_shape, dst_shape, shape) = (src.shape(), dst.shape(), overlap.shape());
-    let mut run = elem;
-    let mut outer = rank;
-    while outer > 0 {
-        let d = outer - 1;
-        run *= shape[d];
-        outer -= 1;
-        if shape[d] != src_shape[d] || shape[d] != dst_shape[d] {
-            break;
-        }
-    }
-    let strides = |s: &[u64]| {
-        let mut out = vec![elem; rank];
-        for d in (0..rank.saturating_sub(1)).rev() {
-            out[d] = out[d + 1] * s[d + 1];
-        }
-        out
-    };
-    let (src_strides, dst_strides) = (strides(&src_shape), strides(&dst_shape));
-    let offset = |index: &[u64], buf: &Region, strides: &[u64]| -> u64 {
-        (0..rank).map(|d| (index[d] - buf.ranges()[d].start) * strides[d]).sum()
-    };
-    let mut index: Vec<u64> = overlap.ranges().iter().map(|r| r.start).collect();
-    loop {
-        f(offset(&index, src, &src_strides), offset(&index, dst, &dst_strides), run);
-        let mut dim = outer;
-        loop {
-            if dim == 0 {
-                return;
-            }
-            dim -= 1;
-            index[dim] += 1;
-            if index[dim] < overlap.ranges()[dim].end {
-                break;
-            }
-            index[dim] = overlap.ranges()[dim].start;
-        }
-    }
 }
 
 #[cfg(test)]

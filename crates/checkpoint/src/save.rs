@@ -19,8 +19,8 @@ use futures::stream::FuturesOrdered;
 use object_store::{ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 /// S3 refuses multipart parts below 5 MiB (except the last), so no backend gets smaller ones.
 pub const MIN_PART_SIZE: u64 = 5 << 20;
@@ -366,7 +366,7 @@ async fn upload(
             hasher.update(s);
         }
         let payload: PutPayload = stream.segments.iter().cloned().collect();
-        crate::fail_point!("checkpoint::host_put");
+        fault::fail_point!("checkpoint::host_put");
         storage.put(&key, payload).await?;
         progress.bytes_written.fetch_add(stream.total, Ordering::Relaxed);
     } else {
@@ -381,7 +381,7 @@ async fn upload(
             for b in &part {
                 hasher.update(b);
             }
-            crate::fail_point!("checkpoint::host_part");
+            fault::fail_point!("checkpoint::host_part");
             // A task per part keeps every upload moving while this one hashes the next part.
             let part = tokio::spawn(upload.put_part(part.into_iter().collect()));
             in_flight.push_back(async move {
@@ -409,7 +409,7 @@ async fn upload(
             }
             return Err(CheckpointError::store("put_part", format!("{key} (part {index})"), e));
         }
-        crate::fail_point!("checkpoint::host_complete");
+        fault::fail_point!("checkpoint::host_complete");
         upload.complete().await.map_err(|e| CheckpointError::store("complete_multipart", &key, e))?;
     }
     Ok(report(stream, options, name, hasher.finish()))
@@ -473,7 +473,7 @@ fn write_local(
         let mut result = Ok(());
         for part in parts(segments, options.part_size) {
             let bytes: u64 = part.iter().map(|b| b.len() as u64).sum();
-            crate::fail_point!("checkpoint::host_part");
+            fault::fail_point!("checkpoint::host_part");
             if let Err(e) = part.iter().try_for_each(|b| file.write_all(b)) {
                 result = Err(io("write")(e));
                 break;
@@ -495,7 +495,7 @@ fn write_local(
         Ok(crcs)
     });
     let finished = written.and_then(|crcs| {
-        crate::fail_point!("checkpoint::host_complete");
+        fault::fail_point!("checkpoint::host_complete");
         file.sync_all().map_err(io("sync"))?;
         std::fs::rename(&staging, path).map_err(io("rename"))?;
         sync_dir(dir).map_err(io("sync directory"))?;
@@ -535,122 +535,46 @@ pub async fn save_host(
     buffers: Vec<ShardBuffer>,
     options: &SaveOptions,
 ) -> Result<HostReport> {
-    options.validate()?;
-    let stream = prepare(spec, host, buffers)?;
-    let progress = Arc::new(SaveProgress::default());
-    progress.bytes_total.store(stream.total, Ordering::Relaxed);
-    upload(storage, stream, options, &progress).await
+    HostUpload::new(spec, host, buffers)?.run(storage, options).await
 }
 
-/// What an [`AsyncSaver`] is doing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SaverStatus {
-    /// No save is running.
-    Idle,
-    /// A save is uploading.
-    Running {
-        /// Its step.
-        step: u64,
-        /// Bytes uploaded so far.
-        bytes_written: u64,
-        /// Bytes to upload in total.
-        bytes_total: u64,
-    },
+/// One host's share of a save, checked against the write plan and ready to upload: a bad
+/// hand-over fails in [`HostUpload::new`], before anything is written. Its [`SaveProgress`] can
+/// be watched while [`HostUpload::run`] uploads (in a task of the caller's, in the background).
+/// Whether another save may start meanwhile is the caller's to decide: this crate never queues.
+pub struct HostUpload {
+    stream: HostStream,
+    progress: FinishGuard,
 }
 
-struct Running {
-    step: u64,
-    progress: Arc<SaveProgress>,
-}
-
-/// Runs one host's saves in the background, one at a time: a save asked for while the previous
-/// one is still uploading is refused with [`CheckpointError::SaveInProgress`], never queued.
-pub struct AsyncSaver {
-    storage: Storage,
-    options: SaveOptions,
-    running: Mutex<Option<Running>>,
-}
-
-/// A save running in the background.
-pub struct SaveHandle {
-    step: u64,
-    progress: Arc<SaveProgress>,
-    task: tokio::task::JoinHandle<Result<HostReport>>,
-}
-
-impl SaveHandle {
-    /// The live counters.
-    pub fn progress(&self) -> &SaveProgress {
-        &self.progress
+impl HostUpload {
+    /// Matches `buffers` to the shards the plan of `spec` gives `host`.
+    pub fn new(spec: &SaveSpec, host: usize, buffers: Vec<ShardBuffer>) -> Result<Self> {
+        let stream = prepare(spec, host, buffers)?;
+        let progress = Arc::new(SaveProgress::default());
+        progress.bytes_total.store(stream.total, Ordering::Relaxed);
+        Ok(Self { stream, progress: FinishGuard(progress) })
     }
 
-    /// Waits for the upload to end and returns the host's report.
-    pub async fn finish(self) -> Result<HostReport> {
-        match self.task.await {
-            Ok(result) => result,
-            Err(e) => Err(CheckpointError::Task {
-                what: format!("background save of step {}", self.step),
-                reason: e.to_string(),
-            }),
-        }
+    /// The live counters, finished however the upload ends (or is dropped unrun).
+    pub fn progress(&self) -> Arc<SaveProgress> {
+        self.progress.0.clone()
+    }
+
+    /// Uploads the share to `storage` and returns the host's report.
+    pub async fn run(self, storage: &Storage, options: &SaveOptions) -> Result<HostReport> {
+        let Self { stream, progress } = self;
+        options.validate()?;
+        upload(storage, stream, options, &progress.0).await
     }
 }
 
-/// Marks the save finished however its task ends (success, error, panic, cancellation).
+/// Marks the save finished however its upload ends (success, error, panic, cancellation).
 struct FinishGuard(Arc<SaveProgress>);
 
 impl Drop for FinishGuard {
     fn drop(&mut self) {
         self.0.finished.store(true, Ordering::Release);
-    }
-}
-
-impl AsyncSaver {
-    /// A saver writing to `storage`.
-    pub fn new(storage: Storage, options: SaveOptions) -> Result<Self> {
-        options.validate()?;
-        Ok(Self { storage, options, running: Mutex::new(None) })
-    }
-
-    /// What the saver is doing now.
-    pub fn status(&self) -> SaverStatus {
-        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        match running.as_ref() {
-            Some(r) if !r.progress.is_finished() => SaverStatus::Running {
-                step: r.step,
-                bytes_written: r.progress.bytes_written(),
-                bytes_total: r.progress.bytes_total(),
-            },
-            _ => SaverStatus::Idle,
-        }
-    }
-
-    /// Starts saving `host`'s share in the background and returns at once. Buffers are checked
-    /// against the plan before returning, so a bad hand-over fails here, not later. Must be
-    /// called inside a tokio runtime.
-    pub fn start(&self, spec: &SaveSpec, host: usize, buffers: Vec<ShardBuffer>) -> Result<SaveHandle> {
-        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(r) = running.as_ref().filter(|r| !r.progress.is_finished()) {
-            return Err(CheckpointError::SaveInProgress {
-                running_step: r.step,
-                requested_step: spec.step,
-                bytes_written: r.progress.bytes_written(),
-                bytes_total: r.progress.bytes_total(),
-            });
-        }
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
-            CheckpointError::invalid("AsyncSaver::start", "must be called from inside a tokio runtime")
-        })?;
-        let stream = prepare(spec, host, buffers)?;
-        let progress = Arc::new(SaveProgress::default());
-        progress.bytes_total.store(stream.total, Ordering::Relaxed);
-        let (storage, options, guard) = (self.storage.clone(), self.options, FinishGuard(progress.clone()));
-        let task = runtime.spawn(async move {
-            let _guard = guard;
-            upload(&storage, stream, &options, &_guard.0).await
-        });
-        *running = Some(Running { step: spec.step, progress: progress.clone() });
-        Ok(SaveHandle { step: spec.step, progress, task })
     }
 }
 

@@ -115,7 +115,7 @@ fn writer_child() {
         report(info);
         std::process::abort();
     }));
-    let scenario = fail::FailScenario::setup();
+    let scenario = fault::fail::FailScenario::setup();
     let options = std::env::var(CHILD_S3).map_or_else(|_| StoreOptions::default(), |e| s3_options(&e));
     let size = if std::env::var(CHILD_SIZE).as_deref() == Ok("small") { Size::Small } else { Size::Big };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();

@@ -93,8 +93,7 @@ pub enum CkptCommand {
     },
 }
 
-pub fn run(command: CkptCommand) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+pub fn run(command: CkptCommand, runtime: &tokio::runtime::Handle) -> Result<()> {
     runtime.block_on(async move {
         match command {
             CkptCommand::List { uri, json } => list(&uri, json).await,

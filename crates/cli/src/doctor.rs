@@ -72,11 +72,10 @@ impl Report {
     }
 }
 
-pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
-    let runtime = crate::status::runtime()?;
+pub fn run(args: &DoctorArgs, runtime: &tokio::runtime::Handle) -> Result<ExitCode> {
     let mut report = Report::default();
-    let tools = check_toolchain(&mut report, &runtime);
-    let job = args.job.as_deref().and_then(|path| check_job(&mut report, &runtime, path));
+    let tools = check_toolchain(&mut report, runtime);
+    let job = args.job.as_deref().and_then(|path| check_job(&mut report, runtime, path));
     let plugin_from_job = job.as_ref().and_then(|j| j.runtime.plugin.clone());
     if let Some(tools) = &tools {
         report.line("plugin", check_plugin(tools, plugin_from_job.as_deref(), args.connect.is_remote()));
@@ -93,7 +92,7 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
 }
 
 /// podctl's layout, its Python, and JAX and the exporter in that Python.
-fn check_toolchain(report: &mut Report, runtime: &tokio::runtime::Runtime) -> Option<Toolchain> {
+fn check_toolchain(report: &mut Report, runtime: &tokio::runtime::Handle) -> Option<Toolchain> {
     let version = env!("CARGO_PKG_VERSION");
     let tools = match Toolchain::discover() {
         Ok(tools) => tools,
@@ -120,9 +119,11 @@ fn check_toolchain(report: &mut Report, runtime: &tokio::runtime::Runtime) -> Op
         Err(what) => {
             let fix = match &tools.layout {
                 Layout::Checkout { .. } => setup.to_string(),
-                Layout::Installed { .. } => "create the environment again: python3 -m venv ENV && ENV/bin/pip \
+                Layout::Installed { .. } => {
+                    "create the environment again: python3 -m venv ENV && ENV/bin/pip \
                                              install podctl-*.whl"
-                    .to_string(),
+                        .to_string()
+                }
             };
             report.line("python", Err(problem(what, fix)));
             return None;
@@ -142,7 +143,8 @@ fn check_toolchain(report: &mut Report, runtime: &tokio::runtime::Runtime) -> Op
             match &tools.layout {
                 Layout::Checkout { .. } => "PYTHON=/path/to/python3.12 scripts/setup.sh".to_string(),
                 Layout::Installed { .. } => {
-                    "python3.12 -m venv ENV && ENV/bin/pip install podctl-*.whl (any of 3.11-3.13)".to_string()
+                    "python3.12 -m venv ENV && ENV/bin/pip install podctl-*.whl (any of 3.11-3.13)"
+                        .to_string()
                 }
             },
         )),
@@ -225,7 +227,9 @@ fn check_plugin(tools: &Toolchain, from_job: Option<&Path>, remote: bool) -> Out
     let Some(path) = tools.find_plugin(from_job) else {
         return match remote {
             true => Ok("none here; the cluster's workers load their own".to_string()),
-            false => Err(problem(tools.missing_plugin(), tools.pip_install(toolchain::CPU_PLUGIN_REQUIREMENT))),
+            false => {
+                Err(problem(tools.missing_plugin(), tools.pip_install(toolchain::CPU_PLUGIN_REQUIREMENT)))
+            }
         };
     };
     match pjrt::Plugin::load(&path) {
@@ -248,8 +252,9 @@ fn check_plugin(tools: &Toolchain, from_job: Option<&Path>, remote: bool) -> Out
 
 /// The bundle cache exists or can be made, and takes a file.
 fn check_cache() -> Outcome {
-    let dir = toolchain::cache_dir(|name| std::env::var_os(name))
-        .ok_or_else(|| problem("no cache directory: HOME is not set", "export PODCTL_CACHE=/a/directory/you/own"))?;
+    let dir = toolchain::cache_dir(|name| std::env::var_os(name)).ok_or_else(|| {
+        problem("no cache directory: HOME is not set", "export PODCTL_CACHE=/a/directory/you/own")
+    })?;
     let probe = dir.join(format!(".doctor-{}", std::process::id()));
     let written = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&probe, b"podctl doctor"));
     let _ = std::fs::remove_file(&probe);
@@ -264,11 +269,12 @@ fn check_cache() -> Outcome {
 
 /// The job's object-store locations (credentials, one listing each), then the spec itself,
 /// whose Hugging Face model may live in one of them.
-fn check_job(report: &mut Report, runtime: &tokio::runtime::Runtime, path: &Path) -> Option<job::JobSpec> {
+fn check_job(report: &mut Report, runtime: &tokio::runtime::Handle, path: &Path) -> Option<job::JobSpec> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) => {
-            report.line("job", Err(problem(format!("cannot read {}: {e}", path.display()), "pass --job FILE")));
+            report
+                .line("job", Err(problem(format!("cannot read {}: {e}", path.display()), "pass --job FILE")));
             return None;
         }
     };
@@ -279,7 +285,7 @@ fn check_job(report: &mut Report, runtime: &tokio::runtime::Runtime, path: &Path
             unusable.insert(url);
         }
     }
-    let reader = CheckedReader { unusable: &unusable };
+    let reader = CheckedReader { unusable: &unusable, runtime };
     match job::JobSpec::from_yaml_with(&text, path, &reader) {
         Ok(spec) => {
             report.line("job", Ok(format!("{}: {} ({} steps)", path.display(), spec.name, spec.steps)));
@@ -296,13 +302,14 @@ fn check_job(report: &mut Report, runtime: &tokio::runtime::Runtime, path: &Path
 /// client would otherwise look for credentials where doctor must not: a metadata server).
 struct CheckedReader<'a> {
     unusable: &'a BTreeSet<String>,
+    runtime: &'a tokio::runtime::Handle,
 }
 
 impl job::ModelReader for CheckedReader<'_> {
     fn read_config(&self, uri: &str) -> Result<bundle::ModelConfig, String> {
         match self.unusable.iter().find(|url| uri.starts_with(url.as_str())) {
             Some(url) => Err(format!("'{uri}' is not read: {url} failed its check above")),
-            None => job::ModelReader::read_config(&crate::models::HfReader, uri),
+            None => job::ModelReader::read_config(&crate::models::HfReader(self.runtime.clone()), uri),
         }
     }
 }
@@ -363,10 +370,9 @@ async fn check_store(url: &str, env: &dyn Fn(&str) -> Option<OsString>) -> Outco
             source.name,
             listing.objects.len() + listing.common_prefixes.len()
         )),
-        Ok(Err(error)) => Err(problem(
-            format!("credentials from {}, but listing failed: {error}", source.name),
-            source.fix,
-        )),
+        Ok(Err(error)) => {
+            Err(problem(format!("credentials from {}, but listing failed: {error}", source.name), source.fix))
+        }
         Err(_) => Err(problem(format!("listing did not answer within {CHECK_TIMEOUT:?}"), source.fix)),
     }
 }
@@ -386,7 +392,11 @@ const GCP_FIX: &str = "gcloud auth application-default login";
 /// role where DMI says this is EC2.
 fn aws_credentials(env: &dyn Fn(&str) -> Option<OsString>) -> Result<Credentials, Problem> {
     let set = |name: &str| env(name).is_some_and(|v| !v.is_empty());
-    let found = |name: &str, from_metadata| Credentials { name: name.to_string(), from_metadata, fix: AWS_FIX.into() };
+    let found = |name: &str, from_metadata| Credentials {
+        name: name.to_string(),
+        from_metadata,
+        fix: AWS_FIX.into(),
+    };
     if set("AWS_ACCESS_KEY_ID") && set("AWS_SECRET_ACCESS_KEY") {
         return Ok(found("AWS_ACCESS_KEY_ID", false));
     }
@@ -397,7 +407,10 @@ fn aws_credentials(env: &dyn Fn(&str) -> Option<OsString>) -> Result<Credentials
         return match std::fs::metadata(&file) {
             Ok(_) if set("AWS_ROLE_ARN") => Ok(found("AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN", false)),
             Ok(_) => Err(problem("AWS_WEB_IDENTITY_TOKEN_FILE is set but AWS_ROLE_ARN is not", AWS_FIX)),
-            Err(e) => Err(problem(format!("AWS_WEB_IDENTITY_TOKEN_FILE {}: {e}", Path::new(&file).display()), AWS_FIX)),
+            Err(e) => Err(problem(
+                format!("AWS_WEB_IDENTITY_TOKEN_FILE {}: {e}", Path::new(&file).display()),
+                AWS_FIX,
+            )),
         };
     }
     if set("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI") || set("AWS_CONTAINER_CREDENTIALS_FULL_URI") {
@@ -423,7 +436,8 @@ fn gcp_credentials(env: &dyn Fn(&str) -> Option<OsString>) -> Result<Credentials
     let file = ["GOOGLE_SERVICE_ACCOUNT", "GOOGLE_SERVICE_ACCOUNT_PATH", "GOOGLE_APPLICATION_CREDENTIALS"]
         .into_iter()
         .find_map(|name| env(name).map(|path| (name.to_string(), PathBuf::from(path))));
-    let well_known = env("HOME").map(|home| PathBuf::from(home).join(".config/gcloud/application_default_credentials.json"));
+    let well_known = env("HOME")
+        .map(|home| PathBuf::from(home).join(".config/gcloud/application_default_credentials.json"));
     let (name, path) = match (file, well_known) {
         (Some(file), _) => file,
         (None, Some(path)) if path.exists() => ("gcloud's application default credentials".to_string(), path),
@@ -444,7 +458,9 @@ fn gcp_credentials(env: &dyn Fn(&str) -> Option<OsString>) -> Result<Credentials
     };
     let text = std::fs::read_to_string(&path)
         .map_err(|e| problem(format!("{name} {}: {e}", path.display()), GCP_FIX))?;
-    let kind = serde_json::from_str::<serde_json::Value>(&text).ok().and_then(|v| v["type"].as_str().map(String::from));
+    let kind = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v["type"].as_str().map(String::from));
     match kind.as_deref() {
         Some("service_account" | "authorized_user") => Ok(found(format!("{name} ({})", path.display()))),
         other => Err(problem(
@@ -491,8 +507,13 @@ async fn check_cluster(report: &mut Report, connect: &ConnectArgs) {
             "token",
             match token {
                 Ok(token) if !token.trim().is_empty() => Ok(format!("{} is readable", file.display())),
-                Ok(_) => Err(problem(format!("{} is empty", file.display()), "write the admin or job token into it")),
-                Err(e) => Err(problem(format!("cannot read {}: {e}", file.display()), "pass --token-file FILE")),
+                Ok(_) => Err(problem(
+                    format!("{} is empty", file.display()),
+                    "write the admin or job token into it",
+                )),
+                Err(e) => {
+                    Err(problem(format!("cannot read {}: {e}", file.display()), "pass --token-file FILE"))
+                }
             },
         );
     } else if connect.token.is_none() && connect.kube_context.is_none() {
@@ -544,8 +565,9 @@ async fn check_cluster(report: &mut Report, connect: &ConnectArgs) {
 /// Each file readable and holding a PEM block of its kind.
 fn read_pems(files: &[(PathBuf, &str)]) -> Outcome {
     for (file, kind) in files {
-        let text = std::fs::read_to_string(file)
-            .map_err(|e| problem(format!("cannot read {}: {e}", file.display()), "check the path and its permissions"))?;
+        let text = std::fs::read_to_string(file).map_err(|e| {
+            problem(format!("cannot read {}: {e}", file.display()), "check the path and its permissions")
+        })?;
         if !(text.contains("-----BEGIN ") && text.contains(kind)) {
             return Err(problem(
                 format!("{} holds no PEM {kind}", file.display()),
@@ -579,15 +601,21 @@ mod tests {
 
     #[test]
     fn aws_credentials_come_from_the_variables_and_never_from_a_metadata_server_here() {
-        let keys = aws_credentials(&env(&[("AWS_ACCESS_KEY_ID", "a"), ("AWS_SECRET_ACCESS_KEY", "b")])).unwrap();
+        let keys =
+            aws_credentials(&env(&[("AWS_ACCESS_KEY_ID", "a"), ("AWS_SECRET_ACCESS_KEY", "b")])).unwrap();
         assert_eq!((keys.name.as_str(), keys.from_metadata), ("AWS_ACCESS_KEY_ID", false));
         let half = aws_credentials(&env(&[("AWS_ACCESS_KEY_ID", "a")])).err().unwrap();
         assert!(half.what.contains("AWS_SECRET_ACCESS_KEY"), "{}", half.what);
-        let container = aws_credentials(&env(&[("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "/v2/x")])).unwrap();
+        let container =
+            aws_credentials(&env(&[("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "/v2/x")])).unwrap();
         assert!(container.from_metadata);
         if !dmi("sys_vendor").is_some_and(|v| v.contains("Amazon EC2")) {
             let none = aws_credentials(&env(&[])).err().unwrap();
-            assert!(none.fix.contains("AWS_ACCESS_KEY_ID") && none.fix.contains("export-credentials"), "{}", none.fix);
+            assert!(
+                none.fix.contains("AWS_ACCESS_KEY_ID") && none.fix.contains("export-credentials"),
+                "{}",
+                none.fix
+            );
         }
     }
 
@@ -601,7 +629,11 @@ mod tests {
         };
         let user = file("user.json", r#"{"type": "authorized_user", "client_id": "c"}"#);
         let found = gcp_credentials(&env(&[("GOOGLE_APPLICATION_CREDENTIALS", &user)])).unwrap();
-        assert!(found.name.starts_with("GOOGLE_APPLICATION_CREDENTIALS") && !found.from_metadata, "{}", found.name);
+        assert!(
+            found.name.starts_with("GOOGLE_APPLICATION_CREDENTIALS") && !found.from_metadata,
+            "{}",
+            found.name
+        );
         let external = file("external.json", r#"{"type": "external_account"}"#);
         let refused = gcp_credentials(&env(&[("GOOGLE_APPLICATION_CREDENTIALS", &external)])).err().unwrap();
         assert!(refused.what.contains("external_account"), "{}", refused.what);
@@ -610,8 +642,11 @@ mod tests {
         // gcloud's well-known file under HOME.
         let home = dir.path().join("home");
         std::fs::create_dir_all(home.join(".config/gcloud")).unwrap();
-        std::fs::write(home.join(".config/gcloud/application_default_credentials.json"), &std::fs::read(&user).unwrap())
-            .unwrap();
+        std::fs::write(
+            home.join(".config/gcloud/application_default_credentials.json"),
+            std::fs::read(&user).unwrap(),
+        )
+        .unwrap();
         let gcloud = gcp_credentials(&env(&[("HOME", &home.display().to_string())])).unwrap();
         assert!(gcloud.name.starts_with("gcloud's"), "{}", gcloud.name);
         if !dmi("product_name").is_some_and(|v| v.contains("Google Compute Engine")) {

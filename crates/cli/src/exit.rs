@@ -138,7 +138,7 @@ mod tests {
     use std::time::Duration;
 
     fn refused(code: i32) -> ClientError {
-        ClientError::Refused { call: "Jobs.Get", code: code.into(), message: "m".into() }
+        ClientError::Refused { call: "Jobs.Get", code: code.into(), message: "m".into(), refusal: None }
     }
 
     #[test]

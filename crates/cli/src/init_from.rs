@@ -24,7 +24,11 @@ pub enum InitFrom {
 /// Rewrites `grpo.init_from` into the checkpoint directory it means: a checkpoint directory
 /// as it is, the newest committed checkpoint of a root, or of an SFT job spec's (`*.yaml`)
 /// root, which is trained first when it has none.
-pub fn resolve(job: &mut JobSpec, connect: &ConnectArgs) -> Result<InitFrom> {
+pub fn resolve(
+    job: &mut JobSpec,
+    connect: &ConnectArgs,
+    runtime: &tokio::runtime::Handle,
+) -> Result<InitFrom> {
     let Some(grpo) = &job.grpo else { return Ok(InitFrom::Resolved) };
     let Some(from) = grpo.init_from.clone() else { return Ok(InitFrom::Resolved) };
     let uri = match grpo.init_from_job() {
@@ -35,7 +39,7 @@ pub fn resolve(job: &mut JobSpec, connect: &ConnectArgs) -> Result<InitFrom> {
                      train it, then set init_from to its checkpoint root (s3://, gs://)"
                 );
             }
-            let sft = JobSpec::load_with(Path::new(path), &crate::models::HfReader)
+            let sft = JobSpec::load_with(Path::new(path), &crate::models::HfReader(runtime.clone()))
                 .with_context(|| format!("grpo.init_from {path}"))?;
             if sft.grpo.is_some() || sft.model != job.model {
                 bail!(
@@ -50,7 +54,7 @@ pub fn resolve(job: &mut JobSpec, connect: &ConnectArgs) -> Result<InitFrom> {
                     "grpo.init_from {path}: that job saves no checkpoints; add `checkpoint: {{ every: N }}` to it"
                 );
             };
-            match newest_checkpoint(&root)? {
+            match newest_checkpoint(&root, runtime)? {
                 Some(dir) => dir,
                 None => return Ok(InitFrom::TrainFirst { spec: PathBuf::from(path), root }),
             }
@@ -62,7 +66,7 @@ pub fn resolve(job: &mut JobSpec, connect: &ConnectArgs) -> Result<InitFrom> {
             };
             match split_uri(&uri) {
                 (_, Some(_)) => uri,
-                (root, None) => newest_checkpoint(root)?.with_context(|| {
+                (root, None) => newest_checkpoint(root, runtime)?.with_context(|| {
                     format!("grpo.init_from {from}: no committed checkpoint under {root}; name a checkpoint, or a root that has one")
                 })?,
             }
@@ -73,8 +77,7 @@ pub fn resolve(job: &mut JobSpec, connect: &ConnectArgs) -> Result<InitFrom> {
 }
 
 /// The newest committed checkpoint's directory under `root`, if any.
-fn newest_checkpoint(root: &str) -> Result<Option<String>> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+fn newest_checkpoint(root: &str, runtime: &tokio::runtime::Handle) -> Result<Option<String>> {
     runtime.block_on(async {
         let storage = Storage::open(root, &StoreOptions::default())?;
         let log = StoreCommitLog::new(storage.clone());

@@ -13,32 +13,24 @@ pub struct CtrlC {
 
 impl CtrlC {
     /// Watches for SIGINT from now on (the handler is in place when this returns), saying
-    /// `first` on the first and ending the process on the second.
-    pub fn watch(first: &'static str) -> Result<Self> {
+    /// `first` on the first and ending the process on the second; the watch is a task on
+    /// `runtime` while the run trains on the calling thread.
+    pub fn watch(first: &'static str, runtime: &tokio::runtime::Handle) -> Result<Self> {
         use tokio::signal::unix::{SignalKind, signal};
         let pressed = Arc::new(AtomicBool::new(false));
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("cannot start the runtime that watches for Ctrl-C")?;
         let mut sigint = {
             let _inside = runtime.enter();
             signal(SignalKind::interrupt()).context("cannot watch for Ctrl-C")?
         };
         let flag = pressed.clone();
-        std::thread::Builder::new()
-            .name("podctl-ctrl-c".into())
-            .spawn(move || {
-                runtime.block_on(async {
-                    sigint.recv().await;
-                    flag.store(true, Ordering::SeqCst);
-                    eprintln!("\n{first} (Ctrl-C again stops at once, without saving)");
-                    sigint.recv().await;
-                    eprintln!("stopped at once (Ctrl-C twice)");
-                    std::process::exit(130);
-                })
-            })
-            .context("cannot start the thread that watches for Ctrl-C")?;
+        runtime.spawn(async move {
+            sigint.recv().await;
+            flag.store(true, Ordering::SeqCst);
+            eprintln!("\n{first} (Ctrl-C again stops at once, without saving)");
+            sigint.recv().await;
+            eprintln!("stopped at once (Ctrl-C twice)");
+            std::process::exit(130);
+        });
         Ok(Self { pressed })
     }
 }

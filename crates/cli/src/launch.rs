@@ -22,8 +22,9 @@ pub fn run(
     resume: Resume,
     connect: &ConnectArgs,
     node: &dyn crate::StartNode,
+    runtime: &tokio::runtime::Handle,
 ) -> Result<()> {
-    let mut job = JobSpec::load_overridden(job_path, overrides, &crate::models::HfReader)?;
+    let mut job = JobSpec::load_overridden(job_path, overrides, &crate::models::HfReader(runtime.clone()))?;
     if out.is_some() {
         job.output = out;
     }
@@ -52,14 +53,14 @@ pub fn run(
              with --coordinator"
         );
     }
-    if !dry_run && let InitFrom::TrainFirst { spec, root } = init_from::resolve(&mut job, connect)? {
+    if !dry_run && let InitFrom::TrainFirst { spec, root } = init_from::resolve(&mut job, connect, runtime)? {
         println!(
             "grpo.init_from {}: no checkpoint under {root} yet; training that job first",
             spec.display()
         );
-        run(&spec, &[], false, false, None, Resume::Newest, connect, node)?;
+        run(&spec, &[], false, false, None, Resume::Newest, connect, node, runtime)?;
         println!();
-        if let InitFrom::TrainFirst { .. } = init_from::resolve(&mut job, connect)? {
+        if let InitFrom::TrainFirst { .. } = init_from::resolve(&mut job, connect, runtime)? {
             bail!("{} ran but left no committed checkpoint under {root}", spec.display());
         }
     }
@@ -114,19 +115,24 @@ pub fn run(
                 node,
             },
         };
-        return crate::local::run(&job, &bundle, cluster, resume == Resume::StartOver);
+        return crate::local::run(&job, &bundle, cluster, resume == Resume::StartOver, runtime);
     }
     let plugin = plugin.expect("loaded above: not remote");
-    crate::single::run(&job, &bundle, plugin, resume, parameters)
+    crate::single::run(&job, &bundle, plugin, resume, parameters, runtime)
 }
 
 /// `podctl launch --render`: the job as a declaration (a ConfigMap) for the install `release`,
 /// its bundle uploaded under the job's checkpoint root first. Only the manifest goes to stdout.
-pub fn render(job_path: &Path, overrides: &[job::Override], release: &str) -> Result<()> {
-    let job = JobSpec::load_overridden(job_path, overrides, &crate::models::HfReader)?;
+pub fn render(
+    job_path: &Path,
+    overrides: &[job::Override],
+    release: &str,
+    runtime: &tokio::runtime::Handle,
+) -> Result<()> {
+    let job = JobSpec::load_overridden(job_path, overrides, &crate::models::HfReader(runtime.clone()))?;
     let tools = Toolchain::discover()?;
     let bundle = resolve_bundle(&tools, &job)?;
-    let bundle_uri = crate::status::runtime()?.block_on(crate::local::publish_bundle(&job, &bundle, true))?;
+    let bundle_uri = runtime.block_on(crate::local::publish_bundle(&job, &bundle, true))?;
     let declaration =
         controller::Declaration { spec_yaml: job.to_yaml(), bundle_uri, bundle_id: bundle.id().to_string() };
     let config_map = declaration.config_map(&format!("{release}-job-{}", job.name), None, release);

@@ -119,7 +119,13 @@ pub enum Command {
 }
 
 /// Runs `command`; `node` starts local mode's embedded coordinator when a launch needs one.
-pub fn run(command: Command, node: &dyn StartNode) -> anyhow::Result<ExitCode> {
+/// `runtime` is the process's one async runtime (built by `main`): the commands are synchronous
+/// and block on it where they do I/O.
+pub fn run(
+    command: Command,
+    node: &dyn StartNode,
+    runtime: &tokio::runtime::Handle,
+) -> anyhow::Result<ExitCode> {
     match command {
         Command::Launch {
             job,
@@ -145,31 +151,33 @@ pub fn run(command: Command, node: &dyn StartNode) -> anyhow::Result<ExitCode> {
                 false => connect.with_saved(&context::Config::load()?)?,
             };
             match render {
-                true => launch::render(&job, &overrides, &release)?,
-                false => launch::run(&job, &overrides, dry_run, detach, out, resume, &connect, node)?,
+                true => launch::render(&job, &overrides, &release, runtime)?,
+                false => {
+                    launch::run(&job, &overrides, dry_run, detach, out, resume, &connect, node, runtime)?
+                }
             }
         }
-        Command::Ckpt { command } => ckpt::run(command)?,
-        Command::Worker(args) => return Ok(ExitCode::from(worker::run(args)?)),
-        Command::Plan(args) => plan::run(&args)?,
+        Command::Ckpt { command } => ckpt::run(command, runtime)?,
+        Command::Worker(args) => return Ok(ExitCode::from(worker::run(args, runtime)?)),
+        Command::Plan(args) => plan::run(&args, runtime)?,
         Command::Status(mut args) => {
             args.connect = args.connect.with_saved(&context::Config::load()?)?;
-            status::run(&args)?
+            status::run(&args, runtime)?
         }
         Command::Logs(mut args) => {
             args.connect = args.connect.with_saved(&context::Config::load()?)?;
-            logs::run(&args)?
+            logs::run(&args, runtime)?
         }
         Command::Stop(mut args) => {
             args.connect = args.connect.with_saved(&context::Config::load()?)?;
-            status::stop(&args)?
+            status::stop(&args, runtime)?
         }
         Command::Context { command } => context::run(command)?,
         Command::Doctor(mut args) => {
             args.connect = args.connect.with_saved(&context::Config::load()?)?;
-            return doctor::run(&args);
+            return doctor::run(&args, runtime);
         }
-        Command::CompileStats { args } => return Ok(planner::exact::child_main(args.into_iter())),
+        Command::CompileStats { args } => return Ok(planner_exact::child_main(args.into_iter())),
     }
     Ok(ExitCode::SUCCESS)
 }

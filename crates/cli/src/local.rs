@@ -46,12 +46,13 @@ pub enum Cluster<'a> {
 
 /// Runs `job` where `cluster` says; `start_over` begins a new line of checkpoints beside what
 /// the job's root holds instead of resuming (the coordinator applies the resume rule).
-pub fn run(job: &JobSpec, bundle: &Bundle, cluster: Cluster, start_over: bool) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the coordinator's runtime")?;
+pub fn run(
+    job: &JobSpec,
+    bundle: &Bundle,
+    cluster: Cluster,
+    start_over: bool,
+    runtime: &tokio::runtime::Handle,
+) -> Result<()> {
     runtime.block_on(async {
         match cluster {
             Cluster::Local { plugin, compile_cache, node } => {
@@ -236,11 +237,11 @@ fn submission(job: &JobSpec, bundle: &Bundle, start_over: bool) -> Result<Submis
 fn ended(status: &JobStatus, run_dir: &Path) -> Result<()> {
     match status.state {
         // Relaunched after its end: no step ran, so there is no loss to show.
-        JobState::Completed if status.loss.is_nan() => {
+        Some(JobState::Completed) if status.loss.is_nan() => {
             println!("done: {}; metrics, events and plots in {}", status.message, run_dir.display());
             Ok(())
         }
-        JobState::Completed => {
+        Some(JobState::Completed) => {
             println!(
                 "done: {} steps, final loss {:.4}; metrics, events and plots in {}",
                 status.step,
@@ -394,7 +395,7 @@ async fn launch(
     // A launch killed before its job ended left that job in the coordinator's log: stop it, so
     // that it neither waits for workers nor writes to the run record beside this launch's job.
     for earlier in client.list_jobs().await? {
-        if !earlier.state.is_terminal() {
+        if !earlier.is_terminal() {
             client.stop_job(&earlier.job_id).await?;
             eprintln!(
                 "stopped job {}, left running by an earlier launch of this run directory",
@@ -575,7 +576,7 @@ async fn follow(
             );
             last_printed = Some(status.step);
         }
-        if status.state.is_terminal() {
+        if status.is_terminal() {
             bar.finish_and_clear();
             return Ok(Followed::Ended(status));
         }

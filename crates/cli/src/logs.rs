@@ -53,7 +53,8 @@ const BARE_REMEMBERED: usize = 100_000;
 
 /// Lines already printed, so a reconnect does not print them twice: a worker's lines come in
 /// the order it numbered them (`seq`), so the highest number printed per worker says which
-/// are new; lines without a number are remembered whole, a bounded number of them.
+/// are new; lines without a number, or sent before their worker registered (no id), are
+/// remembered whole, a bounded number of them.
 #[derive(Default)]
 struct Seen {
     newest: HashMap<String, u64>,
@@ -63,7 +64,7 @@ struct Seen {
 impl Seen {
     /// Whether `line` is new (and remembers it).
     fn admit(&mut self, line: &LogLine) -> bool {
-        if line.seq > 0 {
+        if line.seq > 0 && !line.worker_id.is_empty() {
             let newest = self.newest.entry(line.worker_id.clone()).or_default();
             let new = line.seq > *newest;
             *newest = (*newest).max(line.seq);
@@ -83,8 +84,8 @@ const ENDED_POLL: Duration = Duration::from_secs(2);
 const LAST_WORDS: Duration = Duration::from_secs(3);
 
 /// Runs `podctl logs`.
-pub fn run(args: &LogsArgs) -> anyhow::Result<()> {
-    crate::status::runtime()?.block_on(async {
+pub fn run(args: &LogsArgs, runtime: &tokio::runtime::Handle) -> anyhow::Result<()> {
+    runtime.block_on(async {
         let (client, _connection) = crate::status::client(&args.connect).await?;
         let printing = async {
             let mut seen = Seen::default();
@@ -110,7 +111,7 @@ pub fn run(args: &LogsArgs) -> anyhow::Result<()> {
                             }
                         }
                         _ = poll.tick(), if args.follow && !ended => {
-                            ended = client.get_job(&args.job).await.is_ok_and(|s| s.state.is_terminal());
+                            ended = client.get_job(&args.job).await.is_ok_and(|s| s.is_terminal());
                         }
                         () = tokio::time::sleep_until(last_line + LAST_WORDS), if ended => return Ok(()),
                     }

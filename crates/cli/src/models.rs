@@ -3,14 +3,13 @@
 
 use checkpoint::StoreOptions;
 
-/// Reads a model directory's `config.json` on its own small runtime (store clients are async).
-pub struct HfReader;
+/// Reads a model directory's `config.json`, blocking on the process's runtime (store clients
+/// are async; job specs load from synchronous code).
+pub struct HfReader(pub tokio::runtime::Handle);
 
 impl job::ModelReader for HfReader {
     fn read_config(&self, uri: &str) -> Result<bundle::ModelConfig, String> {
-        let runtime =
-            tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
-        runtime.block_on(async {
+        self.0.block_on(async {
             let location = hf::Location::parse(uri, &StoreOptions::default()).map_err(|e| e.to_string())?;
             let (config, _) = hf::model::read_config(&location).await.map_err(|e| e.to_string())?;
             Ok(config.model)

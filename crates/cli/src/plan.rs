@@ -7,8 +7,8 @@ use crate::toolchain::Toolchain;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use job::{JobSpec, MeshRequest};
-use planner::exact::{BundleRequest, DiskCache, ExactOracle, ProcessCompiler, Progress};
 use planner::{Accelerator, GIB, Plan, PlanOptions, Target, format_bytes, render_plan};
+use planner_exact::{BundleRequest, DiskCache, ExactOracle, ProcessCompiler, Progress};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -46,10 +46,10 @@ pub struct PlanArgs {
     json: bool,
 }
 
-pub fn run(args: &PlanArgs) -> Result<()> {
+pub fn run(args: &PlanArgs, runtime: &tokio::runtime::Handle) -> Result<()> {
     let started = Instant::now();
     let overrides = crate::overrides(&args.set)?;
-    let job = JobSpec::load_overridden(&args.job, &overrides, &crate::models::HfReader)?;
+    let job = JobSpec::load_overridden(&args.job, &overrides, &crate::models::HfReader(runtime.clone()))?;
     let workload = job.workload()?;
     let accelerator = match &args.target {
         Some(name) => {
@@ -106,7 +106,7 @@ fn exact_plan(
     // A qwen3-1.7b compile for v6e:2x4 peaks at about 6 GiB of host memory; local CPU compiles
     // of the small presets need far less.
     let per_compile = if target.accelerator.topology.is_some() { 6 * GIB } else { 2 * GIB };
-    let parallelism = planner::exact::default_parallelism(per_compile);
+    let parallelism = planner_exact::default_parallelism(per_compile);
     let display = CompileProgress::new();
     let progress = |event: &Progress| display.show(event);
     let oracle = ExactOracle::new(workload, target, &exporter, &compiler, parallelism)

@@ -18,6 +18,7 @@ pub fn run(
     plugin: &'static pjrt::Plugin,
     resume: Resume,
     parameters: u64,
+    runtime: &tokio::runtime::Handle,
 ) -> Result<()> {
     let (mut trainer, compile_seconds) = compile_trainer(job, bundle, plugin)?;
     if let Some(from) = worker::start::init_from(job) {
@@ -31,8 +32,8 @@ pub fn run(
         Some(_) => "Ctrl-C: stopping after this step, saving a checkpoint of it",
         None => "Ctrl-C: stopping after this step (the job saves no checkpoints)",
     };
-    let ctrl_c = crate::interrupt::CtrlC::watch(saving)?;
-    let outcome = worker::single::run(&mut trainer, job, &mut progress, &resume, &ctrl_c);
+    let ctrl_c = crate::interrupt::CtrlC::watch(saving, runtime)?;
+    let outcome = worker::single::run(&mut trainer, job, &mut progress, &resume, &ctrl_c, runtime);
     let record = progress.finish()?;
     let run = outcome.map_err(crate::exit::Classified::failed)?;
     if let Ended::Interrupted = run.trained.ended {

@@ -51,22 +51,14 @@ pub struct StopArgs {
     pub connect: ConnectArgs,
 }
 
-pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
-}
-
 /// Seconds since the epoch.
 pub fn unix_now() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// Runs `podctl stop`.
-pub fn stop(args: &StopArgs) -> anyhow::Result<()> {
-    runtime()?.block_on(async {
+pub fn stop(args: &StopArgs, runtime: &tokio::runtime::Handle) -> anyhow::Result<()> {
+    runtime.block_on(async {
         let (client, _connection) = client(&args.connect).await?;
         let state = client.stop_job(&args.job).await.with_context(|| format!("stopping {}", args.job))?;
         println!("{}: {}", args.job, state_name(state));
@@ -75,8 +67,8 @@ pub fn stop(args: &StopArgs) -> anyhow::Result<()> {
 }
 
 /// Runs `podctl status`.
-pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
-    runtime()?.block_on(async {
+pub fn run(args: &StatusArgs, runtime: &tokio::runtime::Handle) -> anyhow::Result<()> {
+    runtime.block_on(async {
         let (client, _connection) = client(&args.connect).await?;
         let mut out = Output::new(args.json, std::io::stdout().is_terminal());
         let watched = async {
@@ -116,20 +108,16 @@ async fn watch_job(client: &Client, job: &str, interval_ms: u32, out: &mut Outpu
         // The stream ends when the job does, or when the leader changes: then watch again.
         while let Ok(Some(status)) = stream.next().await {
             out.job(&status, cluster.as_ref())?;
-            if is_terminal(&status) {
+            if status.is_terminal() {
                 return Ok(());
             }
         }
         let status = client.get_job(job).await?;
-        if is_terminal(&status) {
+        if status.is_terminal() {
             return out.job(&status, cluster.as_ref());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-fn is_terminal(status: &JobStatus) -> bool {
-    status.state.is_terminal()
 }
 
 /// Where frames go: JSON lines, a redrawn terminal frame, or plain text.
@@ -225,15 +213,15 @@ pub fn redraw_prefix(drawn: usize) -> String {
 }
 
 /// A job state in lower case (`running`, `recovering`, ...).
-pub fn state_name(state: JobState) -> &'static str {
+pub fn state_name(state: Option<JobState>) -> &'static str {
     match state {
-        JobState::Unknown => "unknown",
-        JobState::Pending => "pending",
-        JobState::Running => "running",
-        JobState::Recovering => "recovering",
-        JobState::Completed => "completed",
-        JobState::Failed => "failed",
-        JobState::Stopped => "stopped",
+        None => "unknown",
+        Some(JobState::Pending) => "pending",
+        Some(JobState::Running) => "running",
+        Some(JobState::Recovering) => "recovering",
+        Some(JobState::Completed) => "completed",
+        Some(JobState::Failed) => "failed",
+        Some(JobState::Stopped) => "stopped",
     }
 }
 
@@ -359,12 +347,15 @@ pub fn render_job(s: &JobStatus, cluster: Option<&ClusterInfo>, now_unix: f64) -
     if s.mfu > 0.0 {
         progress.push_str(&format!("  MFU {:.1}%", 100.0 * s.mfu));
     }
-    if s.state == JobState::Running && s.step_seconds > 0.0 && s.step < s.total_steps {
+    if s.state == Some(JobState::Running) && s.step_seconds > 0.0 && s.step < s.total_steps {
         progress.push_str(&format!("  eta {}", duration((s.total_steps - s.step) as f64 * s.step_seconds)));
     }
     lines.push(progress);
     if let Some(phases) = phase_line(&s.metrics, s.step_seconds) {
         lines.push(phases);
+    }
+    if let Some(rewards) = rewards_line(&s.metrics) {
+        lines.push(rewards);
     }
     if let Some(accuracy) = s.metrics.get("eval_accuracy") {
         let before = s.metrics.get("eval_accuracy_initial");
@@ -424,6 +415,19 @@ pub fn render_job(s: &JobStatus, cluster: Option<&ClusterInfo>, now_unix: f64) -
 /// The newest step's phase split (`phase_<name>_seconds` of its report), longest first, each
 /// with its share of the step: `phases gradients 1.62s 81% · rollout 0.35s 17% · ...`, and what
 /// they add up to. `None` when the report has no phases.
+/// A GRPO step's reward and each reward function's mean (`reward_<name>`), e.g. `rewards 0.412 ·
+/// numeric_answer 0.380 · format 0.750`; `None` for a step without reward functions.
+pub fn rewards_line(metrics: &BTreeMap<String, f64>) -> Option<String> {
+    let total = metrics.get("reward")?;
+    let functions: Vec<String> = metrics
+        .iter()
+        .filter_map(|(key, value)| {
+            Some(format!("{} {value:.3}", key.strip_prefix("reward_").filter(|n| *n != "std")?))
+        })
+        .collect();
+    (!functions.is_empty()).then(|| format!("rewards {total:.3} · {}", functions.join(" · ")))
+}
+
 pub fn phase_line(metrics: &BTreeMap<String, f64>, step_seconds: f64) -> Option<String> {
     let mut phases: Vec<(&str, f64)> = metrics
         .iter()
@@ -607,7 +611,7 @@ mod tests {
         JobStatus {
             job_id: "j-000001".into(),
             name: "tiny-arith".into(),
-            state: JobState::Running,
+            state: Some(JobState::Running),
             generation: 2,
             step: 150,
             total_steps: 300,
@@ -687,7 +691,7 @@ mod tests {
         let fresh = JobStatus {
             job_id: "j2".into(),
             name: "new".into(),
-            state: JobState::Pending,
+            state: Some(JobState::Pending),
             total_steps: 10,
             loss: f64::NAN,
             message: "waiting for 2 workers".into(),
@@ -750,6 +754,9 @@ mod tests {
         assert_eq!(lines[3], "checkpoint step 100  3.0 MiB  30s ago  file:///ckpt/100");
         assert_eq!(phase_line(&BTreeMap::new(), 0.5), None);
         let unknown_step = phase_line(&s.metrics, 0.0).unwrap();
+        s.metrics.extend([("reward_numeric_answer".to_string(), 0.25), ("reward_format".to_string(), 0.75)]);
+        s.metrics.insert("reward_std".to_string(), 0.1);
+        assert_eq!(render_job(&s, None, 1030.0)[3], "rewards 0.500 · format 0.750 · numeric_answer 0.250");
         assert!(unknown_step.starts_with("phases gradients 0.375s · rollout"), "{unknown_step}");
     }
 

@@ -141,7 +141,10 @@ pub fn cache_dir(env: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
         home().map(|h| h.join("Library/Caches"))
     } else {
         // The XDG spec ignores a relative XDG_CACHE_HOME.
-        env("XDG_CACHE_HOME").map(PathBuf::from).filter(|d| d.is_absolute()).or_else(|| home().map(|h| h.join(".cache")))
+        env("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .filter(|d| d.is_absolute())
+            .or_else(|| home().map(|h| h.join(".cache")))
     };
     base.map(|b| b.join("podctl"))
 }
@@ -182,7 +185,7 @@ fn site_packages(prefix: &Path) -> Vec<PathBuf> {
             dir.is_dir().then_some((minor, dir))
         })
         .collect();
-    dirs.sort_by(|a, b| b.0.cmp(&a.0));
+    dirs.sort_by_key(|b| std::cmp::Reverse(b.0));
     dirs.into_iter().map(|(_, dir)| dir).collect()
 }
 
@@ -201,7 +204,10 @@ fn default_python(layout: &Layout, models: &Path) -> Result<PathBuf> {
     let version = models.parent().and_then(Path::file_name).and_then(|n| n.to_str()).unwrap_or("python3");
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path).map(|dir| dir.join(version)).find(|p| p.exists()).with_context(|| {
-        format!("podctl is installed for {version} (in {}), which is not on PATH; set PODCTL_PYTHON", models.display())
+        format!(
+            "podctl is installed for {version} (in {}), which is not on PATH; set PODCTL_PYTHON",
+            models.display()
+        )
     })
 }
 

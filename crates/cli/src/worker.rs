@@ -54,11 +54,11 @@ pub struct WorkerArgs {
 /// 128 + 15, what a shell reports for a process SIGTERM ended.
 pub const PREEMPTED_EXIT: u8 = 143;
 
-pub fn run(args: WorkerArgs) -> Result<u8> {
+pub fn run(args: WorkerArgs, runtime: &tokio::runtime::Handle) -> Result<u8> {
     let mut coordinator = args.connect.client_config()?;
     // A worker outlives elections and coordinator restarts: keep retrying for a while.
     coordinator.retry_for = Duration::from_secs(60);
-    match worker::agent::run(agent_config(args, coordinator), sigterm())? {
+    match worker::agent::run(agent_config(args, coordinator), sigterm(), runtime)? {
         AgentExit::Stopped(reason) => {
             tracing::info!("stopped: {reason}");
             Ok(0)

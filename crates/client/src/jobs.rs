@@ -13,17 +13,16 @@ use std::collections::BTreeMap;
 /// chunk of the checkpoint the job resumes from before it answers.
 const SUBMIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
-/// Where a job is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Where a job is in its life: the one definition, which the coordinator's replicated state
+/// holds (hence serde: it is in the Raft log) and its commands read. `proto::v1::JobState` is
+/// its wire form; both conversions are here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum JobState {
-    /// A state this client does not know (a newer coordinator's).
-    #[default]
-    Unknown,
     /// Submitted, waiting for its workers.
     Pending,
     /// A generation is running steps.
     Running,
-    /// A generation change is in progress.
+    /// A generation change is in progress (quiesce sent, assignment not yet committed).
     Recovering,
     /// Every step is committed.
     Completed,
@@ -39,15 +38,30 @@ impl JobState {
         matches!(self, Self::Completed | Self::Failed | Self::Stopped)
     }
 
-    fn from_wire(state: v1::JobState) -> Self {
+    /// The state a wire number names: `None` for one this client does not know (a newer
+    /// coordinator's) or none at all.
+    fn from_wire(state: i32) -> Option<Self> {
+        match v1::JobState::try_from(state).ok()? {
+            v1::JobState::Unspecified => None,
+            v1::JobState::Pending => Some(Self::Pending),
+            v1::JobState::Running => Some(Self::Running),
+            v1::JobState::Recovering => Some(Self::Recovering),
+            v1::JobState::Completed => Some(Self::Completed),
+            v1::JobState::Failed => Some(Self::Failed),
+            v1::JobState::Stopped => Some(Self::Stopped),
+        }
+    }
+}
+
+impl From<JobState> for v1::JobState {
+    fn from(state: JobState) -> Self {
         match state {
-            v1::JobState::Unspecified => Self::Unknown,
-            v1::JobState::Pending => Self::Pending,
-            v1::JobState::Running => Self::Running,
-            v1::JobState::Recovering => Self::Recovering,
-            v1::JobState::Completed => Self::Completed,
-            v1::JobState::Failed => Self::Failed,
-            v1::JobState::Stopped => Self::Stopped,
+            JobState::Pending => Self::Pending,
+            JobState::Running => Self::Running,
+            JobState::Recovering => Self::Recovering,
+            JobState::Completed => Self::Completed,
+            JobState::Failed => Self::Failed,
+            JobState::Stopped => Self::Stopped,
         }
     }
 }
@@ -59,8 +73,9 @@ pub struct JobStatus {
     pub job_id: String,
     /// Its name (from the spec).
     pub name: String,
-    /// Where it is in its life.
-    pub state: JobState,
+    /// Where it is in its life; `None` when the coordinator's state is one this client does
+    /// not know (a newer coordinator's).
+    pub state: Option<JobState>,
     /// Why it failed, or what it is waiting for.
     pub message: String,
     /// The current generation (members and their data-parallel ranks).
@@ -256,10 +271,17 @@ where
     Updates { stream: stream.boxed() }
 }
 
+impl JobStatus {
+    /// Whether the job is over (a state this client does not know is not an end).
+    pub fn is_terminal(&self) -> bool {
+        self.state.is_some_and(JobState::is_terminal)
+    }
+}
+
 impl From<v1::JobStatus> for JobStatus {
     fn from(s: v1::JobStatus) -> Self {
         Self {
-            state: JobState::from_wire(s.state()),
+            state: JobState::from_wire(s.state),
             job_id: s.job_id,
             name: s.name,
             message: s.message,
@@ -406,12 +428,12 @@ impl Client {
         Ok(updates("Jobs.Watch", stream, JobStatus::from))
     }
 
-    /// Stops a job; returns its state.
-    pub async fn stop_job(&self, job_id: &str) -> Result<JobState, ClientError> {
+    /// Stops a job; returns its state (`None`: one this client does not know).
+    pub async fn stop_job(&self, job_id: &str) -> Result<Option<JobState>, ClientError> {
         let t = self.timeout();
         self.call("Jobs.Stop", true, t, |c| {
             let r = self.request(v1::StopJobRequest { job_id: job_id.into() }, Some(t));
-            async move { Self::jobs(c).stop(r).await.map(|r| JobState::from_wire(r.into_inner().state())) }
+            async move { Self::jobs(c).stop(r).await.map(|r| JobState::from_wire(r.into_inner().state)) }
         })
         .await
     }
@@ -504,8 +526,8 @@ mod tests {
             ..Default::default()
         };
         let status = JobStatus::from(wire);
-        assert_eq!(status.state, JobState::Recovering);
-        assert!(!status.state.is_terminal());
+        assert_eq!(status.state, Some(JobState::Recovering));
+        assert!(!JobState::Recovering.is_terminal());
         assert_eq!((status.job_id.as_str(), status.step), ("j1", 7));
         assert_eq!(status.slices[0].health, "late");
         assert_eq!(status.last_checkpoint.unwrap().uri, "file:///c/5");
@@ -516,12 +538,21 @@ mod tests {
     #[test]
     fn an_unknown_state_number_is_unknown_not_a_panic() {
         let wire = v1::JobStatus { state: 99, ..Default::default() };
-        assert_eq!(JobStatus::from(wire).state, JobState::Unknown);
+        assert_eq!(JobStatus::from(wire).state, None);
+        assert_eq!(JobState::from_wire(v1::JobState::Unspecified as i32), None);
         for (wire, state) in
             [(v1::JobState::Completed, JobState::Completed), (v1::JobState::Stopped, JobState::Stopped)]
         {
-            assert_eq!(JobState::from_wire(wire), state);
+            assert_eq!(JobState::from_wire(wire as i32), Some(state));
             assert!(state.is_terminal());
+        }
+    }
+
+    #[test]
+    fn every_state_crosses_the_wire_and_back() {
+        use JobState::*;
+        for state in [Pending, Running, Recovering, Completed, Failed, Stopped] {
+            assert_eq!(JobState::from_wire(v1::JobState::from(state) as i32), Some(state));
         }
     }
 

@@ -68,15 +68,6 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-/// A `fail::fail_point!` that exists only with the `failpoints` feature.
-macro_rules! fail_point {
-    ($name:expr, $e:expr) => {
-        #[cfg(feature = "failpoints")]
-        fail::fail_point!($name, $e);
-    };
-}
-pub(crate) use fail_point;
-
 mod abort;
 mod buffer;
 mod endpoint;

@@ -212,7 +212,7 @@ impl TcpTx {
                 Verdict::Drop => return Ok(()),
             }
         }
-        crate::fail_point!("collective::send_chunk", |_| {
+        fault::fail_point!("collective::send_chunk", |_| {
             self.clean = false;
             let _ = self.stream.shutdown(Shutdown::Both);
             Err(self.peer.lost(format!("fail point collective::send_chunk fired before {}", what())))
@@ -330,7 +330,7 @@ impl TcpRx {
         let awaited = || (expect.what)();
         let mut head = [0u8; HEADER_LEN];
         self.stream.read_exact(&mut head).map_err(|e| self.peer.io(&e, awaited(), self.io_timeout))?;
-        crate::fail_point!("collective::recv_chunk", |_| {
+        fault::fail_point!("collective::recv_chunk", |_| {
             let _ = self.stream.shutdown(Shutdown::Both);
             Err(self
                 .peer

@@ -213,7 +213,7 @@ async fn run(n: usize, window: Duration, dir: &Path, addrs: &[String], nodes: &[
         cpu * 100.0,
     );
     let stopped = admin.stop_job(&job.job_id).await.expect("stops");
-    assert_eq!(stopped, client::JobState::Stopped);
+    assert_eq!(stopped, Some(client::JobState::Stopped));
 }
 
 fn main() {

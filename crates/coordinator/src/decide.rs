@@ -831,7 +831,7 @@ mod tests {
         let Some(Decision::Begin { removed, .. }) = decide_generation(now, &job, &live, &TIMING) else {
             panic!("its own failure: the job goes on without it")
         };
-        assert_eq!(removed, [a.clone()]);
+        assert_eq!(removed, std::slice::from_ref(&a));
         live.workers.get_mut(&a).unwrap().out = Some(Out::Unrunnable("step 3 has no target tokens".into()));
         let Some(Decision::Fail { reason }) = decide_generation(now, &job, &live, &TIMING) else {
             panic!("no member can run it: the job fails")

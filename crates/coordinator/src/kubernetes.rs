@@ -154,7 +154,7 @@ impl ControlPlane for Plane {
         let command = Command::RecordJobObject { job_id: job_id.into(), uid: uid.into() };
         async move {
             match ctx.propose(command).await {
-                Ok(crate::state::Response::Refused { reason }) => {
+                Ok(crate::state::Response::Refused { reason, .. }) => {
                     tracing::warn!("controller: the job object was not recorded: {reason}")
                 }
                 Ok(_) => {}

@@ -111,11 +111,7 @@ pub fn broadcast_in_force(ctx: &Ctx, job_id: &str) {
     let Some(job) = ctx.shared.read(|s| s.jobs.get(job_id).cloned()) else { return };
     ctx.leader.with(|m| {
         for worker_id in job.workers.keys() {
-            if m.sessions.contains_key(worker_id)
-                && let Some(directive) = directive_in_force(&job, worker_id)
-            {
-                m.send(worker_id, directive);
-            }
+            m.tell(&job, worker_id);
         }
     });
 }

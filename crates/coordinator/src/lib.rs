@@ -50,16 +50,6 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-/// A `fail::fail_point!` that exists only with the `failpoints` feature; used to crash a node
-/// (`panic`, which the failpoints build of the node binary turns into an abort) or pause it.
-macro_rules! fail_point {
-    ($name:expr) => {
-        #[cfg(feature = "failpoints")]
-        fail::fail_point!($name);
-    };
-}
-pub(crate) use fail_point;
-
 pub mod command;
 mod config;
 pub mod ctx;
@@ -121,25 +111,4 @@ pub mod typ {
     pub type ClientWriteResponse = openraft::raft::ClientWriteResponse<TypeConfig>;
     /// Raft metrics.
     pub type Metrics = openraft::RaftMetrics<u64, openraft::BasicNode>;
-}
-
-#[cfg(test)]
-mod tests {
-    /// The modules below the services (docs/ARCHITECTURE.md): their refusals are typed, and only
-    /// `grpc` turns them into statuses.
-    const CORE: [(&str, &str); 5] = [
-        ("state.rs", include_str!("state.rs")),
-        ("decide.rs", include_str!("decide.rs")),
-        ("memory.rs", include_str!("memory.rs")),
-        ("ctx.rs", include_str!("ctx.rs")),
-        ("jobs.rs", include_str!("jobs.rs")),
-    ];
-
-    #[test]
-    fn the_core_below_the_services_names_no_grpc() {
-        for (file, text) in CORE {
-            let named = text.lines().find(|l| l.contains("tonic") || l.contains("crate::grpc::"));
-            assert_eq!(named, None, "{file} reaches into gRPC");
-        }
-    }
 }

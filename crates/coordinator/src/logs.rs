@@ -243,7 +243,9 @@ impl LogBuffers {
         cut(&mut line);
         let limit = self.lines_per_job;
         self.with_job(&line.job_id.clone(), |logs| {
-            if line.seq > 0 {
+            // A worker's lines before it registers carry no id: they cannot be told apart from
+            // another unregistered worker's, so they are kept every time.
+            if line.seq > 0 && !line.worker_id.is_empty() {
                 let newest = logs.newest.entry(line.worker_id.clone()).or_default();
                 if line.seq <= *newest {
                     return;

@@ -10,19 +10,37 @@
 use crate::decide::{JobLive, WorkerLive};
 use crate::state::Job;
 use checkpoint::{HostReport, SaveSpec};
-use proto::v1::Directive;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
+
+/// How a worker's session is told what is in force, in whatever form its wire has: the services
+/// implement it (`grpc`'s bounded channel of directives), so the leader's memory holds
+/// sessions without naming a gRPC type.
+pub trait Outbox: std::fmt::Debug + Send + Sync {
+    /// Queues what is in force for `worker_id` of `job`, without waiting.
+    fn tell(&self, job: &Job, worker_id: &str) -> Delivery;
+}
+
+/// What became of a [`Outbox::tell`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// Queued, or nothing was in force to say.
+    Queued,
+    /// The worker does not read what it is sent: the queue is full.
+    Full,
+    /// The worker hung up.
+    Closed,
+}
 
 /// The sending half of a worker's session.
 #[derive(Debug, Clone)]
 pub struct SessionHandle {
     /// Distinguishes a reconnected session from the one it replaced.
     pub id: u64,
-    /// Directives to the worker (bounded: a worker that does not read is dropped).
-    pub tx: mpsc::Sender<Directive>,
+    /// What the leader says to the worker (bounded: a worker that does not read is dropped).
+    pub outbox: Arc<dyn Outbox>,
 }
 
 /// A save whose host reports are coming in.
@@ -79,9 +97,9 @@ impl LeaderState {
     }
 
     /// Registers a session, replacing an older one of the same worker.
-    pub fn open_session(&mut self, worker_id: &str, tx: mpsc::Sender<Directive>) -> u64 {
+    pub fn open_session(&mut self, worker_id: &str, outbox: Arc<dyn Outbox>) -> u64 {
         self.next_session += 1;
-        self.sessions.insert(worker_id.to_string(), SessionHandle { id: self.next_session, tx });
+        self.sessions.insert(worker_id.to_string(), SessionHandle { id: self.next_session, outbox });
         self.next_session
     }
 
@@ -92,18 +110,17 @@ impl LeaderState {
         }
     }
 
-    /// Sends a directive to a worker's session, dropping the session if it does not keep up or
-    /// the worker hung up (which is no fault: a worker leaves once the job is done).
-    pub fn send(&mut self, worker_id: &str, directive: Directive) {
+    /// Tells a worker's session, if it has one, what is in force for it in `job`, dropping
+    /// the session if it does not keep up or the worker hung up (which is no fault: a worker
+    /// leaves once the job is done).
+    pub fn tell(&mut self, job: &Job, worker_id: &str) {
         let Some(session) = self.sessions.get(worker_id) else { return };
-        match session.tx.try_send(directive) {
-            Ok(()) => return,
-            Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => {
-                tracing::warn!(worker_id, "session does not keep up with directives; closing it");
+        match session.outbox.tell(job, worker_id) {
+            Delivery::Queued => return,
+            Delivery::Full => {
+                tracing::warn!(worker_id, "session does not keep up with directives; closing it")
             }
-            Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => {
-                tracing::debug!(worker_id, "the worker closed its session");
-            }
+            Delivery::Closed => tracing::debug!(worker_id, "the worker closed its session"),
         }
         self.sessions.remove(worker_id);
     }

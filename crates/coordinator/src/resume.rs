@@ -49,8 +49,8 @@ pub enum ResumeError {
     Listing {
         /// The root.
         root: String,
-        /// Why.
-        source: CheckpointError,
+        /// Why (boxed: it would double the size of every submission result).
+        source: Box<CheckpointError>,
     },
 }
 
@@ -66,7 +66,7 @@ pub async fn find(
         return Ok(Found { line: new_line(now_ms), ..Found::default() });
     }
     let root = storage.url().trim_end_matches('/').to_string();
-    let listing = |source| ResumeError::Listing { root: root.clone(), source };
+    let listing = |source| ResumeError::Listing { root: root.clone(), source: Box::new(source) };
     let commits = committed_newest_first(&StoreCommitLog::new(storage.clone())).await.map_err(listing)?;
     let newest_line = commits.first().map(|c| line_of(&c.save_id).to_string());
     let uri_of = |c: &CommitRecord| format!("{root}/{}", c.dir());

@@ -31,29 +31,8 @@ pub const MAX_CHECKPOINTS_PER_JOB: usize = 1024;
 /// Jobs the cluster holds, finished ones included.
 pub const MAX_JOBS: usize = 10_000;
 
-/// Where a job is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum JobState {
-    /// Submitted, waiting for its workers.
-    Pending,
-    /// A generation is running steps.
-    Running,
-    /// A generation change is in progress (quiesce sent, assignment not yet committed).
-    Recovering,
-    /// Every step is committed.
-    Completed,
-    /// Given up.
-    Failed,
-    /// Stopped by a user.
-    Stopped,
-}
-
-impl JobState {
-    /// Whether the job is over.
-    pub fn is_terminal(self) -> bool {
-        matches!(self, Self::Completed | Self::Failed | Self::Stopped)
-    }
-}
+/// Where a job is in its life: the client's type, which the commands read too.
+pub use client::JobState;
 
 /// A registered worker, as the log knows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -774,7 +753,10 @@ impl ClusterState {
                     job.kube_object = uid;
                     Response::Applied
                 } else {
-                    refused(format!("job {job_id} has job object {} already", job.kube_object))
+                    refused(
+                        Refusal::State,
+                        format!("job {job_id} has job object {} already", job.kube_object),
+                    )
                 }
             }
         }
@@ -1299,7 +1281,9 @@ pub(crate) mod tests {
         assert_eq!(state.apply(record("u1")), Response::Applied);
         // A second leader records the same object again: nothing changes.
         assert_eq!(state.apply(record("u1")), Response::Applied);
-        assert!(matches!(state.apply(record("u2")), Response::Refused { reason } if reason.contains("u1")));
+        assert!(
+            matches!(state.apply(record("u2")), Response::Refused { why: Refusal::State, reason } if reason.contains("u1"))
+        );
         assert_eq!(state.jobs[&job_id].kube_object, "u1");
     }
 }

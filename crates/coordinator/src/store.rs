@@ -188,7 +188,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 }
             }
             // Inserted but not committed: a crash here must leave the log as it was before.
-            crate::fail_point!("coordinator::raft_log_append");
+            fault::fail_point!("coordinator::raft_log_append");
             txn.commit().map_err(io_err)
         })
         .await;
@@ -367,7 +367,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             for entry in entries {
                 // Committed but not applied (or a batch half applied): the machine is rebuilt
                 // from the snapshot and the committed log at the next start.
-                crate::fail_point!("coordinator::state_machine_apply");
+                fault::fail_point!("coordinator::state_machine_apply");
                 machine.last_applied = Some(entry.log_id);
                 let response = match entry.payload {
                     EntryPayload::Blank => Response::Applied,

@@ -15,7 +15,12 @@ fn main() -> anyhow::Result<()> {
     };
     let (micro_batch, seq_len) = (32, 128);
     let spec = BatchSpec::new(micro_batch * 8, micro_batch, seq_len)?;
-    let loader = Loader::from_config(&DataConfig::Arithmetic(ArithmeticConfig::default()), spec, 0)?;
+    let loader = Loader::from_config(
+        &DataConfig::Arithmetic(ArithmeticConfig::default()),
+        spec,
+        0,
+        &podctl_data::LocalFiles,
+    )?;
     let per_step = spec.micro_batches_per_step();
 
     let start = Instant::now();

@@ -196,7 +196,7 @@ impl ExampleSource for Arithmetic {
         let other = (person + 1 + rng.below(NAMES.len() as u64 - 1) as usize) % NAMES.len();
         let object = OBJECTS[rng.below(OBJECTS.len() as u64) as usize];
         let prompt = render(template, NAMES[person], NAMES[other], object, &problem);
-        Ok(Example { prompt, answer: problem.answer() })
+        Ok(Example::text(prompt, problem.answer()))
     }
 }
 
@@ -344,13 +344,14 @@ mod tests {
             let example = source.example(index).expect("example");
             let problem = source.problem(index).expect("problem");
             let result = problem.result();
-            assert!(example.prompt.ends_with("?\n"), "{:?}", example.prompt);
-            assert!(example.prompt.contains(&problem.a.to_string()), "{example:?}");
-            assert!(example.prompt.contains(&problem.b.to_string()), "{example:?}");
+            let prompt = example.prompt.display();
+            assert!(prompt.ends_with("?\n"), "{prompt:?}");
+            assert!(prompt.contains(&problem.a.to_string()), "{example:?}");
+            assert!(prompt.contains(&problem.b.to_string()), "{example:?}");
             assert!(example.answer.ends_with(&format!("= {result}\n#### {result}")), "{example:?}");
-            assert!(!example.prompt.contains('{') && !example.prompt.contains('}'), "{example:?}");
+            assert!(!prompt.contains('{') && !prompt.contains('}'), "{example:?}");
             // Everything the stream produces fits the character tokenizer.
-            CharTokenizer.encode(&example.prompt).expect("ascii prompt");
+            CharTokenizer.encode(&prompt).expect("ascii prompt");
             CharTokenizer.encode(&example.answer).expect("ascii answer");
         }
     }

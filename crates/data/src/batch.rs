@@ -11,15 +11,19 @@
 //! `prompt answer EOS PAD...`, the prompt as the [`Prompter`] encodes it (`BOS text` for plain
 //! prompts when the tokenizer adds a BOS, the rendered chat prompt with `data.chat`); `tokens` is
 //! its first `seq_len`, `targets` its last `seq_len` (tokens shifted left by one), and
-//! `loss_mask` is 1 exactly where the target is an answer token or the EOS. Longer examples keep
-//! their beginning and are counted in [`Batch::truncated_rows`]. Token windows use every target.
+//! `loss_mask` is 1 exactly where the target is an answer token or the EOS. A conversation's row
+//! is its whole rendering, `loss_mask` 1 where the target is assistant output
+//! ([`Prompter::conversation_ids`]). Longer examples keep their beginning and are counted in
+//! [`Batch::truncated_rows`]. Token windows use every target.
 
 use crate::arithmetic::Arithmetic;
-use crate::config::{ChatConfig, DataConfig, TokenizerConfig};
+use crate::config::{ChatConfig, DataConfig, FileFormat, TokenizerConfig};
+use crate::files::{DataFiles, open_required};
 use crate::jsonl::JsonlSource;
+use crate::parquet::ParquetSource;
 use crate::permutation::EpochPermutation;
 use crate::prompt::Prompter;
-use crate::source::{Example, ExampleSource};
+use crate::source::{Example, ExampleSource, Prefetched, Prompt};
 use crate::token_file::TokenFile;
 use crate::tokenizer::{CharTokenizer, HfTokenizer, SpecialTokens, Tokenizer};
 use crate::{DataError, Result};
@@ -175,28 +179,35 @@ impl Loader {
         Ok(Self { spec, seed, source: Source::Windows(file) })
     }
 
-    /// The loader a job spec's data section describes; files are opened and checked now.
-    pub fn from_config(config: &DataConfig, spec: BatchSpec, seed: u64) -> Result<Self> {
+    /// The loader a job spec's data section describes; files are found through `files`, opened
+    /// and checked now.
+    pub fn from_config(
+        config: &DataConfig,
+        spec: BatchSpec,
+        seed: u64,
+        files: &dyn DataFiles,
+    ) -> Result<Self> {
         config.validate()?;
         match config {
             DataConfig::Arithmetic(arithmetic) => Self::from_examples(
                 Box::new(Arithmetic::new(arithmetic, seed)?),
-                build_prompter(&arithmetic.tokenizer, arithmetic.chat.as_ref())?,
+                build_prompter(&arithmetic.tokenizer, arithmetic.chat.as_ref(), files)?,
                 spec,
                 seed,
             ),
-            DataConfig::Jsonl(jsonl) | DataConfig::Gsm8k(jsonl) => {
-                let format = config.jsonl_format().unwrap_or(crate::jsonl::JsonlFormat::PromptAnswer);
+            DataConfig::Jsonl(file) | DataConfig::Gsm8k(file) | DataConfig::Chat(file) => {
                 Self::from_examples(
-                    Box::new(JsonlSource::open(&jsonl.path, format)?),
-                    build_prompter(&jsonl.tokenizer, jsonl.chat.as_ref())?,
+                    open_examples(config, &file.path, files)?,
+                    build_prompter(&file.tokenizer, config.chat().as_ref(), files)?,
                     spec,
                     seed,
                 )
             }
-            DataConfig::Tokens(tokens) => {
-                Self::from_token_file(TokenFile::open(&tokens.path, tokens.dtype)?, spec, seed)
-            }
+            DataConfig::Tokens(tokens) => Self::from_token_file(
+                TokenFile::open(open_required(files, &tokens.path, "data.path")?, tokens.dtype)?,
+                spec,
+                seed,
+            ),
         }
     }
 
@@ -279,6 +290,30 @@ impl Loader {
         (0..self.spec.micro_batch).map(|row| self.example_index(step, micro, row)).collect()
     }
 
+    /// Reads ahead, all at once, what micro-batches `micro_batches` (`(step, micro)` pairs) will
+    /// read: the rows (or windows) of a run's remaining steps on this host. The examples are
+    /// checked on the way, so a bad row among them stops the run now.
+    pub fn prefetch(&self, micro_batches: impl IntoIterator<Item = (u64, u64)>) -> Result<Prefetched> {
+        let mut indices = Vec::new();
+        for (step, micro) in micro_batches {
+            indices.extend(self.example_indices(step, micro)?);
+        }
+        indices.sort_unstable();
+        indices.dedup();
+        match &self.source {
+            Source::Examples { examples, .. } => examples.prefetch(&indices),
+            Source::Windows(file) => file.prefetch(self.spec.seq_len, &indices),
+        }
+    }
+
+    /// Where example `index` comes from (`train.parquet row 12`), for messages.
+    pub fn locate(&self, index: u64) -> String {
+        match &self.source {
+            Source::Examples { examples, .. } => examples.locate(index),
+            Source::Windows(file) => format!("{} window {index}", file.path().display()),
+        }
+    }
+
     /// Micro-batch `micro` (`0..micro_batches_per_step`) of `step`.
     pub fn micro_batch(&self, step: u64, micro: u64) -> Result<Batch> {
         let (rows, seq_len) = (self.spec.micro_batch, self.spec.seq_len);
@@ -303,10 +338,13 @@ impl Loader {
                     mask.fill(1.0);
                 }
                 Source::Examples { examples, prompter } => {
-                    let example = examples.example(batch.example_indices[row])?;
-                    if lay_out_example(prompter, &example, &mut window, mask)? {
-                        batch.truncated_rows += 1;
-                    }
+                    let index = batch.example_indices[row];
+                    let example = examples.example(index)?;
+                    let truncated =
+                        lay_out_example(prompter, &example, &mut window, mask).map_err(|error| {
+                            DataError::Example { at: examples.locate(index), source: Box::new(error) }
+                        })?;
+                    batch.truncated_rows += usize::from(truncated);
                 }
             }
             batch.tokens[span.clone()].copy_from_slice(&window[..seq_len]);
@@ -337,9 +375,10 @@ impl Loader {
     }
 }
 
-/// Lays `prompt answer EOS` into `window` (`seq_len + 1` tokens, PAD-filled past the end) and
-/// marks in `mask` (`seq_len` targets) the targets that are answer tokens or the EOS. Returns
-/// whether the example had to be truncated.
+/// Lays `prompt answer EOS` (or a conversation) into `window` (`seq_len + 1` tokens,
+/// PAD-filled past the end) and marks in `mask` (`seq_len` targets) the targets that are answer
+/// tokens or the EOS (the conversation's assistant output). Returns whether the example had to be
+/// truncated.
 fn lay_out_example(
     prompter: &Prompter,
     example: &Example,
@@ -348,34 +387,104 @@ fn lay_out_example(
 ) -> Result<bool> {
     let tokenizer = prompter.tokenizer();
     let vocab_size = tokenizer.vocab_size();
-    let prompt = prompter.prompt_ids(&example.prompt)?;
-    let answer = prompter.answer_ids(&example.answer)?;
-    let full_len = prompt.len() + answer.len();
+    let (ids, learned) = match &example.prompt {
+        Prompt::Text(_) => {
+            let prompt = prompter.prompt_ids(&example.prompt)?;
+            let answer = prompter.answer_ids(&example.answer)?;
+            let learned: Vec<bool> = std::iter::repeat_n(false, prompt.len())
+                .chain(std::iter::repeat_n(true, answer.len()))
+                .collect();
+            (prompt.into_iter().chain(answer).collect::<Vec<u32>>(), learned)
+        }
+        Prompt::Chat(conversation) => {
+            let (ids, learned) = prompter.conversation_ids(conversation)?;
+            if !learned.contains(&true) {
+                return Err(DataError::Field {
+                    field: "messages".into(),
+                    message: "the conversation has no assistant turn to learn from (the chat template marks none); \
+                              SFT rows need one"
+                        .into(),
+                });
+            }
+            (ids, learned)
+        }
+    };
     window.fill(tokenizer.pad_id() as i32);
-    for (slot, &id) in window.iter_mut().zip(prompt.iter().chain(&answer)) {
+    for (slot, &id) in window.iter_mut().zip(&ids) {
         if id >= vocab_size {
             return Err(DataError::TokenIdOutOfRange { id, vocab_size });
         }
         // The loader checked vocab_size <= i32::MAX, so the id fits.
         *slot = id as i32;
     }
-    // Sequence positions of the answer (its EOS included); target j is position j + 1.
-    let answer_span = prompt.len()..full_len.min(window.len());
+    // Target j is position j + 1.
     for (j, weight) in mask.iter_mut().enumerate() {
-        *weight = if answer_span.contains(&(j + 1)) { 1.0 } else { 0.0 };
+        *weight = if learned.get(j + 1).copied().unwrap_or(false) { 1.0 } else { 0.0 };
     }
-    Ok(full_len > window.len())
+    Ok(ids.len() > window.len())
 }
 
-/// The tokenizer `config` names, with its chat template's date from `chat`, and prompts
-/// formatted as `chat` says.
-pub fn build_prompter(config: &TokenizerConfig, chat: Option<&ChatConfig>) -> Result<Prompter> {
+/// The examples of `uri` (the training file or the test file of a file kind), JSONL or Parquet
+/// by `data.format` or the file's name: one file, or a directory of Parquet shards.
+pub fn open_examples(
+    config: &DataConfig,
+    uri: &str,
+    files: &dyn DataFiles,
+) -> Result<Box<dyn ExampleSource>> {
+    let (Some(file_config), Some(format)) = (config.files(), config.row_format()) else {
+        return Err(DataError::NotAnExampleSource { operation: "reading example files" });
+    };
+    let is_dir = files.is_dir(uri)?;
+    match file_config.format.unwrap_or_else(|| FileFormat::of(uri, is_dir)) {
+        FileFormat::Jsonl => {
+            let file = open_required(files, uri, "data.path / data.test")?;
+            Ok(Box::new(JsonlSource::open(&file, format)?))
+        }
+        FileFormat::Parquet => {
+            let shards = if is_dir {
+                let shards = files.list(uri, ".parquet")?;
+                if shards.is_empty() {
+                    return Err(DataError::EmptyFile {
+                        path: uri.into(),
+                        what: "expected .parquet files (shards, read in name order)".into(),
+                    });
+                }
+                shards
+            } else {
+                vec![uri.to_owned()]
+            };
+            let shards = shards
+                .iter()
+                .map(|shard| open_required(files, shard, "a Parquet shard"))
+                .collect::<Result<Vec<_>>>()?;
+            Ok(Box::new(ParquetSource::open(shards, format)?))
+        }
+    }
+}
+
+/// The tokenizer `config` names (read through `files`), with its chat template's date from
+/// `chat` and `chat.template` in place of its own, and prompts formatted as `chat` says.
+pub fn build_prompter(
+    config: &TokenizerConfig,
+    chat: Option<&ChatConfig>,
+    files: &dyn DataFiles,
+) -> Result<Prompter> {
     let tokenizer: std::sync::Arc<dyn Tokenizer> = match config {
         TokenizerConfig::Char {} => std::sync::Arc::new(CharTokenizer),
         TokenizerConfig::Hf(hf) => {
             let special = SpecialTokens { pad: hf.pad.clone(), bos: hf.bos.clone(), eos: hf.eos.clone() };
             let date = chat.map(ChatConfig::date).transpose()?.flatten();
-            std::sync::Arc::new(HfTokenizer::load(&hf.path, &special, date)?)
+            let mut tokenizer = HfTokenizer::load(files, &hf.path, &special, date)?;
+            if let Some(uri) = chat.and_then(|chat| chat.template.as_deref()) {
+                let file = open_required(files, uri, "data.chat.template")?;
+                let bytes = file.read(0..file.len().min(crate::hf_files::MAX_CONFIG_BYTES))?;
+                let source = std::str::from_utf8(&bytes).map_err(|_| DataError::InvalidConfig {
+                    field: "data.chat.template",
+                    message: format!("{uri} is not UTF-8 text; save the template as UTF-8"),
+                })?;
+                tokenizer.set_chat_template(source, std::path::Path::new(uri), date)?;
+            }
+            std::sync::Arc::new(tokenizer)
         }
     };
     match chat {
@@ -403,7 +512,7 @@ mod tests {
     }
 
     fn example(prompt: &str, answer: &str) -> Example {
-        Example { prompt: prompt.into(), answer: answer.into() }
+        Example::text(prompt, answer)
     }
 
     fn arithmetic_loader(spec: BatchSpec, seed: u64) -> Loader {
@@ -600,6 +709,8 @@ mod tests {
         )
         .expect("loader");
         let error = loader.micro_batch(0, 0).expect_err("non-ascii");
-        assert!(matches!(error, DataError::UnencodableChar { position: 2, .. }), "{error:?}");
+        let DataError::Example { at, source } = &error else { panic!("{error:?}") };
+        assert_eq!(at, "example 0", "the source says where the example is");
+        assert!(matches!(**source, DataError::UnencodableChar { position: 2, .. }), "{error:?}");
     }
 }

@@ -13,17 +13,22 @@
 //!
 //! Here the engine is minijinja with the same settings, Python's string and dict methods
 //! (`minijinja-contrib`'s pycompat), values printed as Python's `str()` prints them (`None`,
-//! `True`, `1.0`, `['a']`), and `{% generation %}` blocks (transformers' assistant-mask marker,
-//! which renders its body unchanged) read as plain blocks. `strftime_now` formats the date the
-//! job fixes (`data.chat.date`), not the clock, so prompts stay a pure function of the job.
+//! `True`, `1.0`, `['a']`), and `{% generation %}` blocks (transformers' assistant-mask marker:
+//! the body renders unchanged, and [`ChatTemplate::render_spans`] says where its output lies, as
+//! `apply_chat_template(..., return_assistant_tokens_mask=True)` records it). `strftime_now`
+//! formats the date the job fixes (`data.chat.date`), not the clock, so prompts stay a pure
+//! function of the job.
 //! Rendering is bounded by a fuel limit: a template from the hub that loops forever is an error,
 //! not a hang.
 
 use crate::{DataError, Result};
 use minijinja::value::{Kwargs, Rest, Value, ValueKind};
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, State};
+use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 /// Work one rendering may do: minijinja charges one unit per instruction and per 64 bytes of
 /// data it makes, so this bounds a rendering's time and its strings (64 MiB); a chat prompt takes
@@ -38,6 +43,16 @@ const MAX_INDENT: i64 = 64;
 const NAME: &str = "chat_template";
 /// Names a message's reasoning is passed under, the first the one templates read.
 const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
+/// What a `{% generation %}` block writes where it opens and closes: Unicode noncharacters,
+/// which the standard keeps for a program's internal use, removed from the text before anyone
+/// sees it (messages that contain them are refused).
+const GENERATION_OPEN: char = '\u{FDD0}';
+/// See [`GENERATION_OPEN`].
+const GENERATION_CLOSE: char = '\u{FDD1}';
+/// Marks the content of each message while the roles a template renders are probed.
+const PROBE: char = '\u{FDD2}';
+/// Distinct role sequences whose check is remembered (a data set repeats a few).
+const MAX_CHECKED_ROLE_SEQUENCES: usize = 1024;
 
 /// One chat message: `{"role": ..., "content": ...}` and any other fields (`reasoning_content`,
 /// `tool_calls`, ...), which reach the template as they are, in their order.
@@ -61,6 +76,64 @@ impl Message {
             Ok(role) if role.kind() == ValueKind::String => Ok(Self(value)),
             _ => Err("a message needs a string `role`".into()),
         }
+    }
+
+    /// The role (`system`, `user`, `assistant`, `tool`, ...).
+    pub fn role(&self) -> String {
+        self.0.get_attr("role").ok().and_then(|role| role.as_str().map(str::to_owned)).unwrap_or_default()
+    }
+
+    /// The content when it is text (`None` for structured content or none).
+    pub fn content(&self) -> Option<String> {
+        self.0.get_attr("content").ok().and_then(|content| content.as_str().map(str::to_owned))
+    }
+
+    /// The message as JSON (what a reward function in Python receives).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(&self.0).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The message with its content replaced by `content` (the role probe).
+    fn with_content(&self, content: &str) -> Self {
+        let fields: Vec<(Value, Value)> = match self.0.try_iter() {
+            Ok(keys) => keys
+                .filter_map(|key| {
+                    let value = if key.as_str() == Some("content") {
+                        Value::from(content)
+                    } else {
+                        self.0.get_item(&key).ok()?
+                    };
+                    Some((key, value))
+                })
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        let has_content = fields.iter().any(|(key, _)| key.as_str() == Some("content"));
+        let extra = (!has_content).then(|| (Value::from("content"), Value::from(content)));
+        Self(Value::from_pairs(fields.into_iter().chain(extra)))
+    }
+
+    /// Whether any text in the message holds a character podctl reserves for its markers.
+    fn holds_reserved_char(&self) -> bool {
+        fn walk(value: &Value, depth: usize) -> bool {
+            match value.kind() {
+                ValueKind::String => value
+                    .as_str()
+                    .is_some_and(|text| text.contains([GENERATION_OPEN, GENERATION_CLOSE, PROBE])),
+                ValueKind::Seq | ValueKind::Map if depth < 64 => value.try_iter().is_ok_and(|items| {
+                    items.into_iter().any(|item| {
+                        let inner = if value.kind() == ValueKind::Map {
+                            value.get_item(&item).unwrap_or_default()
+                        } else {
+                            Value::from(())
+                        };
+                        walk(&item, depth + 1) || walk(&inner, depth + 1)
+                    })
+                }),
+                _ => false,
+            }
+        }
+        walk(&self.0, 0)
     }
 
     /// What transformers hands the template for this message: null-valued keys dropped, the
@@ -113,6 +186,10 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     /// `bos_token`, `eos_token`, ... with their texts: the tokenizer's special tokens map.
     special_tokens: Vec<(String, String)>,
+    /// Whether the source has `{% generation %}` blocks.
+    marks_generation: bool,
+    /// Role sequences already probed ([`ChatTemplate::unrendered_message`]) and the answer.
+    checked_roles: Mutex<HashMap<Vec<String>, Option<usize>>>,
 }
 
 impl ChatTemplate {
@@ -147,9 +224,22 @@ impl ChatTemplate {
         });
         let path_for_date = path.to_path_buf();
         env.add_function("strftime_now", move |format: String| strftime(date, &format, &path_for_date));
-        env.add_template_owned(NAME, generation_blocks_as_plain(source))
+        let (source, marks_generation) = generation_blocks_marked(source);
+        env.add_template_owned(NAME, source)
             .map_err(|e| error(format!("does not compile: {}", describe(&e))))?;
-        Ok(Self { path: path.to_path_buf(), env, special_tokens })
+        Ok(Self {
+            path: path.to_path_buf(),
+            env,
+            special_tokens,
+            marks_generation,
+            checked_roles: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Whether the template marks what the assistant writes with `{% generation %}` blocks
+    /// (what an assistant-only loss needs).
+    pub fn marks_generation(&self) -> bool {
+        self.marks_generation
     }
 
     /// The file the template came from.
@@ -160,6 +250,78 @@ impl ChatTemplate {
     /// Renders `messages`; an error (a template that raises, reads what is not there, or runs out
     /// of fuel) names the template's file and line.
     pub fn render(&self, messages: &[Message], options: &RenderOptions) -> Result<String> {
+        Ok(self.render_spans(messages, options)?.0)
+    }
+
+    /// Renders `messages` and says which bytes of the text `{% generation %}` blocks wrote, in
+    /// order (none when the template has no such blocks).
+    pub fn render_spans(
+        &self,
+        messages: &[Message],
+        options: &RenderOptions,
+    ) -> Result<(String, Vec<Range<usize>>)> {
+        if let Some(index) = messages.iter().position(Message::holds_reserved_char) {
+            return Err(DataError::ChatTemplate {
+                path: self.path.clone(),
+                message: format!(
+                    "message {index} holds one of the Unicode noncharacters U+FDD0..U+FDD2, which podctl \
+                     reserves for its own marks; remove them from the data"
+                ),
+            });
+        }
+        let marked = self.render_marked(messages, options)?;
+        let mut text = String::with_capacity(marked.len());
+        let (mut open, mut spans) = (Vec::new(), Vec::new());
+        for ch in marked.chars() {
+            match ch {
+                GENERATION_OPEN => open.push(text.len()),
+                GENERATION_CLOSE => match open.pop() {
+                    Some(start) => spans.push(start..text.len()),
+                    None => return Err(self.unbalanced()),
+                },
+                _ => text.push(ch),
+            }
+        }
+        if !open.is_empty() {
+            return Err(self.unbalanced());
+        }
+        spans.sort_by_key(|span| span.start);
+        Ok((text, spans))
+    }
+
+    /// The first message of `messages` whose content the template does not render (a role it
+    /// does not know: Qwen3's renders nothing for a `bot` turn, silently dropping it), found by
+    /// rendering the conversation with each content replaced by a probe. `None` when every
+    /// message shows, or when the probe itself does not render (the real rendering reports why).
+    pub fn unrendered_message(&self, messages: &[Message], options: &RenderOptions) -> Option<usize> {
+        let roles: Vec<String> = messages.iter().map(Message::role).collect();
+        if let Some(known) = self.checked_roles.lock().ok().and_then(|checked| checked.get(&roles).copied()) {
+            return known;
+        }
+        let probe = |i: usize| format!("{PROBE}{i}{PROBE}");
+        let probes: Vec<Message> =
+            messages.iter().enumerate().map(|(i, message)| message.with_content(&probe(i))).collect();
+        let missing = match self.render_marked(&probes, options) {
+            Ok(text) => (0..messages.len()).find(|&i| !text.contains(&probe(i))),
+            Err(_) => None,
+        };
+        if let Ok(mut checked) = self.checked_roles.lock()
+            && checked.len() < MAX_CHECKED_ROLE_SEQUENCES
+        {
+            checked.insert(roles, missing);
+        }
+        missing
+    }
+
+    fn unbalanced(&self) -> DataError {
+        DataError::ChatTemplate {
+            path: self.path.clone(),
+            message: "its {% generation %} and {% endgeneration %} tags do not pair up in the output".into(),
+        }
+    }
+
+    /// The rendering with the generation blocks' marks still in it.
+    fn render_marked(&self, messages: &[Message], options: &RenderOptions) -> Result<String> {
         let mut context: Vec<(String, Value)> = vec![
             ("messages".into(), Value::from_iter(messages.iter().map(Message::for_template))),
             ("tools".into(), Value::from(())),
@@ -205,11 +367,14 @@ fn describe(error: &Error) -> String {
     text
 }
 
-/// `{% generation %}` ... `{% endgeneration %}` as `{% if true %}` ... `{% endif %}`, whitespace
-/// control marks kept, so the output is the same as transformers' (which only records where the
-/// block's output lies).
-fn generation_blocks_as_plain(source: &str) -> String {
+/// `{% generation %}` ... `{% endgeneration %}` as plain blocks that write a mark where they open
+/// and close, whitespace control kept on the outer tags (`{%- generation %}` becomes
+/// `{%- if true %}{{ OPEN }}{% if true %}`, so both the whitespace before the tag and the
+/// newline after it are trimmed as Jinja2 trims them around the one tag). Returns the source and
+/// whether it had such blocks.
+fn generation_blocks_marked(source: &str) -> (String, bool) {
     let mut out = String::with_capacity(source.len());
+    let mut marked = false;
     let mut rest = source;
     while let Some(start) = rest.find("{%") {
         out.push_str(&rest[..start]);
@@ -219,14 +384,23 @@ fn generation_blocks_as_plain(source: &str) -> String {
         let inner = &tag[2..end];
         let (open, body, close) = split_marks(inner);
         match body.trim() {
-            "generation" => write_tag(&mut out, open, "if true", close),
-            "endgeneration" => write_tag(&mut out, open, "endif", close),
+            "generation" => {
+                write_tag(&mut out, open, "if true", "");
+                let _ = write!(out, "{{{{ \"{GENERATION_OPEN}\" }}}}");
+                write_tag(&mut out, "", "if true", close);
+                marked = true;
+            }
+            "endgeneration" => {
+                write_tag(&mut out, open, "endif", "");
+                let _ = write!(out, "{{{{ \"{GENERATION_CLOSE}\" }}}}");
+                write_tag(&mut out, "", "endif", close);
+            }
             _ => out.push_str(&tag[..end + 2]),
         }
         rest = &tag[end + 2..];
     }
     out.push_str(rest);
-    out
+    (out, marked)
 }
 
 /// A tag's inside split into its leading mark (`-` or `+`), its body and its trailing mark.
@@ -636,6 +810,8 @@ fn write_python_string_repr(out: &mut String, text: &str) {
 }
 
 #[cfg(test)]
+// Spans are ranges: one span is a list of one range, not a range to expand.
+#[allow(clippy::single_range_in_vec_init)]
 mod tests {
     use super::*;
 
@@ -747,17 +923,52 @@ mod tests {
     }
 
     #[test]
-    fn generation_blocks_render_their_body() {
+    fn generation_blocks_render_their_body_and_say_where_it_is() {
+        let (source, marked) =
+            generation_blocks_marked("a{%- generation -%} b {% endgeneration +%}c{% if x %}");
+        assert!(marked);
         assert_eq!(
-            generation_blocks_as_plain("a{%- generation -%} b {% endgeneration +%}c{% if x %}"),
-            "a{%- if true -%} b {% endif +%}c{% if x %}"
+            source,
+            "a{%- if true %}{{ \"\u{FDD0}\" }}{% if true -%} b {% endif %}{{ \"\u{FDD1}\" }}{% endif +%}c{% if x %}"
         );
         // Tags that are not well formed are left for the parser to refuse (found by fuzzing).
         for broken in ["{%}", "{%}%}", "{%", "a {%- %}", "{%-%}{%+-%}"] {
-            assert_eq!(generation_blocks_as_plain(broken), broken);
+            assert_eq!(generation_blocks_marked(broken), (broken.to_string(), false));
         }
-        let source = "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}";
-        assert_eq!(render(source, &[Message::new("assistant", "ok")], &RenderOptions::default()), "ok");
+        // Whitespace control around the tags trims as Jinja2 trims it (checked with jinja2 3.1.6
+        // and transformers' generation extension: the same text, the span over "ok!\n").
+        let source = "{% for m in messages %}\n  {%- if m.role == 'assistant' %}\n    {% generation %}\n{{ m.content }}!\n{% endgeneration %}\n  {%- else %}[{{ m.content }}]{% endif %}\n{% endfor %}";
+        let messages = [Message::new("user", "hi"), Message::new("assistant", "ok")];
+        let (text, spans) =
+            template(source).render_spans(&messages, &RenderOptions::default()).expect("renders");
+        assert_eq!(text, "[hi]ok!\n");
+        assert_eq!(spans, [4..8]);
+        assert!(template(source).marks_generation());
+        let message = template(source)
+            .render(&[Message::new("user", "a\u{FDD1}")], &RenderOptions::default())
+            .expect_err("a reserved character")
+            .to_string();
+        assert!(message.contains("U+FDD0") && message.contains("message 0"), "{message}");
+    }
+
+    #[test]
+    fn a_role_the_template_does_not_render_is_found() {
+        let source = "{% for m in messages %}{% if m.role == 'user' %}U:{{ m.content }}{% elif m.role == 'assistant' %}A:{{ m.content }}{% endif %}{% endfor %}";
+        let chat = template(source);
+        let options = RenderOptions::default();
+        let good = [Message::new("user", "hi"), Message::new("assistant", "ok")];
+        assert_eq!(chat.unrendered_message(&good, &options), None);
+        let bad = [Message::new("user", "hi"), Message::new("bot", "ok"), Message::new("assistant", "x")];
+        assert_eq!(chat.unrendered_message(&bad, &options), Some(1));
+        // Remembered per role sequence, whatever the contents.
+        let again = [Message::new("user", "?"), Message::new("bot", "!"), Message::new("assistant", "")];
+        assert_eq!(chat.unrendered_message(&again, &options), Some(1));
+        assert_eq!(
+            Message::from_json(r#"{"role": "tool", "content": "x"}"#).expect("message").role(),
+            "tool"
+        );
+        assert_eq!(good[1].content().as_deref(), Some("ok"));
+        assert_eq!(good[1].to_json(), serde_json::json!({"role": "assistant", "content": "ok"}));
     }
 
     #[test]

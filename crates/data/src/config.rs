@@ -10,18 +10,33 @@
 //!   tokenizer: { kind: hf, path: Qwen3-1.7B }    # a model directory, or a tokenizer.json
 //!   chat: { enable_thinking: false }             # prompts through the tokenizer's chat template
 //! data: { kind: tokens, path: corpus.bin, dtype: u16 }
+//! data:
+//!   kind: gsm8k                                  # straight from the hub's Parquet files
+//!   path: gs://my-bucket/gsm8k/main/train-00000-of-00001.parquet
+//!   test: gs://my-bucket/gsm8k/main/test-00000-of-00001.parquet
+//!   tokenizer: { kind: hf, path: gs://my-bucket/models/Qwen3-1.7B }
+//!   chat: {}
+//! data:
+//!   kind: chat                                   # {"messages": [{"role": ..., "content": ...}, ...]}
+//!   path: s3://my-bucket/sft/                    # a directory of Parquet shards
+//!   columns: { messages: conversation }          # where the file's column names differ
+//!   tokenizer: { kind: hf, path: Qwen3-1.7B }
+//!   chat: { template: qwen3_training.jinja }     # marks the assistant's turns for the loss
 //! ```
+//!
+//! Every file may be a local path, `file://`, `s3://` or `gs://` (the worker reads buckets through
+//! the checkpoint crate's object-store clients). Example files are JSONL or Parquet: by `format`,
+//! else by extension (`.parquet`, or a directory of `.parquet` shards, is Parquet).
 //!
 //! Unknown fields are refused (a typo must not silently fall back to a default), and
 //! [`DataConfig::validate`] checks ranges with messages that name the field and the fix.
 
 use crate::arithmetic::{Op, Split};
-use crate::jsonl::JsonlFormat;
+use crate::rows::RowFormat;
 use crate::token_file::TokenDtype;
 use crate::{DataError, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 /// Largest operand digit count: keeps every result, even times the largest multiplier, in u64.
 pub const MAX_DIGITS: u32 = 15;
@@ -34,10 +49,13 @@ pub const MAX_MULTIPLIER: u32 = 99;
 pub enum DataConfig {
     /// Synthetic arithmetic word problems (endless).
     Arithmetic(ArithmeticConfig),
-    /// A JSONL file of `{"prompt": ..., "answer": ...}` objects.
-    Jsonl(JsonlConfig),
-    /// A JSONL file in GSM8K's format: `{"question": ..., "answer": "... #### 72"}` objects.
-    Gsm8k(JsonlConfig),
+    /// Rows of `{"prompt": ..., "answer": ...}` (JSONL lines or Parquet rows).
+    Jsonl(FileConfig),
+    /// Rows in GSM8K's format: `{"question": ..., "answer": "... #### 72"}`.
+    Gsm8k(FileConfig),
+    /// Conversations: rows of `{"messages": [{"role": ..., "content": ...}, ...]}`, rendered by
+    /// the tokenizer's chat template.
+    Chat(FileConfig),
     /// A pre-tokenized `.bin` file, read as windows of `seq_len + 1` tokens.
     Tokens(TokenFileConfig),
 }
@@ -108,20 +126,72 @@ impl ArithmeticConfig {
     }
 }
 
-/// A JSONL file of examples (`kind: jsonl` or `kind: gsm8k`, which differ in their fields).
+/// A file of examples (`kind: jsonl`, `gsm8k` or `chat`, which differ in their rows).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct JsonlConfig {
-    /// The training file, one object per line.
-    pub path: PathBuf,
-    /// A file of held-out problems in the same format (GSM8K's `test.jsonl`), for evaluation.
+pub struct FileConfig {
+    /// The training examples: a JSONL file, a Parquet file or a directory of Parquet shards (read
+    /// in name order); a path, `file://`, `s3://` or `gs://`.
+    pub path: String,
+    /// Held-out problems in the same format (GSM8K's test split), for evaluation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub test: Option<PathBuf>,
+    pub test: Option<String>,
+    /// How the files are written; by extension when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<FileFormat>,
+    /// The names of the columns (fields) the kind reads, where the file's differ.
+    #[serde(default, skip_serializing_if = "ColumnNames::is_empty")]
+    pub columns: ColumnNames,
     /// How text becomes tokens.
     pub tokenizer: TokenizerConfig,
-    /// Prompts through the tokenizer's chat template; plain text when absent.
+    /// Prompts through the tokenizer's chat template; plain text when absent (conversations
+    /// always go through it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat: Option<ChatConfig>,
+}
+
+/// How example files are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileFormat {
+    /// One JSON object per line.
+    Jsonl,
+    /// Apache Parquet (what the Hugging Face hub serves and `datasets.Dataset.to_parquet` writes).
+    Parquet,
+}
+
+impl FileFormat {
+    /// The format of `path` when the spec names none: Parquet for `.parquet` files and for
+    /// directories (of shards), JSONL otherwise.
+    pub fn of(path: &str, is_dir: bool) -> Self {
+        if is_dir || path.ends_with(".parquet") || path.ends_with('/') {
+            FileFormat::Parquet
+        } else {
+            FileFormat::Jsonl
+        }
+    }
+}
+
+/// Column (field) names that differ from the kind's: `prompt` (GSM8K's `question`, else
+/// `prompt`), `answer`, `messages`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ColumnNames {
+    /// The column of the prompt text (`kind: jsonl` and `gsm8k`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// The column of the answer (the reference a conversation's prompt-only rows carry, too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
+    /// The column of a conversation's turns (`kind: chat`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<String>,
+}
+
+impl ColumnNames {
+    fn is_empty(&self) -> bool {
+        self == &ColumnNames::default()
+    }
 }
 
 /// Prompts rendered by the tokenizer's chat template: the example's prompt (GSM8K's question)
@@ -131,7 +201,11 @@ pub struct JsonlConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ChatConfig {
-    /// A system turn before every prompt.
+    /// A chat template file (Jinja) to use instead of the tokenizer's: one whose
+    /// `{% generation %}` blocks mark the assistant's output, for SFT on conversations.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// A system turn before every prompt (text prompts only: conversations carry their own).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub system: Option<String>,
     /// Passed to the template as `enable_thinking`: Qwen3's template renders an empty
@@ -149,6 +223,12 @@ pub struct ChatConfig {
 impl ChatConfig {
     /// Checks the fields; the error names the field and the fix.
     pub fn validate(&self) -> Result<()> {
+        if self.template.as_deref().is_some_and(str::is_empty) {
+            return Err(invalid(
+                "data.chat.template",
+                "is empty; name a chat template file (.jinja) or drop the field".into(),
+            ));
+        }
         if self.system.as_deref().is_some_and(str::is_empty) {
             return Err(invalid(
                 "data.chat.system",
@@ -201,8 +281,8 @@ const RESERVED_TEMPLATE_NAMES: [&str; 5] =
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenFileConfig {
-    /// The `.bin` file.
-    pub path: PathBuf,
+    /// The `.bin` file: a path, `file://`, `s3://` or `gs://`.
+    pub path: String,
     /// Width of each token id.
     pub dtype: TokenDtype,
 }
@@ -238,7 +318,7 @@ impl TokenizerConfig {
             )),
             TokenizerConfig::Char {} => Ok(()),
             TokenizerConfig::Hf(hf) => {
-                if hf.path.as_os_str().is_empty() {
+                if hf.path.is_empty() {
                     return Err(invalid(
                         "data.tokenizer.path",
                         "is empty; give a model directory (with tokenizer.json) or a tokenizer.json".into(),
@@ -269,8 +349,8 @@ impl TokenizerConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HfTokenizerConfig {
-    /// The model directory or `tokenizer.json`.
-    pub path: PathBuf,
+    /// The model directory or `tokenizer.json`: a path, `file://`, `s3://` or `gs://`.
+    pub path: String,
     /// Padding token text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pad: Option<String>,
@@ -285,29 +365,77 @@ pub struct HfTokenizerConfig {
 impl DataConfig {
     /// Checks every field; the error names the field and the fix.
     pub fn validate(&self) -> Result<()> {
-        let empty_path = |field| invalid(field, "is empty; give the data file's path".into());
+        let empty_path = |field| invalid(field, "is empty; give the data file's path or URI".into());
         match self {
             DataConfig::Arithmetic(config) => config.validate(),
-            DataConfig::Jsonl(config) | DataConfig::Gsm8k(config) => {
-                if config.path.as_os_str().is_empty() {
+            DataConfig::Jsonl(config) | DataConfig::Gsm8k(config) | DataConfig::Chat(config) => {
+                if config.path.is_empty() {
                     return Err(empty_path("data.path"));
                 }
-                if config.test.as_ref().is_some_and(|test| test.as_os_str().is_empty()) {
+                if config.test.as_ref().is_some_and(String::is_empty) {
                     return Err(empty_path("data.test"));
+                }
+                let columns = [
+                    ("data.columns.prompt", &config.columns.prompt),
+                    ("data.columns.answer", &config.columns.answer),
+                    ("data.columns.messages", &config.columns.messages),
+                ];
+                for (field, name) in columns {
+                    if name.as_deref().is_some_and(str::is_empty) {
+                        return Err(invalid(
+                            field,
+                            "is empty; name the file's column or drop the field".into(),
+                        ));
+                    }
+                }
+                let chat = matches!(self, DataConfig::Chat(_));
+                if chat && config.columns.prompt.is_some() {
+                    return Err(invalid(
+                        "data.columns.prompt",
+                        "conversations have no prompt column (their prompt is the turns through the last user \
+                         turn); name the turns' column in data.columns.messages"
+                            .into(),
+                    ));
+                }
+                if !chat && config.columns.messages.is_some() {
+                    return Err(invalid(
+                        "data.columns.messages",
+                        format!(
+                            "kind {} reads a prompt and an answer; use kind: chat for conversations",
+                            self.kind()
+                        ),
+                    ));
+                }
+                if chat {
+                    if let TokenizerConfig::Char {} = config.tokenizer {
+                        return Err(invalid(
+                            "data.tokenizer",
+                            "conversations are rendered by a chat template, which the char tokenizer lacks; use \
+                             tokenizer: { kind: hf, path: <model directory> }"
+                                .into(),
+                        ));
+                    }
+                    if config.chat.as_ref().is_some_and(|chat| chat.system.is_some()) {
+                        return Err(invalid(
+                            "data.chat.system",
+                            "conversations carry their own system turns; drop data.chat.system".into(),
+                        ));
+                    }
                 }
                 config.tokenizer.validate(config.chat.as_ref())
             }
-            DataConfig::Tokens(config) if config.path.as_os_str().is_empty() => Err(empty_path("data.path")),
+            DataConfig::Tokens(config) if config.path.is_empty() => Err(empty_path("data.path")),
             DataConfig::Tokens(_) => Ok(()),
         }
     }
 
-    /// The kind's name in specs (`arithmetic`, `jsonl`, `gsm8k`, `tokens`).
+    /// The kind's name in specs (`arithmetic`, `jsonl`, `gsm8k`, `chat`, `tokens`).
     pub fn kind(&self) -> &'static str {
         match self {
             DataConfig::Arithmetic(_) => "arithmetic",
             DataConfig::Jsonl(_) => "jsonl",
             DataConfig::Gsm8k(_) => "gsm8k",
+            DataConfig::Chat(_) => "chat",
             DataConfig::Tokens(_) => "tokens",
         }
     }
@@ -318,12 +446,22 @@ impl DataConfig {
     }
 
     /// Whether there are held-out problems to evaluate on: the arithmetic task's held-out split,
-    /// or a JSONL kind's `test` file.
+    /// or a file kind's `test` file.
     pub fn has_held_out(&self) -> bool {
         match self {
             DataConfig::Arithmetic(_) => true,
-            DataConfig::Jsonl(config) | DataConfig::Gsm8k(config) => config.test.is_some(),
+            DataConfig::Jsonl(config) | DataConfig::Gsm8k(config) | DataConfig::Chat(config) => {
+                config.test.is_some()
+            }
             DataConfig::Tokens(_) => false,
+        }
+    }
+
+    /// The example files' settings, for the file kinds.
+    pub fn files(&self) -> Option<&FileConfig> {
+        match self {
+            DataConfig::Jsonl(config) | DataConfig::Gsm8k(config) | DataConfig::Chat(config) => Some(config),
+            DataConfig::Arithmetic(_) | DataConfig::Tokens(_) => None,
         }
     }
 
@@ -331,27 +469,58 @@ impl DataConfig {
     pub fn tokenizer(&self) -> Option<&TokenizerConfig> {
         match self {
             DataConfig::Arithmetic(config) => Some(&config.tokenizer),
-            DataConfig::Jsonl(config) | DataConfig::Gsm8k(config) => Some(&config.tokenizer),
+            DataConfig::Jsonl(config) | DataConfig::Gsm8k(config) | DataConfig::Chat(config) => {
+                Some(&config.tokenizer)
+            }
             DataConfig::Tokens(_) => None,
         }
     }
 
-    /// The chat settings, when prompts are chat-templated.
-    pub fn chat(&self) -> Option<&ChatConfig> {
+    /// The chat settings, when prompts are chat-templated: conversations always are (with the
+    /// defaults when the spec says nothing).
+    pub fn chat(&self) -> Option<ChatConfig> {
         match self {
-            DataConfig::Arithmetic(config) => config.chat.as_ref(),
-            DataConfig::Jsonl(config) | DataConfig::Gsm8k(config) => config.chat.as_ref(),
+            DataConfig::Arithmetic(config) => config.chat.clone(),
+            DataConfig::Jsonl(config) | DataConfig::Gsm8k(config) => config.chat.clone(),
+            DataConfig::Chat(config) => Some(config.chat.clone().unwrap_or_default()),
             DataConfig::Tokens(_) => None,
         }
     }
 
-    /// The line format of a JSONL kind.
-    pub(crate) fn jsonl_format(&self) -> Option<JsonlFormat> {
+    /// Every file the section names (training, test, tokens), for the worker to find.
+    pub fn uris(&self) -> Vec<&str> {
         match self {
-            DataConfig::Jsonl(_) => Some(JsonlFormat::PromptAnswer),
-            DataConfig::Gsm8k(_) => Some(JsonlFormat::Gsm8k),
-            _ => None,
+            DataConfig::Arithmetic(_) => Vec::new(),
+            DataConfig::Jsonl(config) | DataConfig::Gsm8k(config) | DataConfig::Chat(config) => {
+                std::iter::once(config.path.as_str()).chain(config.test.as_deref()).collect()
+            }
+            DataConfig::Tokens(config) => vec![config.path.as_str()],
         }
+    }
+
+    /// The row format of a file kind.
+    pub(crate) fn row_format(&self) -> Option<RowFormat> {
+        let config = self.files()?;
+        let columns = &config.columns;
+        let name =
+            |given: &Option<String>, default: &str| given.clone().unwrap_or_else(|| default.to_owned());
+        Some(match self {
+            DataConfig::Jsonl(_) => RowFormat::PromptAnswer {
+                prompt: name(&columns.prompt, "prompt"),
+                answer: name(&columns.answer, "answer"),
+                gsm8k: false,
+            },
+            DataConfig::Gsm8k(_) => RowFormat::PromptAnswer {
+                prompt: name(&columns.prompt, "question"),
+                answer: name(&columns.answer, "answer"),
+                gsm8k: true,
+            },
+            DataConfig::Chat(_) => RowFormat::Chat {
+                messages: name(&columns.messages, "messages"),
+                answer: name(&columns.answer, "answer"),
+            },
+            DataConfig::Arithmetic(_) | DataConfig::Tokens(_) => return None,
+        })
     }
 }
 
@@ -391,16 +560,17 @@ mod tests {
             "{ kind: jsonl, path: a.jsonl, tokenizer: { kind: hf, path: t.json, pad: '<pad>', bos: '<s>', eos: '</s>' } }",
         )
         .expect("parses");
-        let DataConfig::Jsonl(JsonlConfig {
+        let DataConfig::Jsonl(FileConfig {
             path,
             tokenizer: TokenizerConfig::Hf(hf),
             test: None,
             chat: None,
+            ..
         }) = &jsonl
         else {
             panic!("{jsonl:?}")
         };
-        assert_eq!((path.to_str(), hf.eos.as_deref()), (Some("a.jsonl"), Some("</s>")));
+        assert_eq!((path.as_str(), hf.eos.as_deref()), ("a.jsonl", Some("</s>")));
         jsonl.validate().expect("valid");
         let tokens = parse("{ kind: tokens, path: c.bin, dtype: u32 }").expect("parses");
         assert_eq!(
@@ -478,20 +648,22 @@ mod tests {
             assert!(message.contains(fix), "{message}");
         }
         let hf = HfTokenizerConfig { path: "t.json".into(), pad: Some(String::new()), bos: None, eos: None };
-        let jsonl = JsonlConfig {
+        let jsonl = FileConfig {
             path: "a.jsonl".into(),
             test: None,
+            format: None,
+            columns: ColumnNames::default(),
             tokenizer: TokenizerConfig::Hf(hf),
             chat: None,
         };
         let message = DataConfig::Jsonl(jsonl.clone()).validate().expect_err("empty pad").to_string();
         assert!(message.starts_with("data.tokenizer.pad:"), "{message}");
         let hf = HfTokenizerConfig { path: "Qwen3".into(), pad: None, bos: None, eos: None };
-        let gsm8k = JsonlConfig { tokenizer: TokenizerConfig::Hf(hf), ..jsonl };
+        let gsm8k = FileConfig { tokenizer: TokenizerConfig::Hf(hf), ..jsonl };
         let cases = [
-            (JsonlConfig { test: Some("".into()), ..gsm8k.clone() }, "data.test:", "path"),
+            (FileConfig { test: Some("".into()), ..gsm8k.clone() }, "data.test:", "path"),
             (
-                JsonlConfig {
+                FileConfig {
                     chat: Some(ChatConfig { system: Some("".into()), ..Default::default() }),
                     ..gsm8k.clone()
                 },
@@ -499,7 +671,7 @@ mod tests {
                 "system prompt",
             ),
             (
-                JsonlConfig {
+                FileConfig {
                     chat: Some(ChatConfig { date: Some("26 Jul 2024".into()), ..Default::default() }),
                     ..gsm8k.clone()
                 },
@@ -507,7 +679,7 @@ mod tests {
                 "YYYY-MM-DD",
             ),
             (
-                JsonlConfig {
+                FileConfig {
                     chat: Some(ChatConfig {
                         kwargs: [("enable_thinking".to_string(), serde_json::Value::Bool(true))].into(),
                         ..Default::default()
@@ -518,7 +690,7 @@ mod tests {
                 "data.chat.enable_thinking",
             ),
             (
-                JsonlConfig {
+                FileConfig {
                     tokenizer: TokenizerConfig::Char {},
                     chat: Some(ChatConfig::default()),
                     ..gsm8k.clone()

@@ -27,6 +27,44 @@ pub enum DataError {
         message: String,
     },
 
+    /// A Parquet file that cannot be read as the data's kind: not Parquet, a missing or mistyped
+    /// column, a codec this build does not read.
+    #[error("{path}: {message}")]
+    Parquet {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, naming the column and the fix.
+        message: String,
+    },
+
+    /// A field of one example is wrong (wrapped in [`DataError::Example`] with where it is).
+    #[error("field `{field}`: {message}")]
+    Field {
+        /// The field, as a path in the row (`messages[3].role`).
+        field: String,
+        /// What is wrong and the fix.
+        message: String,
+    },
+
+    /// An example cannot be used; `at` says where it is (`train.parquet row 12`).
+    #[error("{at}: {source}")]
+    Example {
+        /// The file and row.
+        at: String,
+        /// What is wrong.
+        source: Box<DataError>,
+    },
+
+    /// A file that is not local could not be reached or read (the caller's [`crate::DataFile`]:
+    /// an object store, after its own retries).
+    #[error("cannot read {uri}: {source}")]
+    Remote {
+        /// The file.
+        uri: String,
+        /// What the store said.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
     /// A data file holds nothing usable.
     #[error("{path} is empty: {what}")]
     EmptyFile {

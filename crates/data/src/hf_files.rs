@@ -12,7 +12,9 @@
 //! Only `tokenizer.json` is required. The parsers here are pure functions of the files' bytes
 //! (fuzzed in `fuzz/fuzz_targets/data_files.rs`); other fields of these files are ignored.
 
+use crate::files::DataFiles;
 use crate::{DataError, Result};
+use bytes::Bytes;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -70,43 +72,51 @@ pub struct TokenizerFiles {
 }
 
 impl TokenizerFiles {
-    /// Finds and parses the files for `path`: a directory holding `tokenizer.json`, or a
-    /// tokenizer file itself (then the other files are looked for beside it).
-    pub fn find(path: &Path) -> Result<Self> {
-        let (dir, tokenizer_json) = if path.is_dir() {
-            (path.to_path_buf(), path.join(TOKENIZER_JSON))
+    /// Finds and parses the files for `uri` (a path, `file://`, `s3://` or `gs://`, read through
+    /// `files`): a directory holding `tokenizer.json`, or a tokenizer file itself (then the other
+    /// files are looked for beside it). Returns them with `tokenizer.json`'s bytes.
+    pub fn find(files: &dyn DataFiles, uri: &str) -> Result<(Self, Bytes)> {
+        let is_dir = files.is_dir(uri)?;
+        let (dir, tokenizer_json) = if is_dir {
+            let dir = uri.trim_end_matches('/').to_owned();
+            let json = format!("{dir}/{TOKENIZER_JSON}");
+            (dir, json)
         } else {
-            (path.parent().map(Path::to_path_buf).unwrap_or_default(), path.to_path_buf())
+            let dir = uri.rsplit_once('/').map_or_else(|| ".".to_owned(), |(dir, _)| dir.to_owned());
+            (dir, uri.to_owned())
         };
-        if !tokenizer_json.is_file() {
-            let what = if path.is_dir() {
+        let Some(json_file) = files.open(&tokenizer_json)? else {
+            let what = if is_dir {
                 format!(
                     "the directory has no {TOKENIZER_JSON}; point data.tokenizer.path at a model directory that has one"
                 )
             } else {
                 "no such file; point data.tokenizer.path at a model directory or a tokenizer.json".into()
             };
-            return Err(DataError::Tokenizer { path: tokenizer_json, message: what });
-        }
-        let config = read_optional(&dir.join(TOKENIZER_CONFIG))?
+            return Err(DataError::Tokenizer { path: PathBuf::from(tokenizer_json), message: what });
+        };
+        let json_bytes = json_file.read(0..json_file.len())?;
+        let beside = |name: &str| format!("{dir}/{name}");
+        let config = read_optional(files, &beside(TOKENIZER_CONFIG))?
             .map(|(path, bytes)| {
                 parse_tokenizer_config(&bytes).map(|c| (path.clone(), c)).map_err(|m| at(&path, m))
             })
             .transpose()?;
-        let generation = read_optional(&dir.join(GENERATION_CONFIG))?
+        let generation = read_optional(files, &beside(GENERATION_CONFIG))?
             .map(|(path, bytes)| {
                 parse_generation_config(&bytes).map(|c| (path.clone(), c)).map_err(|m| at(&path, m))
             })
             .transpose()?;
-        let chat_template = match read_optional(&dir.join(CHAT_TEMPLATE_JINJA))? {
+        let chat_template = match read_optional(files, &beside(CHAT_TEMPLATE_JINJA))? {
             Some((path, bytes)) => {
-                let text = String::from_utf8(bytes)
+                let text = String::from_utf8(bytes.to_vec())
                     .map_err(|_| at(&path, "is not UTF-8 text; save the template as UTF-8".into()))?;
                 Some((path, text))
             }
             None => config.as_ref().and_then(|(path, c)| Some((path.clone(), c.chat_template.clone()?))),
         };
-        Ok(Self { tokenizer_json, config, generation, chat_template })
+        let found = Self { tokenizer_json: PathBuf::from(tokenizer_json), config, generation, chat_template };
+        Ok((found, json_bytes))
     }
 
     /// Every file read, `tokenizer.json` first: what a model export copies beside the weights.
@@ -128,26 +138,21 @@ fn at(path: &Path, message: String) -> DataError {
     DataError::Tokenizer { path: path.to_path_buf(), message }
 }
 
-/// The bytes of `path`, or `None` when there is no such file.
-fn read_optional(path: &Path) -> Result<Option<(PathBuf, Vec<u8>)>> {
-    let io = |source| DataError::Io { path: path.to_path_buf(), source };
-    let file = match std::fs::File::open(path) {
-        Ok(file) => file,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(error) => return Err(io(error)),
-    };
-    let len = file.metadata().map_err(io)?.len();
+/// The bytes of `uri`, or `None` when there is no such file; a file over [`MAX_CONFIG_BYTES`]
+/// is refused before it is read.
+fn read_optional(files: &dyn DataFiles, uri: &str) -> Result<Option<(PathBuf, Bytes)>> {
+    let path = PathBuf::from(uri);
+    let Some(file) = files.open(uri)? else { return Ok(None) };
+    let len = file.len();
     if len > MAX_CONFIG_BYTES {
         return Err(at(
-            path,
+            &path,
             format!(
                 "is {len} bytes, more than the {MAX_CONFIG_BYTES} a tokenizer or generation config can be"
             ),
         ));
     }
-    let mut bytes = Vec::with_capacity(len as usize);
-    std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_CONFIG_BYTES), &mut bytes).map_err(io)?;
-    Ok(Some((path.to_path_buf(), bytes)))
+    Ok(Some((path, file.read(0..len)?)))
 }
 
 fn parse_object(bytes: &[u8]) -> std::result::Result<serde_json::Map<String, Value>, String> {
@@ -307,10 +312,14 @@ mod tests {
         }
     }
 
+    fn find(path: &Path) -> Result<TokenizerFiles> {
+        Ok(TokenizerFiles::find(&crate::files::LocalFiles, &path.display().to_string())?.0)
+    }
+
     #[test]
     fn a_directory_without_tokenizer_json_is_named() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let error = TokenizerFiles::find(dir.path()).expect_err("empty directory");
+        let error = find(dir.path()).expect_err("empty directory");
         assert!(error.to_string().contains("tokenizer.json"), "{error}");
         assert!(error.to_string().contains("has no tokenizer.json"), "{error}");
     }
@@ -320,7 +329,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(dir.path().join(TOKENIZER_JSON), "{}").expect("write");
         std::fs::write(dir.path().join(GENERATION_CONFIG), r#"{"eos_token_id": "x"}"#).expect("write");
-        let error = TokenizerFiles::find(dir.path()).expect_err("bad generation config");
+        let error = find(dir.path()).expect_err("bad generation config");
         let message = error.to_string();
         assert!(
             message.contains("generation_config.json") && message.contains("`eos_token_id`"),
@@ -333,11 +342,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(dir.path().join(TOKENIZER_JSON), "{}").expect("write");
         std::fs::write(dir.path().join(TOKENIZER_CONFIG), r#"{"chat_template": "old"}"#).expect("write");
-        let files = TokenizerFiles::find(&dir.path().join(TOKENIZER_JSON)).expect("found");
+        let files = find(&dir.path().join(TOKENIZER_JSON)).expect("found");
         assert_eq!(files.chat_template.as_ref().map(|(_, t)| t.as_str()), Some("old"));
         assert_eq!(files.paths().len(), 2);
         std::fs::write(dir.path().join(CHAT_TEMPLATE_JINJA), "new").expect("write");
-        let files = TokenizerFiles::find(dir.path()).expect("found");
+        let files = find(dir.path()).expect("found");
         let (path, template) = files.chat_template.as_ref().expect("template");
         assert_eq!((path.ends_with(CHAT_TEMPLATE_JINJA), template.as_str()), (true, "new"));
         assert_eq!(files.paths().len(), 3);

@@ -1,16 +1,21 @@
 //! From examples to token ids and from completions back to text: one place that decides what a
 //! prompt looks like, used alike by SFT rows, GRPO rollouts and held-out evaluation.
 //!
-//! A prompt is either the example's text with the tokenizer's BOS before it (when it adds one),
-//! or, with `data.chat`, the example as a user turn (after an optional system turn) rendered by
-//! the tokenizer's chat template with the generation prompt, then encoded with no BOS added (the
-//! template writes whatever the model expects, as transformers' `apply_chat_template` does). An
-//! answer is its text followed by the tokenizer's EOS (for a chat model, the end of its turn).
+//! A text prompt is either the example's text with the tokenizer's BOS before it (when it adds
+//! one), or, with `data.chat`, the example as a user turn (after an optional system turn)
+//! rendered by the tokenizer's chat template with the generation prompt, then encoded with no BOS
+//! added (the template writes whatever the model expects, as transformers' `apply_chat_template`
+//! does). An answer is its text followed by the tokenizer's EOS (for a chat model, the end of its
+//! turn). A conversation (`kind: chat`) prompts with its turns through the last user turn, and
+//! trains on the whole of it, the loss on what the template's `{% generation %}` blocks mark
+//! (TRL's `assistant_only_loss`: transformers' `return_assistant_tokens_mask`).
 
-use crate::chat::{Message, RenderOptions};
+use crate::chat::{ChatTemplate, Message, RenderOptions};
 use crate::config::ChatConfig;
+use crate::source::{Conversation, Prompt};
 use crate::tokenizer::Tokenizer;
 use crate::{DataError, Result};
+use std::ops::Range;
 use std::sync::Arc;
 
 /// Turns prompts and answers into ids and completions into text. See the module docs.
@@ -58,7 +63,7 @@ impl Prompter {
         Arc::clone(&self.tokenizer)
     }
 
-    /// Whether prompts are chat-templated.
+    /// Whether prompts are chat-templated (conversations, as TRL's reward functions see them).
     pub fn is_chat(&self) -> bool {
         self.chat.is_some()
     }
@@ -73,26 +78,78 @@ impl Prompter {
             .collect()
     }
 
+    /// The messages a prompt is (for a reward function in TRL's conversational form): a
+    /// conversation's prompt turns, or a text prompt's system and user turns.
+    pub fn prompt_messages(&self, prompt: &Prompt) -> Vec<Message> {
+        match prompt {
+            Prompt::Text(text) => self.messages(text),
+            Prompt::Chat(conversation) => conversation.prompt().to_vec(),
+        }
+    }
+
     /// The text the model is conditioned on: the rendered chat prompt, or the prompt itself.
-    pub fn prompt_text(&self, prompt: &str) -> Result<String> {
-        match (&self.chat, self.tokenizer.chat_template()) {
-            (Some(chat), Some(template)) => {
-                let options = RenderOptions { add_generation_prompt: true, kwargs: chat.template_kwargs() };
-                template.render(&self.messages(prompt), &options)
+    pub fn prompt_text(&self, prompt: &Prompt) -> Result<String> {
+        match (prompt, &self.chat) {
+            (Prompt::Text(text), None) => Ok(text.clone()),
+            (prompt, chat) => {
+                let (template, options) = self.template(chat.as_ref(), true)?;
+                let messages = self.prompt_messages(prompt);
+                check_roles(template, &messages, &options)?;
+                template.render(&messages, &options)
             }
-            _ => Ok(prompt.to_owned()),
         }
     }
 
     /// The ids of a prompt: the tokenizer's BOS (plain prompts only, when it adds one), then the
     /// prompt text's.
-    pub fn prompt_ids(&self, prompt: &str) -> Result<Vec<u32>> {
+    pub fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>> {
         let text = self.prompt_text(prompt)?;
-        let bos = if self.chat.is_some() { None } else { self.tokenizer.bos_id() };
+        let plain = matches!(prompt, Prompt::Text(_)) && self.chat.is_none();
+        let bos = if plain { self.tokenizer.bos_id() } else { None };
         let mut ids = Vec::with_capacity(text.len() / 3 + 2);
         ids.extend(bos);
         ids.extend(self.tokenizer.encode(&text)?);
         Ok(ids)
+    }
+
+    /// A whole conversation's ids and, per id, whether it is assistant output (what SFT learns):
+    /// the template's rendering, with the tokens that overlap its `{% generation %}` blocks
+    /// marked, exactly as transformers' `return_assistant_tokens_mask` marks them.
+    pub fn conversation_ids(&self, conversation: &Conversation) -> Result<(Vec<u32>, Vec<bool>)> {
+        let (template, options) = self.template(self.chat.as_ref(), false)?;
+        if !template.marks_generation() {
+            return Err(DataError::InvalidConfig {
+                field: "data.chat.template",
+                message: format!(
+                    "the chat template of {} marks no assistant output with {{% generation %}} blocks, so the \
+                     loss cannot be kept to the assistant's turns; name a template that marks it in \
+                     data.chat.template (TRL's *_training.jinja templates do; docs/DATA.md shows one for Qwen3)",
+                    template.path().display()
+                ),
+            });
+        }
+        check_roles(template, &conversation.messages, &options)?;
+        let (text, spans) = template.render_spans(&conversation.messages, &options)?;
+        let (ids, offsets) = self.tokenizer.encode_with_offsets(&text)?;
+        let spans = char_spans(&text, &spans);
+        Ok((ids, assistant_mask(&offsets, &spans)))
+    }
+
+    /// The chat template and the options it renders with.
+    fn template(
+        &self,
+        chat: Option<&ChatConfig>,
+        add_generation_prompt: bool,
+    ) -> Result<(&ChatTemplate, RenderOptions)> {
+        let template = self.tokenizer.chat_template().ok_or_else(|| DataError::InvalidConfig {
+            field: "data.tokenizer",
+            message: "conversations need a chat template, and the tokenizer has none (no `chat_template` in \
+                      tokenizer_config.json, no chat_template.jinja); use the model's own tokenizer directory"
+                .into(),
+        })?;
+        let kwargs =
+            chat.map(ChatConfig::template_kwargs).unwrap_or_else(|| ChatConfig::default().template_kwargs());
+        Ok((template, RenderOptions { add_generation_prompt, kwargs }))
     }
 
     /// The ids of an answer: its text's, then EOS.
@@ -124,7 +181,48 @@ impl Prompter {
     }
 }
 
+/// An error naming the first message the template does not render.
+fn check_roles(template: &ChatTemplate, messages: &[Message], options: &RenderOptions) -> Result<()> {
+    match template.unrendered_message(messages, options) {
+        None => Ok(()),
+        Some(index) => Err(DataError::Field {
+            field: format!("messages[{index}].role"),
+            message: format!(
+                "{:?} is a role the chat template of {} does not render (the turn would vanish from the \
+                 prompt); use one it knows, such as system, user or assistant",
+                messages[index].role(),
+                template.path().display()
+            ),
+        }),
+    }
+}
+
+/// Byte ranges of `text` as character ranges (transformers counts characters).
+fn char_spans(text: &str, spans: &[Range<usize>]) -> Vec<Range<usize>> {
+    let chars_before = |byte: usize| text[..byte].chars().count();
+    spans.iter().map(|span| chars_before(span.start)..chars_before(span.end)).collect()
+}
+
+/// transformers' assistant mask: every token whose characters overlap a span (spans and
+/// offsets both in order, one pass), so a token that straddles a span's edge counts.
+fn assistant_mask(offsets: &[(usize, usize)], spans: &[Range<usize>]) -> Vec<bool> {
+    let mut mask = vec![false; offsets.len()];
+    let mut span = 0;
+    for (token, &(start, end)) in offsets.iter().enumerate() {
+        while span < spans.len() && start >= spans[span].end {
+            span += 1;
+        }
+        if span == spans.len() {
+            break;
+        }
+        mask[token] = end > spans[span].start;
+    }
+    mask
+}
+
 #[cfg(test)]
+// Spans are ranges: one span is a list of one range, not a range to expand.
+#[allow(clippy::single_range_in_vec_init)]
 mod tests {
     use super::*;
     use crate::tokenizer::CharTokenizer;
@@ -133,9 +231,19 @@ mod tests {
     #[test]
     fn plain_prompts_start_with_the_tokenizers_bos() {
         let prompter = Prompter::plain(Arc::new(CharTokenizer));
-        assert_eq!(prompter.prompt_ids("ab").expect("ids"), [CharTokenizer::BOS, 97, 98]);
+        let prompt = Prompt::Text("ab".into());
+        assert_eq!(prompter.prompt_ids(&prompt).expect("ids"), [CharTokenizer::BOS, 97, 98]);
         assert_eq!(prompter.answer_ids("c").expect("ids"), [99, CharTokenizer::EOS]);
-        assert_eq!(prompter.prompt_text("ab").expect("text"), "ab");
+        assert_eq!(prompter.prompt_text(&prompt).expect("text"), "ab");
+    }
+
+    #[test]
+    fn the_mask_covers_every_token_that_overlaps_a_span() {
+        // Tokens of 2 characters over "abcdefgh"; spans "bcd" and "g".
+        let offsets = [(0, 2), (2, 4), (4, 6), (6, 8)];
+        assert_eq!(assistant_mask(&offsets, &[1..4, 6..7]), [true, true, false, true]);
+        assert_eq!(assistant_mask(&offsets, &[]), [false; 4]);
+        assert_eq!(char_spans("\u{e9}ab", &[2..4]), [1..3]);
     }
 
     #[test]

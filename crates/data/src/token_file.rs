@@ -1,15 +1,17 @@
-//! Pre-tokenized corpora: a flat file of little-endian token ids, memory-mapped and read as
-//! windows of `seq_len + 1` tokens for next-token prediction.
+//! Pre-tokenized corpora: a flat file of little-endian token ids, read as windows of
+//! `seq_len + 1` tokens for next-token prediction (a local file through a memory map, a remote
+//! one window's bytes at a time: a host reads only its windows).
 //!
 //! Window `i` starts at token `i * seq_len`, so consecutive windows overlap by one token and every
 //! token after the first is a target exactly once per epoch; a tail shorter than a window is left
 //! out.
 
-use crate::mapped::map_readonly;
+use crate::files::DataFile;
+use crate::source::Prefetched;
 use crate::{DataError, Result};
-use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Width of each token id in a token file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -39,10 +41,10 @@ impl TokenDtype {
     }
 }
 
-/// A memory-mapped token file. See the module docs.
+/// A token file. See the module docs.
 pub struct TokenFile {
     path: PathBuf,
-    map: Mmap,
+    file: Arc<dyn DataFile>,
     dtype: TokenDtype,
 }
 
@@ -57,23 +59,26 @@ impl std::fmt::Debug for TokenFile {
 }
 
 impl TokenFile {
-    /// Maps `path`, whose size must be a whole number of `dtype` tokens.
-    pub fn open(path: &Path, dtype: TokenDtype) -> Result<Self> {
-        let map = map_readonly(path)?.ok_or_else(|| DataError::EmptyFile {
-            path: path.to_path_buf(),
-            what: format!("expected little-endian {} token ids", dtype.name()),
-        })?;
-        let bytes = map.len() as u64;
+    /// The tokens of `file`, whose size must be a whole number of `dtype` tokens.
+    pub fn open(file: Arc<dyn DataFile>, dtype: TokenDtype) -> Result<Self> {
+        let path = PathBuf::from(file.name());
+        if file.is_empty() {
+            return Err(DataError::EmptyFile {
+                path,
+                what: format!("expected little-endian {} token ids", dtype.name()),
+            });
+        }
+        let bytes = file.len();
         let partial_token_bytes = bytes % dtype.size();
         if partial_token_bytes != 0 {
             return Err(DataError::TokenFileSize {
-                path: path.to_path_buf(),
+                path,
                 bytes,
                 token_bytes: dtype.size(),
                 dtype: dtype.name(),
             });
         }
-        Ok(Self { path: path.to_path_buf(), map, dtype })
+        Ok(Self { path, file, dtype })
     }
 
     /// The file.
@@ -83,12 +88,36 @@ impl TokenFile {
 
     /// Number of tokens in the file.
     pub fn num_tokens(&self) -> u64 {
-        self.map.len() as u64 / self.dtype.size()
+        self.file.len() / self.dtype.size()
     }
 
     /// Number of whole windows of `seq_len + 1` tokens (`seq_len > 0`).
     pub fn num_windows(&self, seq_len: usize) -> u64 {
         self.num_tokens().saturating_sub(1) / seq_len.max(1) as u64
+    }
+
+    /// The bytes of window `index`.
+    fn byte_range(&self, seq_len: usize, index: u64) -> std::ops::Range<u64> {
+        let first = index * seq_len as u64 * self.dtype.size();
+        first..first + (seq_len as u64 + 1) * self.dtype.size()
+    }
+
+    /// Reads windows `indices` (sorted) ahead, all at once.
+    pub fn prefetch(&self, seq_len: usize, indices: &[u64]) -> Result<Prefetched> {
+        let windows = self.num_windows(seq_len);
+        let ranges: Vec<_> = indices
+            .iter()
+            .filter(|&&index| index < windows)
+            .map(|&index| self.byte_range(seq_len, index))
+            .collect();
+        self.file.prefetch(&ranges)?;
+        Ok(Prefetched {
+            examples: indices.len() as u64,
+            parts: ranges.len() as u64,
+            parts_total: windows,
+            bytes: ranges.iter().map(|range| range.end - range.start).sum(),
+            bytes_total: self.file.len(),
+        })
     }
 
     /// Checks that the file holds at least one window of `seq_len + 1` tokens.
@@ -111,7 +140,7 @@ impl TokenFile {
         }
         let first = index * seq_len as u64;
         let width = self.dtype.size() as usize;
-        let bytes = &self.map[first as usize * width..(first as usize + seq_len + 1) * width];
+        let bytes = self.file.read(self.byte_range(seq_len, index))?;
         for (offset, (slot, chunk)) in out.iter_mut().zip(bytes.chunks_exact(width)).enumerate() {
             let token = match self.dtype {
                 TokenDtype::U16 => u32::from(u16::from_le_bytes([chunk[0], chunk[1]])),
@@ -145,6 +174,10 @@ mod tests {
         file
     }
 
+    fn open(path: &Path, dtype: TokenDtype) -> Result<TokenFile> {
+        TokenFile::open(Arc::new(crate::files::LocalFile::open(path)?), dtype)
+    }
+
     fn u16_file(tokens: impl IntoIterator<Item = u16>) -> tempfile::NamedTempFile {
         file_with(&tokens.into_iter().flat_map(u16::to_le_bytes).collect::<Vec<_>>())
     }
@@ -153,7 +186,7 @@ mod tests {
     fn windows_overlap_by_one_token_and_drop_the_tail() {
         // 11 tokens, seq_len 3: windows [0..4], [3..7], [6..10]; token 10 is the dropped tail.
         let file = u16_file(100..111);
-        let tokens = TokenFile::open(file.path(), TokenDtype::U16).expect("valid");
+        let tokens = open(file.path(), TokenDtype::U16).expect("valid");
         assert_eq!((tokens.num_tokens(), tokens.num_windows(3)), (11, 3));
         assert_eq!(tokens.window(3, 0).expect("w0"), [100, 101, 102, 103]);
         assert_eq!(tokens.window(3, 1).expect("w1"), [103, 104, 105, 106]);
@@ -165,25 +198,25 @@ mod tests {
     #[test]
     fn reads_little_endian_u16_and_u32() {
         let file = u16_file([0x1234, 0xFFFF, 7]);
-        let tokens = TokenFile::open(file.path(), TokenDtype::U16).expect("valid");
+        let tokens = open(file.path(), TokenDtype::U16).expect("valid");
         assert_eq!(tokens.window(2, 0).expect("window"), [0x1234, 0xFFFF, 7]);
         let words: Vec<u8> = [0x0102_0304u32, 151_935, 0].iter().flat_map(|t| t.to_le_bytes()).collect();
         let file = file_with(&words);
-        let tokens = TokenFile::open(file.path(), TokenDtype::U32).expect("valid");
+        let tokens = open(file.path(), TokenDtype::U32).expect("valid");
         assert_eq!(tokens.window(2, 0).expect("window"), [0x0102_0304, 151_935, 0]);
     }
 
     #[test]
     fn wrong_sizes_and_short_files_are_errors() {
         let file = file_with(&[1, 0, 2, 0, 3, 0]);
-        let error = TokenFile::open(file.path(), TokenDtype::U32).expect_err("6 bytes is not u32s");
+        let error = open(file.path(), TokenDtype::U32).expect_err("6 bytes is not u32s");
         assert!(error.to_string().contains("not a multiple of 4"), "{error}");
-        let tokens = TokenFile::open(file.path(), TokenDtype::U16).expect("3 u16 tokens");
+        let tokens = open(file.path(), TokenDtype::U16).expect("3 u16 tokens");
         tokens.check_fits(2).expect("3 tokens hold one window of 3");
         let error = tokens.check_fits(3).expect_err("needs 4");
         assert!(error.to_string().contains("fewer than one window of seq_len + 1 = 4"), "{error}");
         let empty = file_with(&[]);
-        let error = TokenFile::open(empty.path(), TokenDtype::U16).expect_err("empty");
+        let error = open(empty.path(), TokenDtype::U16).expect_err("empty");
         assert!(matches!(error, DataError::EmptyFile { .. }), "{error:?}");
     }
 
@@ -191,7 +224,7 @@ mod tests {
     fn tokens_beyond_int32_are_errors_with_their_position() {
         let words: Vec<u8> = [5u32, 6, u32::MAX, 8].iter().flat_map(|t| t.to_le_bytes()).collect();
         let file = file_with(&words);
-        let tokens = TokenFile::open(file.path(), TokenDtype::U32).expect("valid");
+        let tokens = open(file.path(), TokenDtype::U32).expect("valid");
         let error = tokens.window(1, 1).expect_err("token 2 overflows");
         assert!(
             matches!(error, DataError::TokenOutOfRange { position: 2, token: u32::MAX, .. }),

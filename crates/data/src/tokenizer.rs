@@ -2,9 +2,13 @@
 //! and Hugging Face model directories (`tokenizer.json` and the configs beside it) for real ones.
 
 use crate::chat::ChatTemplate;
+use crate::files::DataFiles;
 use crate::hf_files::TokenizerFiles;
 use crate::{DataError, Result};
 use std::path::{Path, PathBuf};
+
+/// A token's `(start, end)` character offsets in the text it came from.
+pub type CharSpan = (usize, usize);
 
 /// A tokenizer and the special ids a [`crate::Loader`] and a rollout need.
 ///
@@ -15,6 +19,9 @@ use std::path::{Path, PathBuf};
 pub trait Tokenizer: Send + Sync {
     /// The ids of `text`, without added special tokens.
     fn encode(&self, text: &str) -> Result<Vec<u32>>;
+    /// The ids of `text` (as `encode`) and the characters of `text` each id covers, as
+    /// `(start, end)` character (not byte) offsets, which is how transformers sees them.
+    fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<CharSpan>)>;
     /// The text of `ids`, with special tokens left out.
     fn decode(&self, ids: &[u32]) -> Result<String>;
     /// Number of ids (every id is below this).
@@ -65,6 +72,12 @@ impl Tokenizer for CharTokenizer {
                 if Self::has_text(id) { Ok(id) } else { Err(DataError::UnencodableChar { ch, position }) }
             })
             .collect()
+    }
+
+    fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
+        let ids = self.encode(text)?;
+        let offsets = (0..ids.len()).map(|i| (i, i + 1)).collect();
+        Ok((ids, offsets))
     }
 
     fn decode(&self, ids: &[u32]) -> Result<String> {
@@ -158,10 +171,15 @@ impl HfTokenizer {
     /// Loads the tokenizer at `path` (a model directory, or a `tokenizer.json` with its
     /// companions beside it) and resolves its special ids; `special` overrides the files.
     /// `date` is what the chat template's `strftime_now` formats.
-    pub fn load(path: &Path, special: &SpecialTokens, date: Option<chrono::NaiveDate>) -> Result<Self> {
-        let files = TokenizerFiles::find(path)?;
+    pub fn load(
+        files: &dyn DataFiles,
+        uri: &str,
+        special: &SpecialTokens,
+        date: Option<chrono::NaiveDate>,
+    ) -> Result<Self> {
+        let (files, json_bytes) = TokenizerFiles::find(files, uri)?;
         let json = &files.tokenizer_json;
-        let inner = tokenizers::Tokenizer::from_file(json).map_err(|error| DataError::Tokenizer {
+        let inner = tokenizers::Tokenizer::from_bytes(&json_bytes).map_err(|error| DataError::Tokenizer {
             path: json.clone(),
             message: format!(
                 "cannot load: {error}; it must be a tokenizer.json written by the tokenizers library"
@@ -273,6 +291,18 @@ impl HfTokenizer {
         &self.special_texts
     }
 
+    /// Renders chats with `source` (read from `path`) instead of the files' template, as
+    /// transformers does when `apply_chat_template` is given `chat_template=`.
+    pub fn set_chat_template(
+        &mut self,
+        source: &str,
+        path: &Path,
+        date: Option<chrono::NaiveDate>,
+    ) -> Result<()> {
+        self.chat_template = Some(ChatTemplate::new(source, path, self.special_texts.clone(), date)?);
+        Ok(())
+    }
+
     fn library_error(&self, action: &str, error: tokenizers::Error) -> DataError {
         DataError::Tokenizer { path: self.path.clone(), message: format!("{action} failed: {error}") }
     }
@@ -310,6 +340,14 @@ impl Tokenizer for HfTokenizer {
     fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let encoding = self.inner.encode(text, false).map_err(|error| self.library_error("encode", error))?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
+        let encoding = self
+            .inner
+            .encode_char_offsets(text, false)
+            .map_err(|error| self.library_error("encode", error))?;
+        Ok((encoding.get_ids().to_vec(), encoding.get_offsets().to_vec()))
     }
 
     fn decode(&self, ids: &[u32]) -> Result<String> {
@@ -390,9 +428,13 @@ mod tests {
 
     #[test]
     fn hf_missing_file_names_the_path() {
-        let error =
-            HfTokenizer::load(Path::new("/nonexistent/tokenizer.json"), &SpecialTokens::default(), None)
-                .expect_err("missing");
+        let error = HfTokenizer::load(
+            &crate::files::LocalFiles,
+            "/nonexistent/tokenizer.json",
+            &SpecialTokens::default(),
+            None,
+        )
+        .expect_err("missing");
         assert!(error.to_string().contains("/nonexistent/tokenizer.json"), "{error}");
     }
 }

@@ -2,8 +2,8 @@
 //! (fixtures/make_tiny_bpe.py wrote both files).
 
 use podctl_data::{
-    BatchSpec, DataConfig, DataError, HfTokenizer, HfTokenizerConfig, JsonlConfig, Loader, SpecialTokens,
-    Tokenizer, TokenizerConfig,
+    BatchSpec, DataConfig, DataError, FileConfig, HfTokenizer, HfTokenizerConfig, Loader, LocalFiles,
+    SpecialTokens, Tokenizer, TokenizerConfig,
 };
 use serde::Deserialize;
 use std::io::Write;
@@ -39,7 +39,8 @@ fn special() -> SpecialTokens {
 }
 
 fn tokenizer() -> HfTokenizer {
-    HfTokenizer::load(&fixture("tiny_bpe.json"), &special(), None).expect("loads")
+    HfTokenizer::load(&LocalFiles, &fixture("tiny_bpe.json").display().to_string(), &special(), None)
+        .expect("loads")
 }
 
 #[test]
@@ -74,12 +75,19 @@ fn special_ids_and_vocab_size_match_the_python_library() {
 fn bos_comes_from_the_post_processor_and_a_bare_file_needs_an_eos() {
     // The file's post-processor is `<s> $A </s>`: its BOS is found without being named.
     let only_eos = SpecialTokens { eos: Some("</s>".into()), ..SpecialTokens::default() };
-    let tokenizer = HfTokenizer::load(&fixture("tiny_bpe.json"), &only_eos, None).expect("loads");
+    let tokenizer =
+        HfTokenizer::load(&LocalFiles, &fixture("tiny_bpe.json").display().to_string(), &only_eos, None)
+            .expect("loads");
     assert_eq!(tokenizer.bos_id(), Some(expected().special["<s>"]));
     // No pad token anywhere: padding uses EOS.
     assert_eq!(tokenizer.pad_id(), tokenizer.eos_id());
-    let error =
-        HfTokenizer::load(&fixture("tiny_bpe.json"), &SpecialTokens::default(), None).expect_err("no eos");
+    let error = HfTokenizer::load(
+        &LocalFiles,
+        &fixture("tiny_bpe.json").display().to_string(),
+        &SpecialTokens::default(),
+        None,
+    )
+    .expect_err("no eos");
     let message = error.to_string();
     assert!(message.contains("tiny_bpe.json") && message.contains("data.tokenizer.eos"), "{message}");
 }
@@ -87,15 +95,22 @@ fn bos_comes_from_the_post_processor_and_a_bare_file_needs_an_eos() {
 #[test]
 fn a_missing_special_token_is_named() {
     let special = SpecialTokens { eos: Some("<|im_end|>".into()), ..special() };
-    let error = HfTokenizer::load(&fixture("tiny_bpe.json"), &special, None).expect_err("no such token");
+    let error =
+        HfTokenizer::load(&LocalFiles, &fixture("tiny_bpe.json").display().to_string(), &special, None)
+            .expect_err("no such token");
     assert!(matches!(&error, DataError::MissingSpecialToken { role: "eos", .. }), "{error:?}");
     assert!(error.to_string().contains("<|im_end|>"), "{error}");
 }
 
 #[test]
 fn a_file_that_is_not_a_tokenizer_is_an_error() {
-    let error =
-        HfTokenizer::load(&fixture("tiny_bpe_expected.json"), &special(), None).expect_err("not a tokenizer");
+    let error = HfTokenizer::load(
+        &LocalFiles,
+        &fixture("tiny_bpe_expected.json").display().to_string(),
+        &special(),
+        None,
+    )
+    .expect_err("not a tokenizer");
     assert!(error.to_string().contains("tiny_bpe_expected.json"), "{error}");
     assert!(error.to_string().contains("cannot load"), "{error}");
 }
@@ -114,20 +129,22 @@ fn loader_lays_out_hf_ids_with_its_own_bos_and_eos() {
     let line = serde_json::json!({"prompt": prompt.text, "answer": answer.text});
     writeln!(file, "{line}").expect("write");
     let hf = HfTokenizerConfig {
-        path: fixture("tiny_bpe.json"),
+        path: fixture("tiny_bpe.json").display().to_string(),
         pad: Some("<pad>".into()),
         bos: Some("<s>".into()),
         eos: Some("</s>".into()),
     };
-    let config = DataConfig::Jsonl(JsonlConfig {
-        path: file.path().into(),
+    let config = DataConfig::Jsonl(FileConfig {
+        path: file.path().display().to_string(),
         test: None,
+        format: None,
+        columns: Default::default(),
         tokenizer: TokenizerConfig::Hf(hf),
         chat: None,
     });
     let seq_len = 64;
-    let loader =
-        Loader::from_config(&config, BatchSpec::new(1, 1, seq_len).expect("valid"), 0).expect("loader");
+    let loader = Loader::from_config(&config, BatchSpec::new(1, 1, seq_len).expect("valid"), 0, &LocalFiles)
+        .expect("loader");
     let batch = loader.micro_batch(0, 0).expect("batch");
 
     let sequence: Vec<i32> = tokenizer

@@ -3,14 +3,14 @@
 
 use podctl_data::{
     Arithmetic, ArithmeticConfig, Batch, BatchSpec, CharTokenizer, DataConfig, DataError, Example,
-    ExampleSource, JsonlConfig, Loader, Prompter, Split, TokenDtype, TokenFileConfig, Tokenizer,
+    ExampleSource, FileConfig, Loader, LocalFiles, Prompter, Split, TokenDtype, TokenFileConfig, Tokenizer,
     TokenizerConfig,
 };
 use std::collections::{BTreeSet, HashSet};
 use std::io::Write;
 
 fn arithmetic(config: ArithmeticConfig, spec: BatchSpec, seed: u64) -> Loader {
-    Loader::from_config(&DataConfig::Arithmetic(config), spec, seed).expect("loader")
+    Loader::from_config(&DataConfig::Arithmetic(config), spec, seed, &LocalFiles).expect("loader")
 }
 
 fn spec(global_batch: usize, micro_batch: usize, seq_len: usize) -> BatchSpec {
@@ -104,7 +104,7 @@ fn truncation_is_counted_never_silent() {
     let config = ArithmeticConfig { digits: [4, 6], ..ArithmeticConfig::default() };
     let source = Arithmetic::new(&config, 5).expect("valid");
     // BOS + prompt + answer + EOS, in characters (the char tokenizer's tokens).
-    let full_len = |e: &Example| e.prompt.len() + e.answer.len() + 2;
+    let full_len = |e: &Example| e.prompt.display().len() + e.answer.len() + 2;
     let mut lengths: Vec<usize> = (0..32).map(|i| full_len(&source.example(i).expect("example"))).collect();
     lengths.sort_unstable();
     let seq_len = lengths[16] - 1;
@@ -161,14 +161,16 @@ fn jsonl_file(lines: usize) -> tempfile::NamedTempFile {
 #[test]
 fn jsonl_epochs_are_seeded_bijections() {
     let file = jsonl_file(37);
-    let config = DataConfig::Jsonl(JsonlConfig {
-        path: file.path().into(),
+    let config = DataConfig::Jsonl(FileConfig {
+        path: file.path().display().to_string(),
         test: None,
+        format: None,
+        columns: Default::default(),
         tokenizer: TokenizerConfig::Char {},
         chat: None,
     });
     for (global, micro) in [(1, 1), (6, 3), (8, 2)] {
-        let loader = Loader::from_config(&config, spec(global, micro, 32), 77).expect("loader");
+        let loader = Loader::from_config(&config, spec(global, micro, 32), 77, &LocalFiles).expect("loader");
         assert_eq!(loader.epoch_len(), Some(37));
         let per_step = (global / micro) as u64;
         // Enough steps for three epochs, then read every position in order.
@@ -190,13 +192,13 @@ fn jsonl_epochs_are_seeded_bijections() {
         }
         assert_ne!(epochs[0], epochs[1]);
         // The order is a function of the seed alone, not of the batch shape.
-        let reference = Loader::from_config(&config, spec(1, 1, 32), 77).expect("loader");
+        let reference = Loader::from_config(&config, spec(1, 1, 32), 77, &LocalFiles).expect("loader");
         let reference_order: Vec<u64> =
             (0..order.len() as u64).map(|step| reference.example_index(step, 0, 0).expect("index")).collect();
         assert_eq!(order, reference_order);
     }
-    let other_seed = Loader::from_config(&config, spec(1, 1, 32), 78).expect("loader");
-    let reference = Loader::from_config(&config, spec(1, 1, 32), 77).expect("loader");
+    let other_seed = Loader::from_config(&config, spec(1, 1, 32), 78, &LocalFiles).expect("loader");
+    let reference = Loader::from_config(&config, spec(1, 1, 32), 77, &LocalFiles).expect("loader");
     let order =
         |loader: &Loader| (0..37).map(|s| loader.example_index(s, 0, 0).expect("index")).collect::<Vec<_>>();
     assert_ne!(order(&other_seed), order(&reference));
@@ -206,13 +208,15 @@ fn jsonl_epochs_are_seeded_bijections() {
 fn a_bad_jsonl_line_fails_the_loader_with_file_and_line() {
     let mut file = jsonl_file(3);
     writeln!(file, "{{\"prompt\": \"x\", \"answer\": 4}}").expect("write");
-    let config = DataConfig::Jsonl(JsonlConfig {
-        path: file.path().into(),
+    let config = DataConfig::Jsonl(FileConfig {
+        path: file.path().display().to_string(),
         test: None,
+        format: None,
+        columns: Default::default(),
         tokenizer: TokenizerConfig::Char {},
         chat: None,
     });
-    let error = Loader::from_config(&config, spec(1, 1, 8), 0).expect_err("line 4 is bad");
+    let error = Loader::from_config(&config, spec(1, 1, 8), 0, &LocalFiles).expect_err("line 4 is bad");
     let message = error.to_string();
     assert!(message.contains(&format!("{}:4:", file.path().display())), "{message}");
     assert!(message.contains("`answer`"), "{message}");
@@ -224,8 +228,11 @@ fn token_windows_fill_every_target() {
     let tokens: Vec<u16> = (0..100u16).map(|t| t * 3 + 1).collect();
     let mut file = tempfile::NamedTempFile::new().expect("temp file");
     file.write_all(&tokens.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<_>>()).expect("write");
-    let config = DataConfig::Tokens(TokenFileConfig { path: file.path().into(), dtype: TokenDtype::U16 });
-    let loader = Loader::from_config(&config, spec(4, 2, seq_len), 11).expect("loader");
+    let config = DataConfig::Tokens(TokenFileConfig {
+        path: file.path().display().to_string(),
+        dtype: TokenDtype::U16,
+    });
+    let loader = Loader::from_config(&config, spec(4, 2, seq_len), 11, &LocalFiles).expect("loader");
     // 99 targets / 8 = 12 whole windows.
     assert_eq!(loader.epoch_len(), Some(12));
     let mut windows = BTreeSet::new();
@@ -257,8 +264,11 @@ fn token_windows_fill_every_target() {
 fn a_token_file_shorter_than_a_window_is_refused() {
     let mut file = tempfile::NamedTempFile::new().expect("temp file");
     file.write_all(&[1, 0, 2, 0, 3, 0]).expect("write");
-    let config = DataConfig::Tokens(TokenFileConfig { path: file.path().into(), dtype: TokenDtype::U16 });
-    let error = Loader::from_config(&config, spec(1, 1, 8), 0).expect_err("too short");
+    let config = DataConfig::Tokens(TokenFileConfig {
+        path: file.path().display().to_string(),
+        dtype: TokenDtype::U16,
+    });
+    let error = Loader::from_config(&config, spec(1, 1, 8), 0, &LocalFiles).expect_err("too short");
     assert!(error.to_string().contains("fewer than one window of seq_len + 1 = 9"), "{error}");
 }
 
@@ -270,7 +280,7 @@ fn custom_example_sources_plug_in() {
             Some(5)
         }
         fn example(&self, index: u64) -> podctl_data::Result<Example> {
-            Ok(Example { prompt: format!("{index}^2=\n"), answer: format!("#### {}", index * index) })
+            Ok(Example::text(format!("{index}^2=\n"), format!("#### {}", index * index)))
         }
     }
     let loader = Loader::from_examples(
@@ -293,11 +303,10 @@ fn golden_values_pin_the_streams_across_versions_and_platforms() {
     let source = Arithmetic::new(&ArithmeticConfig::default(), 0).expect("valid");
     assert_eq!(
         source.example(0).expect("example"),
-        Example {
-            prompt: "There were 772 stickers on a shelf. Ines took 606 of them. How many stickers are on the shelf now?\n"
-                .into(),
-            answer: "772 - 606 = 166\n#### 166".into(),
-        }
+        Example::text(
+            "There were 772 stickers on a shelf. Ines took 606 of them. How many stickers are on the shelf now?\n",
+            "772 - 606 = 166\n#### 166",
+        )
     );
     let permutation = podctl_data::EpochPermutation::new(0, 0, 10);
     let order: Vec<u64> = (0..10).map(|i| permutation.apply(i).expect("in range")).collect();

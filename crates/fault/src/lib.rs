@@ -5,10 +5,31 @@
 //! worker into what it tells the coordinator. Nobody reads an error's message to decide; the
 //! message is for people.
 //!
+//! It also holds the one [`fail_point!`]: crashes, pauses and injected errors at chosen points
+//! (TiKV's `fail` crate), compiled only into a build that asks for them.
+//!
 //! **Architecture Invariant:** no dependencies, no podctl crate: every library can classify its
-//! own errors (checked: the layering block's `fault:`).
+//! own errors (checked: the layering block's `fault:`); only the `failpoints` feature brings
+//! `fail`, and only this crate names it (`only fail: fault`).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
+
+/// TiKV's `fail` crate, for the fail-point tests and binaries (`fault::fault::fail::cfg`,
+/// `fault::fault::fail::FailScenario`); present with the `failpoints` feature.
+#[cfg(feature = "failpoints")]
+pub use fail;
+
+/// `fail::fail_point!` with every form of it (`(name)`, `(name, |arg| ...)`,
+/// `(name, cond, |arg| ...)`) and its semantics, compiled only where the *calling* crate's
+/// `failpoints` feature is on (which turns on `podctl-fault/failpoints`); elsewhere a fail point
+/// is no code at all, not a disabled check.
+#[macro_export]
+macro_rules! fail_point {
+    ($($arg:tt)*) => {
+        #[cfg(feature = "failpoints")]
+        $crate::fail::fail_point!($($arg)*);
+    };
+}
 
 use std::fmt;
 

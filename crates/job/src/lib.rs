@@ -23,7 +23,7 @@ mod planning;
 mod schedule;
 
 pub use eval::EvalSpec;
-pub use grpo::GrpoSpec;
+pub use grpo::{GrpoSpec, RewardFunction, RewardKind};
 pub use kubernetes::KubernetesSpec;
 pub use mesh_spec::{IciSpec, MeshRequest, MeshSpec};
 pub use model::{HfModelSpec, ModelReader, ModelSpec};

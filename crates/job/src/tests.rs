@@ -283,6 +283,85 @@ fn grpo_jobs_parse_with_defaults_and_check_their_groups() {
 }
 
 #[test]
+fn grpo_rewards_parse_in_every_form_and_round_trip() {
+    let rewards = "
+grpo:
+  prompt_len: 32
+  max_new_tokens: 96
+  generations: 8
+  reward_workers: 3
+  rewards:
+    - numeric_answer
+    - { format: '#### -?[0-9]+$', weight: 0.5 }
+    - { length: { max: 96, soft: 32, unit: chars }, weight: 0.25, name: overlong }
+    - my_rewards.py:brevity
+    - { python: s3://bucket/rewards/check.py:unit_tests, weight: 2 }
+    - { numeric_answer: {}, weight: 0.1, name: numeric_again }
+";
+    let spec = parse(&TINY.replace("seq_len: 128\n", rewards)).unwrap();
+    let g = spec.grpo.as_ref().unwrap();
+    let summary: Vec<(&str, f32)> = g.rewards.iter().map(|r| (r.name.as_str(), r.weight)).collect();
+    assert_eq!(
+        summary,
+        [
+            ("numeric_answer", 1.0),
+            ("format", 0.5),
+            ("overlong", 0.25),
+            ("brevity", 1.0),
+            ("unit_tests", 2.0),
+            ("numeric_again", 0.1)
+        ]
+    );
+    assert_eq!(g.rewards[3].python_function(), Some(("my_rewards.py", "brevity")));
+    assert_eq!(g.rewards[4].python_function(), Some(("s3://bucket/rewards/check.py", "unit_tests")));
+    assert_eq!(
+        g.rewards[2].kind,
+        RewardKind::Length(data::LengthReward { max: 96, soft: 32, unit: data::LengthUnit::Chars })
+    );
+    assert_eq!((g.reward_workers, g.reward_timeout_seconds), (3, 60.0));
+    assert_eq!(parse(&spec.to_yaml()).unwrap(), spec, "the spec goes to workers and back unchanged");
+    // None named: the numeric answer alone.
+    let plain = parse(
+        &TINY.replace("seq_len: 128\n", "grpo: { prompt_len: 32, max_new_tokens: 96, generations: 8 }\n"),
+    )
+    .unwrap();
+    assert_eq!(plain.grpo.unwrap().reward_functions(), [RewardFunction::numeric_answer()]);
+}
+
+#[test]
+fn bad_rewards_name_the_entry_and_the_fix() {
+    let with_rewards = |list: &str| {
+        TINY.replace(
+            "seq_len: 128\n",
+            &format!("grpo: {{ prompt_len: 32, max_new_tokens: 96, generations: 8, {list} }}\n"),
+        )
+    };
+    for (list, needle) in [
+        ("rewards: [accuracy]", "\"accuracy\" is not a reward function: use numeric_answer"),
+        ("rewards: [rewards.py]", "is not a reward function"),
+        ("rewards: ['rewards.py:2fast']", "\"2fast\" in \"rewards.py:2fast\" is not a Python function name"),
+        ("rewards: [format]", "`format` needs its setting: write { format: <regex> }"),
+        ("rewards: [{ format: '(' }]", "`grpo.rewards`: entry 1 (format): \"(\" is not a regular expression"),
+        ("rewards: [{ length: { max: 0 } }]", "entry 1 (length): max is 0"),
+        ("rewards: [{ length: { max: 8, soft: 9 } }]", "soft 9 is longer than max 8"),
+        (
+            "rewards: [numeric_answer, { numeric_answer: {}, weight: 2 }]",
+            "entry 2 (numeric_answer): entry 1 has the same name",
+        ),
+        ("rewards: [{ numeric_answer: {}, weight: .nan }]", "weight NaN is not a finite number"),
+        ("rewards: [{ format: a, length: { max: 3 } }]", "names more than one reward function"),
+        ("rewards: [{ weight: 2 }]", "names no reward function"),
+        ("rewards: [{ python: 'a.py:f', name: 'a b' }]", "the name \"a b\" must be letters, digits and _"),
+        ("rewards: [{ format: a, weigth: 2 }]", "unknown field `weigth`"),
+        ("reward_workers: 0", "`grpo.reward_workers`: 0 is out of range"),
+        ("reward_timeout_seconds: 0", "`grpo.reward_timeout_seconds`: 0 must be a positive number"),
+    ] {
+        let e = parse(&with_rewards(list)).unwrap_err();
+        assert!(e.contains(needle), "{list}: {e}");
+    }
+}
+
+#[test]
 fn runtime_accelerator_is_checked_against_the_host() {
     for (runtime, needle) in [
         ("{ accelerator: v5e-8 }", "`runtime.accelerator`: unknown topology 'v5e-8'"),

@@ -16,7 +16,7 @@ mod dtype;
 mod region;
 
 pub use dtype::DType;
-pub use region::{Region, copy_region};
+pub use region::{Region, copy_region, for_each_run};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -78,47 +78,49 @@ pub fn copy_region(
     if region.num_elements() == 0 {
         return;
     }
-    let rank = region.0.len();
-    let src_shape = src_region.shape();
-    let dst_shape = dst_region.shape();
-    let shape = region.shape();
+    for_each_run(src_region, dst_region, region, elem_size as u64, |s, d, len| {
+        let (s, d, len) = (s as usize, d as usize, len as usize);
+        dst[d..d + len].copy_from_slice(&src[s..s + len]);
+    });
+}
 
-    // Merge trailing dimensions that are whole in the region and in both buffers into one run.
-    let mut run_dims = 0;
-    let mut run = 1u64;
-    for d in (0..rank).rev() {
+/// Calls `f(src_offset, dst_offset, len)` (bytes) for every row-major run of `overlap` between a
+/// buffer holding `src` and one holding `dst`. Trailing dimensions that all three span whole
+/// merge into one run, so identical layouts give a single call. [`copy_region`] copies by it;
+/// a checkpoint's restore reads by it, straight from a shard's bytes into a device's buffer.
+pub fn for_each_run(
+    src: &Region,
+    dst: &Region,
+    overlap: &Region,
+    elem: u64,
+    mut f: impl FnMut(u64, u64, u64),
+) {
+    let rank = overlap.ranges().len();
+    let (src_shape, dst_shape, shape) = (src.shape(), dst.shape(), overlap.shape());
+    let mut run = elem;
+    let mut outer = rank;
+    while outer > 0 {
+        let d = outer - 1;
         run *= shape[d];
-        run_dims += 1;
+        outer -= 1;
         if shape[d] != src_shape[d] || shape[d] != dst_shape[d] {
             break;
         }
     }
-    let run_bytes = run as usize * elem_size;
-    let outer = rank - run_dims;
-
-    let strides = |buf_shape: &[u64]| -> Vec<u64> {
-        let mut s = vec![1u64; rank];
+    let strides = |s: &[u64]| {
+        let mut out = vec![elem; rank];
         for d in (0..rank.saturating_sub(1)).rev() {
-            s[d] = s[d + 1] * buf_shape[d + 1];
+            out[d] = out[d + 1] * s[d + 1];
         }
-        s
+        out
     };
     let (src_strides, dst_strides) = (strides(&src_shape), strides(&dst_shape));
-    let offset = |index: &[u64], buf_region: &Region, strides: &[u64]| -> usize {
-        let mut off = 0u64;
-        for d in 0..rank {
-            let start = if d < outer { index[d] } else { region.0[d].start };
-            off += (start - buf_region.0[d].start) * strides[d];
-        }
-        off as usize * elem_size
+    let offset = |index: &[u64], buf: &Region, strides: &[u64]| -> u64 {
+        (0..rank).map(|d| (index[d] - buf.ranges()[d].start) * strides[d]).sum()
     };
-
-    let mut index: Vec<u64> = region.0.iter().map(|r| r.start).collect();
+    let mut index: Vec<u64> = overlap.ranges().iter().map(|r| r.start).collect();
     loop {
-        let s = offset(&index, src_region, &src_strides);
-        let d = offset(&index, dst_region, &dst_strides);
-        dst[d..d + run_bytes].copy_from_slice(&src[s..s + run_bytes]);
-        // Advance the outer index like an odometer.
+        f(offset(&index, src, &src_strides), offset(&index, dst, &dst_strides), run);
         let mut dim = outer;
         loop {
             if dim == 0 {
@@ -126,10 +128,10 @@ pub fn copy_region(
             }
             dim -= 1;
             index[dim] += 1;
-            if index[dim] < region.0[dim].end {
+            if index[dim] < overlap.ranges()[dim].end {
                 break;
             }
-            index[dim] = region.0[dim].start;
+            index[dim] = overlap.ranges()[dim].start;
         }
     }
 }

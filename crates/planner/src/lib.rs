@@ -15,18 +15,17 @@
 //! - `report`: the tables `podctl plan` prints.
 //! - `layout`: which device of which host holds which shard of each parameter
 //!   ([`render_layout`], for `podctl launch --dry-run`).
-//! - `exact`: exact mode, the one module that touches files, processes and PJRT: export each
-//!   candidate's bundle through the caller's [`exact::Exporter`], compile its programs in
-//!   child processes ([`exact::ProcessCompiler`]) in parallel, cache the compiled memory
-//!   statistics on disk by content hash ([`exact::DiskCache`]).
 //!
-//! **Architecture Invariant:** everything outside `exact` is pure: no I/O, no threads, no
-//! tokio; the same inputs give the same plan, byte for byte. Exact numbers enter the search
-//! only through the [`Oracle`] trait.
+//! Exact mode (compiling each candidate through PJRT) is the `planner-exact` crate, so that the
+//! crates which only plan analytically (the job spec, and through it the coordinator) do not
+//! link PJRT.
+//!
+//! **Architecture Invariant:** pure: no I/O, no threads, no tokio, no PJRT; the same inputs
+//! give the same plan, byte for byte. Exact numbers enter the search only through the
+//! [`Oracle`] trait.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-pub mod exact;
 mod hardware;
 mod layout;
 mod memory;

@@ -8,7 +8,6 @@
 
 mod node;
 
-use anyhow::Context;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
@@ -58,17 +57,30 @@ fn main() -> ExitCode {
         _ => &podctl.log,
     };
     coordinator::logging::init(log, podctl.log_json);
+    // The process's one async runtime (every core, as the `podctl-coordinator` binary's), made
+    // after the re-exec above and handed down: commands are synchronous and block on it where
+    // they do I/O, a worker's uploads and session run on it beside the thread that owns PJRT.
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("podctl").build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            return cli::report(&anyhow::Error::new(error).context("cannot start the async runtime"));
+        }
+    };
     let result = match podctl.command {
-        Command::Cli(command) => cli::run(command, &node::Embedded),
+        Command::Cli(command) => cli::run(command, &node::Embedded, runtime.handle()),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Podctl::command(), "podctl", &mut std::io::stdout());
             Ok(ExitCode::SUCCESS)
         }
-        // Every core, as the `podctl-coordinator` binary's runtime has.
-        Command::Coordinator(node) => tokio::runtime::Runtime::new()
-            .context("cannot start the async runtime")
-            .and_then(|r| r.block_on(coordinator::command::run(node)))
-            .map(|()| ExitCode::SUCCESS),
+        Command::Coordinator(node) => {
+            runtime.block_on(coordinator::command::run(node)).map(|()| ExitCode::SUCCESS)
+        }
     };
+    // Tasks still running (a metrics server, a forwarder past its last words) end with the process.
+    runtime.shutdown_timeout(SHUTDOWN_WAIT);
     result.unwrap_or_else(|error| cli::report(&error))
 }
+
+/// How long the runtime's tasks get to end when the command is done.
+const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);

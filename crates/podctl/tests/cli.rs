@@ -1,6 +1,6 @@
 //! The command line as scripts and shells use it, through the real binary: `--json` on `plan`
 //! and `ckpt list|show|verify`, `--set` overrides checked as the spec file is, shell
-//! completions.
+//! completions, and status 1 for a job that ran and failed.
 
 use serde_json::Value;
 use std::path::Path;
@@ -153,4 +153,29 @@ fn completions_load_into_the_shells() {
     let offered = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(offered.split_whitespace().collect::<Vec<_>>(), ["status", "stop"], "{offered}");
+}
+
+/// A spec that validates, and a job that starts and then fails: every prompt is longer than
+/// `seq_len`, so the first step has no answer token to learn from. That is the job's failure
+/// (status 1, with the worker's reason), not a bad spec (2) or an unreachable cluster (3).
+#[test]
+fn a_job_that_runs_and_fails_exits_1_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows: String =
+        (0..8).map(|_| format!("{{\"prompt\": \"{}\", \"answer\": \"42\"}}\n", "x".repeat(300))).collect();
+    let data = dir.path().join("rows.jsonl");
+    std::fs::write(&data, rows).unwrap();
+    let spec = dir.path().join("fails.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "name: fails\nmodel: tiny\nmesh: {{ ici: {{ fsdp: 1, tp: 1 }} }}\nbatch: {{ global: 4, micro: 4 }}\n\
+             seq_len: 64\nsteps: 5\ndata: {{ kind: jsonl, path: {}, tokenizer: {{ kind: char }} }}\noutput: {}\n",
+            data.display(),
+            dir.path().join("run").display()
+        ),
+    )
+    .unwrap();
+    let e = fails_with(1, &["launch", spec.to_str().unwrap()]);
+    assert!(e.contains("step 1 has no target tokens to learn from"), "{e}");
 }

@@ -42,8 +42,11 @@ fn moto() -> (Killed, u16) {
     let started = Instant::now();
     loop {
         if let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) {
-            write!(stream, "PUT /ckpt HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-                .unwrap();
+            write!(
+                stream,
+                "PUT /ckpt HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            )
+            .unwrap();
             let mut answer = String::new();
             stream.read_to_string(&mut answer).unwrap();
             assert!(answer.starts_with("HTTP/1.1 200"), "create bucket: {answer}");
@@ -79,7 +82,9 @@ fn text(output: &Output) -> String {
 fn line<'a>(report: &'a str, name: &str) -> &'a str {
     report
         .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some(name.split_whitespace().next().unwrap()) && l.contains(name))
+        .find(|l| {
+            l.split_whitespace().nth(1) == Some(name.split_whitespace().next().unwrap()) && l.contains(name)
+        })
         .unwrap_or_else(|| panic!("no {name} line:\n{report}"))
 }
 
@@ -120,7 +125,10 @@ fn object_store_credentials_are_checked_for_every_root_a_job_names() {
     let out = doctor(&args, &moto_env, home);
     let report = text(&out);
     assert!(out.status.success(), "{report}");
-    assert!(line(&report, "store s3").contains("credentials from AWS_ACCESS_KEY_ID; listed 0 entries"), "{report}");
+    assert!(
+        line(&report, "store s3").contains("credentials from AWS_ACCESS_KEY_ID; listed 0 entries"),
+        "{report}"
+    );
 
     // A bucket that does not exist fails its listing.
     std::fs::write(&job, spec("s3://no-such-bucket/runs/doctor")).unwrap();
@@ -140,8 +148,12 @@ fn object_store_credentials_are_checked_for_every_root_a_job_names() {
     let report = text(&out);
     assert_eq!(out.status.code(), Some(1), "{report}");
     let gs = line(&report, "store gs");
-    assert!(gs.contains("of type external_account") && gs.ends_with("fix: gcloud auth application-default login"), "{gs}");
-    let on_gce = std::fs::read_to_string("/sys/class/dmi/id/product_name").is_ok_and(|p| p.contains("Google"));
+    assert!(
+        gs.contains("of type external_account") && gs.ends_with("fix: gcloud auth application-default login"),
+        "{gs}"
+    );
+    let on_gce =
+        std::fs::read_to_string("/sys/class/dmi/id/product_name").is_ok_and(|p| p.contains("Google"));
     if !on_gce {
         let out = doctor(&args, &[], home);
         let gs = text(&out);
@@ -155,7 +167,10 @@ fn object_store_credentials_are_checked_for_every_root_a_job_names() {
     let report = text(&out);
     assert_eq!(out.status.code(), Some(1), "{report}");
     let job_line = line(&report, "job");
-    assert!(job_line.starts_with("FAIL") && job_line.contains("steps") && job_line.contains("fix: edit"), "{job_line}");
+    assert!(
+        job_line.starts_with("FAIL") && job_line.contains("steps") && job_line.contains("fix: edit"),
+        "{job_line}"
+    );
 }
 
 /// One `podctl coordinator` node with TLS (its own cluster), killed when dropped.
@@ -202,14 +217,21 @@ fn a_cluster_is_checked_through_its_tls_and_token_files() {
     let out = doctor(&["--coordinator", &addr, "--tls-dir", &tls, "--token-file", &wrong], &[], home);
     let report = text(&out);
     assert_eq!(out.status.code(), Some(1), "{report}");
-    assert!(line(&report, "coordinators").ends_with("fix: pass the admin token: --token-file FILE (or PODCTL_TOKEN)"), "{report}");
+    assert!(
+        line(&report, "coordinators")
+            .ends_with("fix: pass the admin token: --token-file FILE (or PODCTL_TOKEN)"),
+        "{report}"
+    );
 
     // Files that are not there, and no coordinator where one is named.
     let missing = dir.path().join("missing").display().to_string();
     let out = doctor(&["--coordinator", &addr, "--ca", &missing, "--token-file", &missing], &[], home);
     let report = text(&out);
     assert_eq!(out.status.code(), Some(1), "{report}");
-    assert!(line(&report, "tls").starts_with("FAIL") && line(&report, "token").starts_with("FAIL"), "{report}");
+    assert!(
+        line(&report, "tls").starts_with("FAIL") && line(&report, "token").starts_with("FAIL"),
+        "{report}"
+    );
     assert!(!report.contains("coordinators"), "nothing is dialled without the files:\n{report}");
     let nobody = format!("127.0.0.1:{}", free_port());
     let out = doctor(&["--coordinator", &nobody, "--tls-dir", &tls, "--token-file", &token], &[], home);

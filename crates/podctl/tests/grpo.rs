@@ -179,3 +179,57 @@ fn two_slices_give_the_metrics_of_one_slice() {
         println!("TensorBoard reads the {count} numbers of {}/metrics.jsonl back", run.display());
     }
 }
+
+/// A reward function in TRL's form, run by the worker's pool of Python processes: 1 for a
+/// completion without a digit.
+const NO_DIGITS: &str = r#"
+def no_digits(prompts, completions, completion_ids, **kwargs):
+    assert len(prompts) == len(completions) == len(completion_ids)
+    return [0.0 if any(c.isdigit() for c in text) else 1.0 for text in completions]
+"#;
+
+#[test]
+fn a_format_reward_beside_the_numeric_one_rises_and_each_function_has_its_curve() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("format");
+    let module = write(&dir.path().join("my_rewards.py"), NO_DIGITS);
+    // The untrained tiny model's completions are random characters: few match "no digit at all"
+    // (the format), and the policy can learn to match it within a few steps.
+    let spec = write(
+        &dir.path().join("format.yaml"),
+        &format!(
+            "name: grpo-format\nmodel: tiny\nmesh: {{ ici: {{ fsdp: 1, tp: 1 }} }}\n\
+             grpo: {{ prompt_len: 24, max_new_tokens: 8, generations: 8, rewards: [\
+               numeric_answer, {{ format: '^[^0-9]*$', weight: 1.0 }}, \
+               {{ python: '{}:no_digits', weight: 0.25 }} ] }}\n\
+             eval: {{ problems: 0 }}\n\
+             batch: {{ global: 64, micro: 32 }}\ntrain: {{ loss_chunk: 32 }}\nsteps: 8\nseed: 1\n\
+             optimizer: {{ lr: 1.0e-2, schedule: constant, weight_decay: 0.0 }}\n\
+             data: {{ kind: arithmetic, digits: [2, 2], ops: [add] }}\noutput: {}\n",
+            module.display(),
+            run.display()
+        ),
+    );
+    launch(&spec);
+    let lines = metrics(&run);
+    assert_eq!(lines.len(), 8);
+    let series = |key: &str| -> Vec<f64> { lines.iter().map(|l| series_at(l, key)).collect() };
+    let (format, no_digits, numeric) =
+        (series("reward_format"), series("reward_no_digits"), series("reward_numeric_answer"));
+    println!("format {format:.3?}\nno_digits (Python) {no_digits:.3?}\nnumeric_answer {numeric:.3?}");
+    assert!(format[0] < 0.6, "few random completions have no digit: {format:?}");
+    assert!(format[6..].iter().all(|&f| f > format[0] + 0.25), "the format reward rises: {format:?}");
+    // The Python function scores the same property: the same means, through the pool.
+    assert_eq!(no_digits, format, "the Python function and the format agree on every step");
+    // The step's reward is the weighted sum of the functions' means.
+    for (i, line) in lines.iter().enumerate() {
+        let sum = numeric[i] + format[i] + 0.25 * no_digits[i];
+        assert!((series_at(line, "reward") - sum).abs() < 1e-4, "step {}: {line}", i + 1);
+    }
+    // Both per-function curves are in TensorBoard's file and on the reward plot.
+    let scalars = common::tensorboard_scalars(&run);
+    for tag in ["reward_format", "reward_numeric_answer", "reward_no_digits"] {
+        assert!(scalars.keys().any(|(t, _)| t == tag), "no {tag} in TensorBoard's file");
+    }
+    assert!(run.join("reward.png").exists());
+}

@@ -29,7 +29,14 @@ fn as_user(program: &Path, env: &[(&str, String)]) -> Command {
     let mut command = match is_root() {
         true => {
             let mut command = Command::new("setpriv");
-            command.args(["--reuid", &NOBODY.to_string(), "--regid", &NOBODY.to_string(), "--clear-groups", "--"]);
+            command.args([
+                "--reuid",
+                &NOBODY.to_string(),
+                "--regid",
+                &NOBODY.to_string(),
+                "--clear-groups",
+                "--",
+            ]);
             command.arg(program);
             command
         }
@@ -73,7 +80,9 @@ fn python_for_user(path: &str) -> PathBuf {
     for dir in std::env::split_paths(path) {
         for name in ["python3", "python3.13", "python3.12", "python3.11"] {
             let python = dir.join(name);
-            if python.exists() && as_user(&python, &env).args(["-c", in_range]).status().is_ok_and(|s| s.success()) {
+            if python.exists()
+                && as_user(&python, &env).args(["-c", in_range]).status().is_ok_and(|s| s.success())
+            {
                 return python;
             }
         }
@@ -89,7 +98,11 @@ fn the_wheel_trains_a_job_from_any_directory_as_an_unprivileged_user() {
     let scratch = tempfile::tempdir().unwrap();
     open_to_user(scratch.path());
     let dist = scratch.path().join("dist");
-    let built = Command::new(root.join("scripts/build-wheel.sh")).args(["--debug", "--out"]).arg(&dist).output().unwrap();
+    let built = Command::new(root.join("scripts/build-wheel.sh"))
+        .args(["--debug", "--out"])
+        .arg(&dist)
+        .output()
+        .unwrap();
     assert!(built.status.success(), "scripts/build-wheel.sh --debug:\n{}", text(&built));
     let wheel = PathBuf::from(String::from_utf8_lossy(&built.stdout).lines().last().unwrap().trim());
     let name = wheel.file_name().unwrap().to_string_lossy().into_owned();
@@ -120,7 +133,11 @@ fn the_wheel_trains_a_job_from_any_directory_as_an_unprivileged_user() {
         ("LANG", "C.UTF-8".to_string()),
     ];
     let checkout = root.display().to_string();
-    assert!(env.iter().all(|(_, v)| !v.contains(&checkout)) && !venv.starts_with(&root) && !home.starts_with(&root));
+    assert!(
+        env.iter().all(|(_, v)| !v.contains(&checkout))
+            && !venv.starts_with(&root)
+            && !home.starts_with(&root)
+    );
     let podctl = venv.join("bin/podctl");
     let run = |args: &[&str]| as_user(&podctl, &env).args(args).current_dir(&work).output().unwrap();
 
@@ -128,7 +145,10 @@ fn the_wheel_trains_a_job_from_any_directory_as_an_unprivileged_user() {
     let report = text(&doctor);
     assert!(doctor.status.success(), "podctl doctor:\n{report}");
     for check in ["podctl", "python", "jax", "plugin", "cache"] {
-        assert!(report.lines().any(|l| l.starts_with("ok") && l.split_whitespace().nth(1) == Some(check)), "{check}:\n{report}");
+        assert!(
+            report.lines().any(|l| l.starts_with("ok") && l.split_whitespace().nth(1) == Some(check)),
+            "{check}:\n{report}"
+        );
     }
     assert!(report.contains(&format!("installed in {}", venv.display())), "{report}");
     assert!(report.contains(&home.join(".cache/podctl").display().to_string()), "{report}");
@@ -136,7 +156,7 @@ fn the_wheel_trains_a_job_from_any_directory_as_an_unprivileged_user() {
     std::fs::write(
         work.join("job.yaml"),
         "name: from-the-wheel\nmodel: tiny\nmesh: { ici: { fsdp: 2, tp: 1 } }\nbatch: { global: 8, micro: 4 }\n\
-         seq_len: 64\nsteps: 5\ndata: { kind: arithmetic }\n",
+         seq_len: 128\nsteps: 5\ndata: { kind: arithmetic }\n",
     )
     .unwrap();
     let launch = run(&["launch", "job.yaml"]);
@@ -146,7 +166,10 @@ fn the_wheel_trains_a_job_from_any_directory_as_an_unprivileged_user() {
     assert_eq!(metrics.lines().count(), 5, "{metrics}");
     assert!(record.join("summary.json").exists());
     let bundles = std::fs::read_dir(home.join(".cache/podctl/bundles")).unwrap();
-    assert!(bundles.flatten().any(|b| b.path().join("manifest.json").exists()), "no bundle in the user's cache");
+    assert!(
+        bundles.flatten().any(|b| b.path().join("manifest.json").exists()),
+        "no bundle in the user's cache"
+    );
 
     // Without the plugin, doctor names it and the command that installs it.
     let plugin = std::fs::read_dir(venv.join("lib"))
@@ -165,7 +188,10 @@ fn the_wheel_trains_a_job_from_any_directory_as_an_unprivileged_user() {
     assert!(line.ends_with(&format!("; fix: {fix}")), "{line}");
     assert_eq!(report.lines().filter(|l| l.starts_with("FAIL")).count(), 1, "{report}");
     // And that command fixes it (run by the environment's owner).
-    let fixed = Command::new("sh").args(["-c", &format!("{fix} --quiet --disable-pip-version-check")]).output().unwrap();
+    let fixed = Command::new("sh")
+        .args(["-c", &format!("{fix} --quiet --disable-pip-version-check")])
+        .output()
+        .unwrap();
     assert!(fixed.status.success(), "{fix}:\n{}", text(&fixed));
     let doctor = run(&["doctor"]);
     assert!(doctor.status.success(), "podctl doctor after the fix:\n{}", text(&doctor));
@@ -231,7 +257,8 @@ fn readme_command_1s_setup_needs_no_root_and_no_test_tools() {
     assert_eq!(String::from_utf8_lossy(&imports.stdout).trim(), "0.10.2", "{}", text(&imports));
 
     // The test command's setup stops before installing anything, naming what is missing and the fix.
-    let test_setup = as_user(bash, &env).args(["scripts/setup.sh", "--test"]).current_dir(&checkout).output().unwrap();
+    let test_setup =
+        as_user(bash, &env).args(["scripts/setup.sh", "--test"]).current_dir(&checkout).output().unwrap();
     let report = text(&test_setup);
     assert_eq!(test_setup.status.code(), Some(1), "{report}");
     for missing in ["tmux is missing", "prometheus is missing", "sudo scripts/install-test-tools.sh"] {

@@ -15,7 +15,7 @@ use common::{podctl, root, wait_for};
 const ADMIN: &str = "interrupt-test-admin-token-0123456789";
 
 fn plugin() -> PathBuf {
-    root().join(".venv/lib/python3.11/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
+    root().join(".venv/lib/python3/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
 }
 
 /// A one-device tiny job that runs until stopped, with its run record in `dir/<name>`.

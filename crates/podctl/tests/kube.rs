@@ -541,7 +541,7 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
     let (api, s3, kubeconfig, kubelet) = (&cluster.api, cluster.s3, &cluster.kubeconfig, &cluster.kubelet);
 
     // A context that is not there names the ones that are.
-    let (ok, _, err) = output(podctl(&kubeconfig, s3).args(["status", "--kube-context", "nope"]));
+    let (ok, _, err) = output(podctl(kubeconfig, s3).args(["status", "--kube-context", "nope"]));
     assert!(!ok && err.contains("no context 'nope'") && err.contains(CONTEXT), "{err}");
     // Kubernetes workers cannot read a bundle on this machine: the checkpoint root must be a bucket.
     let local = dir.join("local.yaml");
@@ -552,7 +552,7 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
     )
     .unwrap();
     let (ok, _, err) =
-        output(podctl(&kubeconfig, s3).arg("launch").arg(&local).args(["--kube-context", CONTEXT]));
+        output(podctl(kubeconfig, s3).arg("launch").arg(&local).args(["--kube-context", CONTEXT]));
     assert!(!ok && err.contains("job spec field `checkpoint`") && err.contains("gs://"), "{err}");
 
     let spec = job_spec(dir, "kube", STEPS);
@@ -590,11 +590,11 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
     );
 
     let context = ["--kube-context", CONTEXT];
-    let (ok, out, err) = output(podctl(&kubeconfig, s3).args(["status", &job, "--json"]).args(context));
+    let (ok, out, err) = output(podctl(kubeconfig, s3).args(["status", &job, "--json"]).args(context));
     assert!(ok, "{err}");
     let v: Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!((v["state"].as_str(), v["step"].as_u64()), (Some("completed"), Some(STEPS)), "{v}");
-    let (ok, out, err) = output(podctl(&kubeconfig, s3).args(["logs", &job, "--slice", "1"]).args(context));
+    let (ok, out, err) = output(podctl(kubeconfig, s3).args(["logs", &job, "--slice", "1"]).args(context));
     assert!(ok, "{err}");
     // Slice 1's lines only, and a second worker process of slice 1 among them: the replacement
     // (which compiles before it registers, so the survivor may finish the job alone meanwhile)
@@ -618,7 +618,7 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
         let log = std::fs::read_to_string(dir.join(format!("pods/{job}-{pod}.log"))).unwrap();
         assert!(log.contains("fetched the bundle from s3://ckpt/runs/kube/bundles/"), "{pod}:\n{log}");
     }
-    let (ok, out, err) = output(podctl(&kubeconfig, s3).args(["stop", &job]).args(context));
+    let (ok, out, err) = output(podctl(kubeconfig, s3).args(["stop", &job]).args(context));
     assert!(ok, "{err}");
     assert_eq!(out.trim(), format!("{job}: completed"));
 
@@ -628,7 +628,7 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
     // The same job continued for 10 more steps (same root and seed: it resumes from the first
     // job's final checkpoint; with the same steps it would be done at once, with no pods).
     let gitops = job_spec(dir, "gitops", STEPS + 10);
-    let (ok, manifest, err) = output(podctl(&kubeconfig, s3).arg("launch").arg(&gitops).arg("--render"));
+    let (ok, manifest, err) = output(podctl(kubeconfig, s3).arg("launch").arg(&gitops).arg("--render"));
     assert!(ok, "{err}");
     assert!(!err.contains("bundle uploaded"), "{err}");
     let report = validate(&manifest);
@@ -658,7 +658,7 @@ async fn launch_status_logs_and_stop_through_a_kubeconfig_with_a_preemption() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     api.delete("configmaps", NS, "podctl-job-gitops");
-    while admin.get_job(&gitops).await.unwrap().state != client::JobState::Stopped {
+    while admin.get_job(&gitops).await.unwrap().state != Some(client::JobState::Stopped) {
         assert!(started.elapsed() < Duration::from_secs(90), "deleting the declaration did not stop its job");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -133,5 +133,8 @@ fn metrics_move_and_status_watches_the_step_advance() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "observed-1: stopped");
     let ended = wait_for("launch to end", Duration::from_secs(60), || launch.try_wait().unwrap());
     let log = std::fs::read_to_string(&launch_log).unwrap();
-    assert!(!ended.success() && log.contains("the job ended Stopped"), "{ended}:\n{log}");
+    assert!(
+        ended.code() == Some(1) && log.contains("the job ended stopped: stopped by a user"),
+        "{ended}:\n{log}"
+    );
 }

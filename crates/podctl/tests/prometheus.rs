@@ -264,7 +264,10 @@ fn prometheus_scrapes_a_two_slice_run_and_every_dashboard_panel_has_data() {
     assert_eq!(scraped, last_step as f64, "Prometheus's podctl_job_step against `podctl status`");
     let ended = wait_for("launch to end", Duration::from_secs(60), || launch.child.try_wait().unwrap());
     let log = std::fs::read_to_string(&launch_log).unwrap();
-    assert!(!ended.success() && log.contains("the job ended Stopped"), "{ended}:\n{log}");
+    assert!(
+        ended.code() == Some(1) && log.contains("the job ended stopped: stopped by a user"),
+        "{ended}:\n{log}"
+    );
     let recorded = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
     let recorded: Value = serde_json::from_str(recorded.lines().last().unwrap()).unwrap();
     assert_eq!(recorded["step"].as_u64(), Some(last_step), "the run record's last step");

@@ -148,7 +148,7 @@ impl RunRecord {
     }
 
     /// Draws the plots the metrics allow: `loss.png` always, `reward.png` when steps carry a
-    /// `reward`, `accuracy.png` when they carry an `accuracy` or an `eval_accuracy` (or `eval`
+    /// `reward` (with a curve per reward function, `reward_<name>`), `accuracy.png` when they carry an `accuracy` or an `eval_accuracy` (or `eval`
     /// events carry one), `kl.png` when they carry a `kl`, `step_time.png` when they carry
     /// `step_seconds`, `timeline.png` when there are events. Returns the files written.
     pub fn plot(&self) -> Result<Vec<PathBuf>, RecordError> {
@@ -181,6 +181,15 @@ impl RunRecord {
             let bands = phase_bands(&self.steps);
             if key == "step_seconds" && !bands.is_empty() {
                 plot::stacked(&path, "Step time by phase", "seconds", &bands, (key, &points), &markers)?;
+            } else if key == "reward" {
+                let mut curves = vec![(key.to_string(), points)];
+                curves.extend(reward_functions(&self.steps).into_iter().map(|name| {
+                    let points = series(&format!("reward_{name}"));
+                    (name, points)
+                }));
+                let curves: Vec<(&str, Vec<(f64, f64)>)> =
+                    curves.iter().map(|(name, points)| (name.as_str(), points.clone())).collect();
+                plot::lines(&path, title, "step", unit, &curves, &markers)?;
             } else {
                 plot::lines(&path, title, "step", unit, &[(key, points)], &markers)?;
             }
@@ -212,6 +221,18 @@ impl RunRecord {
     fn io_error(&self, file: &str, message: &str) -> RecordError {
         RecordError::Io { path: self.dir.join(file), source: std::io::Error::other(message.to_string()) }
     }
+}
+
+/// The reward functions whose means the steps carry (`reward_<name>`, not `reward_std`), sorted.
+fn reward_functions(steps: &[Map<String, Value>]) -> Vec<String> {
+    let names: std::collections::BTreeSet<String> = steps
+        .iter()
+        .flat_map(|m| m.keys())
+        .filter_map(|key| key.strip_prefix("reward_"))
+        .filter(|name| *name != "std")
+        .map(str::to_owned)
+        .collect();
+    names.into_iter().collect()
 }
 
 /// Seconds since the Unix epoch.

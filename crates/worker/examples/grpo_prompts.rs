@@ -24,6 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &job.data,
         BatchSpec::new(per_step as usize, 1, job.seq_len as usize)?,
         job.seed,
+        &data::LocalFiles,
     )?;
     let prompter = loader.prompter().ok_or("the job's data has no tokenizer")?;
     let keep = grpo.prompt_len as usize;
@@ -34,7 +35,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let tokens = &tokens[tokens.len().saturating_sub(keep)..];
             let line = serde_json::json!({
                 "step": step,
-                "prompt": example.prompt,
+                "prompt": example.prompt.display(),
                 "tokens": tokens,
                 "answer": example.answer,
             });

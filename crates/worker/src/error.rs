@@ -5,7 +5,6 @@
 //! Every error the worker's modules return is a [`WorkerError`]; nothing below the agent turns
 //! one into text, and nothing decides on its text.
 
-use crate::ckpt::PassedOver;
 use fault::{Classify, Fault};
 use std::panic::Location;
 
@@ -26,6 +25,10 @@ pub enum WorkerError {
     /// The data could not be produced.
     #[error(transparent)]
     Data(#[from] data::DataError),
+    /// A reward function failed (it raised, returned what is not a reward, took too long, or
+    /// its Python process died).
+    #[error(transparent)]
+    Reward(#[from] rewards::RewardError),
     /// A checkpoint could not be saved, committed or read.
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] checkpoint::CheckpointError),
@@ -56,7 +59,7 @@ pub enum WorkerError {
         reason: String,
     },
     /// Told to start from `uri` (by `asked_by`), where no committed checkpoint restores.
-    #[error("{asked_by} {uri}: no committed checkpoint restores there{}", crate::start::reasons(passed_over))]
+    #[error("{asked_by} {uri}: no committed checkpoint restores there{}", reasons(passed_over))]
     NothingRestores {
         /// The checkpoint root or directory.
         uri: String,
@@ -81,7 +84,7 @@ pub enum WorkerError {
     /// The operating system refused something a run needs.
     #[error("{what}: {source}")]
     Io {
-        /// What the worker was starting.
+        /// What the worker was doing.
         what: &'static str,
         /// The OS error.
         source: std::io::Error,
@@ -155,6 +158,7 @@ impl Classify for WorkerError {
             WorkerError::Pjrt { source, .. } => source.fault(),
             WorkerError::Bundle(e) => e.fault(),
             WorkerError::Data(e) => e.fault(),
+            WorkerError::Reward(e) => e.fault(),
             WorkerError::Checkpoint(e) => e.fault(),
             WorkerError::Restore { source, .. } => source.fault(),
             WorkerError::Hf(e) => e.fault(),
@@ -227,4 +231,23 @@ mod tests {
         assert_eq!(WorkerError::from(lost).fault(), Fault::Unreachable);
         assert_eq!(WorkerError::from(collective::Error::Aborted).fault(), Fault::Interrupted);
     }
+}
+
+/// A committed checkpoint that a restore passed over, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PassedOver {
+    /// The checkpoint's directory.
+    pub uri: String,
+    /// The error that refused it, e.g. a chunk whose CRC does not match, naming the object and
+    /// its byte range.
+    pub reason: String,
+}
+
+/// ` (uri: reason; ...)` for the checkpoints a restore passed over, or nothing.
+pub(crate) fn reasons(passed_over: &[PassedOver]) -> String {
+    if passed_over.is_empty() {
+        return String::new();
+    }
+    let reasons: Vec<String> = passed_over.iter().map(|p| format!("{}: {}", p.uri, p.reason)).collect();
+    format!(" ({})", reasons.join("; "))
 }

@@ -3,11 +3,11 @@
 //! `####` (and the job's reward, for comparison with training). Also how prompts are laid out
 //! for `rollout` and completions read back ([`Decoding`]), which GRPO's sampling shares.
 
+use crate::error::{Part, WorkerError};
 use crate::objective::EvalReport;
 use crate::phases::Phases;
 use crate::slice::{Arg, DeviceArray, Program};
 use crate::trainer::{Trainer, not_initialized};
-use crate::{Part, WorkerError};
 use data::{Example, Prompter, Reward, RewardWeights};
 use job::JobSpec;
 
@@ -67,8 +67,9 @@ impl Decoding {
 
     /// The prompt's ids ([`Prompter::prompt_ids`]), its last `prompt_len` tokens when longer
     /// (the question is at the end), and whether it was cut.
-    pub(crate) fn encode_prompt(&self, text: &str) -> Result<(Vec<i32>, bool), WorkerError> {
-        let mut tokens: Vec<i32> = self.prompter.prompt_ids(text)?.into_iter().map(|id| id as i32).collect();
+    pub(crate) fn encode_prompt(&self, prompt: &data::Prompt) -> Result<(Vec<i32>, bool), WorkerError> {
+        let mut tokens: Vec<i32> =
+            self.prompter.prompt_ids(prompt)?.into_iter().map(|id| id as i32).collect();
         let cut = tokens.len() > self.prompt_len;
         if cut {
             tokens.drain(..tokens.len() - self.prompt_len);
@@ -180,19 +181,20 @@ pub struct HeldOut {
 }
 
 impl HeldOut {
-    /// The evaluation of `job` (`None` when its `eval:` is off), decoding with `prompter`
-    /// through the `rollout` of `manifest`'s bundle; `weights` score the completions besides
-    /// exact match (GRPO: its reward; SFT: the default weights).
+    /// The evaluation of `job` (`None` when its `eval:` is off), its problems read through
+    /// `files`, decoding with `prompter` through the `rollout` of `manifest`'s bundle; `weights`
+    /// score the completions besides exact match (GRPO: its reward; SFT: the default weights).
     pub fn new(
         job: &JobSpec,
         manifest: &bundle::Manifest,
         prompter: Option<&Prompter>,
         weights: RewardWeights,
+        files: &dyn data::DataFiles,
     ) -> Result<Option<Self>, WorkerError> {
         let Some(eval) = job.evaluation() else { return Ok(None) };
         let prompter = prompter.ok_or(data::DataError::NotAnExampleSource { operation: "evaluation" })?;
         Ok(Some(Self {
-            examples: data::held_out_examples(&job.data, eval.problems, job.seed)?,
+            examples: data::held_out_examples(&job.data, eval.problems, job.seed, files)?,
             every: eval.every,
             weights,
             decoding: Decoding::new(manifest, prompter.clone())?,
@@ -228,7 +230,7 @@ impl HeldOut {
                 report.correct += reward.exact_match as u64;
                 report.reward += reward.total as f64 / problems as f64;
                 if report.samples.len() < 3 {
-                    report.samples.push((example.prompt.clone(), text, example.answer.clone()));
+                    report.samples.push((example.prompt.display(), text, example.answer.clone()));
                 }
             }
         }

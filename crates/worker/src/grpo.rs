@@ -8,8 +8,11 @@
 //!    completion per row with the policy's parameters. A row's sampling seed is a hash of (job
 //!    seed, step, prompt index, generation): a pure function of the job, so reruns are bitwise
 //!    equal and a row samples the same completion whichever slice, rank or micro-batch runs it.
-//! 2. **Rewards** ([`data::Reward`]): exact match of the number after `####`, partial credit for
-//!    the digits right, and small format terms; weights from the job's `grpo.reward`.
+//! 2. **Rewards** ([`rewards::Rewards`]): the job's `grpo.rewards`, weighed and summed per
+//!    completion: the numeric answer (exact match of the number after `####`, partial credit,
+//!    format terms; weights from `grpo.reward`), a format's regular expression, a length, and
+//!    Python functions in TRL's form run by a pool of Python processes beside the worker, called
+//!    once per step with the rank's rows. Each function's mean is a metric (`reward_<name>`).
 //! 3. **Advantages**, per group: `(r - mean) / (std + 1e-4)` (or `r - mean` without
 //!    `scale_rewards`), population statistics in f64, so they depend on the group only.
 //! 4. **Log-probs.** The sampling policy's per-token log-probs are the rollout's own (float32
@@ -25,16 +28,20 @@
 //! One optimizer step per batch of rollouts: the policy that sampled is the one being trained,
 //! so the ratio starts at 1 (to float rounding) and clipping matters only for off-policy steps.
 
+use crate::data_files::JobFiles;
+use crate::error::{Part, WorkerError};
 use crate::eval::{Completions, Decoding, HeldOut, PromptBatch};
 use crate::grpo_stats::{GrpoMetrics, Tally, advantages};
 use crate::objective::{EvalReport, Objective, RankShare, RankStep};
 use crate::phases::Phases;
 use crate::slice::{Arg, DeviceArray};
 use crate::trainer::{GrpoPrograms, Trainer, not_initialized};
-use crate::{Part, WorkerError};
-use data::{BatchSpec, Example, Loader, Reward};
+use data::{BatchSpec, Example, Loader, Prompter};
 use job::{GrpoSpec, JobSpec};
+use rewards::{Completion, RewardError, Rewards};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Domain tag of the sampling seeds.
 const DOMAIN_SAMPLE: u64 = 0x6772_706f_5f73_6d70; // "grpo_smp"
@@ -50,6 +57,14 @@ pub struct GrpoTask {
     decoding: Decoding,
     /// The held-out problems `evaluate` scores, if evaluation is on.
     held_out: Option<HeldOut>,
+    /// How prompts are laid out (reward functions get conversations or text, as in TRL).
+    prompter: Prompter,
+    /// The job's reward functions.
+    rewards: Rewards,
+    /// Where the data is read (its reads are logged).
+    files: Arc<JobFiles>,
+    /// The job's steps (reward functions see `trainer_state.max_steps`).
+    steps: u64,
     micro: usize,
     prompt_len: usize,
     max_new: usize,
@@ -104,15 +119,34 @@ impl GrpoTask {
         }
         let prompts_per_step = job.batch.global / spec.generations;
         let seq_len = job.seq_len as usize;
-        let prompts =
-            Loader::from_config(&job.data, BatchSpec::new(prompts_per_step as usize, 1, seq_len)?, job.seed)?;
+        let files = JobFiles::for_job(job)?;
+        let prompts = Loader::from_config(
+            &job.data,
+            BatchSpec::new(prompts_per_step as usize, 1, seq_len)?,
+            job.seed,
+            files.files(),
+        )?;
         prompts.check_model_vocab(manifest.model.vocab_size, &job.model.name())?;
-        let prompter = prompts.prompter().ok_or(data::DataError::NotAnExampleSource { operation: "GRPO" })?;
+        let prompter =
+            prompts.prompter().ok_or(data::DataError::NotAnExampleSource { operation: "GRPO" })?.clone();
         let decoding = Decoding::new(manifest, prompter.clone())?;
-        let held_out = HeldOut::new(job, manifest, Some(prompter), spec.reward.clone())?;
+        let held_out = HeldOut::new(job, manifest, Some(&prompter), spec.reward.clone(), files.files())?;
+        let dir = std::env::current_dir()
+            .map_err(|source| WorkerError::Io { what: "finding the working directory", source })?;
+        let rewards = Rewards::new(&spec, &python(), &dir, |module| {
+            files.local_copy(module).map_err(|error| RewardError::Load {
+                function: module.to_owned(),
+                message: error.to_string(),
+            })
+        })?;
+        files.log_reads();
         Ok(Self {
             pad: decoding.pad,
             decoding,
+            prompter,
+            rewards,
+            files,
+            steps: job.steps,
             spec,
             seed: job.seed,
             prompts,
@@ -286,7 +320,7 @@ fn rank_step(
     rank: usize,
     accum: u64,
     phases: &mut Phases,
-) -> Result<Tally, WorkerError> {
+) -> Result<(Tally, Vec<f32>), WorkerError> {
     let g = task.spec.generations;
     let rows = accum * task.micro as u64;
     if !rows.is_multiple_of(g) {
@@ -326,20 +360,26 @@ fn rank_step(
         sampled.push((prompts, completions));
     }
     let n = task.max_new;
-    let (advantages, spread) = phases.time("rewards", || {
-        let mut rewards = Vec::with_capacity(rows as usize);
-        for (m, (_, completions)) in sampled.iter().enumerate() {
+    let (advantages, spread, per_function) = phases.time("rewards", || -> Result<_, WorkerError> {
+        let mut texts = Vec::with_capacity(rows as usize);
+        for (_, completions) in &sampled {
             for row in 0..task.micro {
-                let r = m as u64 * micro + row as u64;
                 let tokens = task.decoding.completion(completions, row);
-                let text = task.decoding.decode(tokens);
-                let reward = Reward::score(&text, &examples[(r / g) as usize].answer, &task.spec.reward);
-                tally.count_row(&reward, tokens.len() as i32, n);
-                rewards.push(reward.total);
+                texts.push((task.decoding.decode(tokens), tokens));
             }
         }
-        advantages(&rewards, g as usize, task.spec.scale_rewards)
-    });
+        let completions: Vec<Completion<'_>> = texts
+            .iter()
+            .enumerate()
+            .map(|(r, (text, ids))| Completion { example: &examples[r / g as usize], text, ids })
+            .collect();
+        let scores = task.rewards.score(&completions, g as usize, &task.prompter, step, task.steps)?;
+        for (completion, &total) in completions.iter().zip(&scores.totals) {
+            tally.count_row(&task.rewards.numeric(completion), total, completion.ids.len() as i32, n);
+        }
+        let (advantages, spread) = advantages(&scores.totals, g as usize, task.spec.scale_rewards);
+        Ok((advantages, spread, function_sums(&scores.per_function)))
+    })?;
     tally.groups += (rows / g) as f32;
     tally.groups_with_spread += spread as f32;
     for (m, (prompts, completions)) in sampled.iter().enumerate() {
@@ -361,7 +401,31 @@ fn rank_step(
         };
         trainer.grpo_grad_step(&batch, &reference_logprobs, &task.spec, phases)?;
     }
-    Ok(tally)
+    Ok((tally, per_function))
+}
+
+/// Each function's (sum, count) over the rows it scores, flat: what the step's all-reduce adds up
+/// across ranks after the [`Tally`].
+fn function_sums(per_function: &[Vec<Option<f32>>]) -> Vec<f32> {
+    per_function
+        .iter()
+        .flat_map(|values| {
+            let scored = values.iter().flatten();
+            [scored.clone().sum::<f32>(), scored.count() as f32]
+        })
+        .collect()
+}
+
+/// The Python that runs Python reward functions: `PODCTL_PYTHON`, else the checkout's `.venv`
+/// (`PODCTL_HOME`), else `python3` on the PATH.
+fn python() -> PathBuf {
+    if let Some(python) = std::env::var_os("PODCTL_PYTHON").filter(|p| !p.is_empty()) {
+        return PathBuf::from(python);
+    }
+    std::env::var_os("PODCTL_HOME")
+        .map(|home| PathBuf::from(home).join(".venv/bin/python"))
+        .filter(|python| python.exists())
+        .unwrap_or_else(|| PathBuf::from("python3"))
 }
 
 /// Scores the policy with greedy decoding on the job's held-out problems (`eval.problems`);
@@ -378,18 +442,6 @@ pub struct Grpo {
 }
 
 impl Grpo {
-    /// The objective of `job` on `trainer`'s bundle; the reference is read now, when the
-    /// objective needs one.
-    pub fn new(
-        trainer: &Trainer,
-        job: &JobSpec,
-        runtime: &tokio::runtime::Handle,
-    ) -> Result<Self, WorkerError> {
-        let task = GrpoTask::new(job, trainer.manifest())?;
-        let reference = crate::start::reference(trainer, job, runtime)?;
-        Ok(Self { task, reference })
-    }
-
     /// The objective of `task` with `reference`'s parameters (needed when `kl_beta > 0`).
     pub fn with_reference(task: GrpoTask, reference: Option<Vec<DeviceArray>>) -> Result<Self, WorkerError> {
         if task.spec.kl_beta > 0.0 && reference.is_none() {
@@ -405,8 +457,9 @@ impl Grpo {
 }
 
 impl Objective for Grpo {
+    /// The tally, then each reward function's sum and count.
     fn sums_len(&self) -> usize {
-        Tally::LEN
+        Tally::LEN + 2 * self.task.rewards.names().len()
     }
 
     /// Samples, scores and accumulates the rank's gradient; its tally adds the grad steps'
@@ -415,7 +468,7 @@ impl Objective for Grpo {
         let done = trainer.state.as_ref().ok_or_else(not_initialized)?.pending.len();
         let RankStep { step, rank, accum } = at;
         let mut phases = Phases::new();
-        let mut tally =
+        let (mut tally, per_function) =
             rank_step(trainer, &self.task, self.reference.as_deref(), step, rank, accum, &mut phases)?;
         for outputs in &phases.time("reduce", || trainer.pending_outputs())?[done..] {
             // loss_sum, token_count, kl_sum, clipped_count, ratio_sum, ratio_min, ratio_max
@@ -425,8 +478,11 @@ impl Objective for Grpo {
             tally.clipped += outputs[3];
             tally.ratio_sum += outputs[4];
         }
+        self.task.files.log_reads();
+        let mut sums = tally.to_vec();
+        sums.extend(per_function);
         Ok(RankShare {
-            sums: tally.to_vec(),
+            sums,
             tokens: accum * (self.task.micro * self.task.seq_len()) as u64,
             truncated_rows: tally.truncated_prompts as u64,
             phases,
@@ -446,8 +502,18 @@ impl Objective for Grpo {
         Ok(1.0 / tokens)
     }
 
+    /// GRPO's metrics, and each reward function's mean over the completions it scored
+    /// (`reward_<name>`; absent at a step where it scored none).
     fn metrics(&self, sums: &[f32]) -> BTreeMap<String, f64> {
-        GrpoMetrics::from_tally(Tally::from_slice(sums)).to_map()
+        let mut metrics = GrpoMetrics::from_tally(Tally::from_slice(sums)).to_map();
+        for (name, pair) in self.task.rewards.names().into_iter().zip(sums[Tally::LEN..].chunks(2)) {
+            if let [sum, count] = *pair
+                && count > 0.0
+            {
+                metrics.insert(format!("reward_{name}"), f64::from(sum) / f64::from(count));
+            }
+        }
+        metrics
     }
 
     fn evaluate(&self, trainer: &Trainer) -> Result<Option<EvalReport>, WorkerError> {

@@ -30,10 +30,12 @@ pub(crate) struct Tally {
     pub(crate) kl_sum: f32,
     pub(crate) clipped: f32,
     pub(crate) ratio_sum: f32,
+    /// Completions no reward function scored.
+    pub(crate) unscored: f32,
 }
 
 impl Tally {
-    pub(crate) const LEN: usize = 18;
+    pub(crate) const LEN: usize = 19;
 
     pub(crate) fn to_vec(self) -> Vec<f32> {
         vec![
@@ -55,6 +57,7 @@ impl Tally {
             self.kl_sum,
             self.clipped,
             self.ratio_sum,
+            self.unscored,
         ]
     }
 
@@ -78,14 +81,22 @@ impl Tally {
             kl_sum: v[15],
             clipped: v[16],
             ratio_sum: v[17],
+            unscored: v[18],
         }
     }
 
-    pub(crate) fn count_row(&mut self, reward: &Reward, length: i32, max_new: usize) {
+    /// Counts a completion whose reward (of all the job's functions) is `total` and whose
+    /// numeric answer's terms are `reward`.
+    pub(crate) fn count_row(&mut self, reward: &Reward, total: f32, length: i32, max_new: usize) {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
         self.rows += 1.0;
-        self.reward += reward.total;
-        self.reward_squares += reward.total * reward.total;
+        // A completion no function scored has no reward: the mean is over the scored ones.
+        if total.is_nan() {
+            self.unscored += 1.0;
+        } else {
+            self.reward += total;
+            self.reward_squares += total * total;
+        }
         self.correct += flag(reward.exact_match);
         self.digits_right += reward.digits_right;
         self.has_marker += flag(reward.has_marker);
@@ -99,7 +110,7 @@ impl Tally {
 /// A GRPO step's metrics over the global batch (every worker computes the same).
 #[derive(Debug, Clone, PartialEq)]
 pub struct GrpoMetrics {
-    /// Mean reward per completion.
+    /// Mean reward per completion (of those a reward function scored).
     pub reward: f64,
     /// Standard deviation of the rewards over the batch.
     pub reward_std: f64,
@@ -131,6 +142,8 @@ pub struct GrpoMetrics {
     pub clip_fraction: f64,
     /// Mean importance ratio.
     pub ratio: f64,
+    /// Completions no reward function scored (every one returned None).
+    pub unscored: f64,
 }
 
 impl GrpoMetrics {
@@ -138,10 +151,11 @@ impl GrpoMetrics {
         let f = |x: f32| x as f64;
         let rows = f(t.rows).max(1.0);
         let tokens = f(t.token_count).max(1.0);
-        let reward = f(t.reward) / rows;
+        let scored = (f(t.rows) - f(t.unscored)).max(1.0);
+        let reward = f(t.reward) / scored;
         Self {
             reward,
-            reward_std: (f(t.reward_squares) / rows - reward * reward).max(0.0).sqrt(),
+            reward_std: (f(t.reward_squares) / scored - reward * reward).max(0.0).sqrt(),
             accuracy: f(t.correct) / rows,
             digits_right: f(t.digits_right) / rows,
             has_marker: f(t.has_marker) / rows,
@@ -156,6 +170,7 @@ impl GrpoMetrics {
             kl: f(t.kl_sum) / tokens,
             clip_fraction: f(t.clipped) / tokens,
             ratio: f(t.ratio_sum) / tokens,
+            unscored: f(t.unscored),
         }
     }
 
@@ -176,6 +191,7 @@ impl GrpoMetrics {
             ("kl", self.kl),
             ("clip_fraction", self.clip_fraction),
             ("ratio", self.ratio),
+            ("unscored", self.unscored),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -184,19 +200,24 @@ impl GrpoMetrics {
 }
 
 /// Group-normalized advantages of `rewards`, `generations` consecutive rows per group; also the
-/// number of groups whose rewards are not all equal.
+/// number of groups whose rewards are not all equal. A NaN reward (a completion no reward
+/// function scored) is left out of its group's mean and deviation and gets an advantage of 0,
+/// as in TRL.
 pub(crate) fn advantages(rewards: &[f32], generations: usize, scale: bool) -> (Vec<f32>, usize) {
     let mut out = Vec::with_capacity(rewards.len());
     let mut spread = 0;
     for group in rewards.chunks(generations) {
-        let n = group.len() as f64;
-        let mean = group.iter().map(|&r| r as f64).sum::<f64>() / n;
-        let var = group.iter().map(|&r| (r as f64 - mean).powi(2)).sum::<f64>() / n;
-        if group.iter().any(|&r| r != group[0]) {
+        let scored: Vec<f64> = group.iter().filter(|r| !r.is_nan()).map(|&r| r as f64).collect();
+        let n = scored.len().max(1) as f64;
+        let mean = scored.iter().sum::<f64>() / n;
+        let var = scored.iter().map(|&r| (r - mean).powi(2)).sum::<f64>() / n;
+        if scored.iter().any(|&r| r != scored[0]) {
             spread += 1;
         }
         let denominator = if scale { var.sqrt() + STD_EPS } else { 1.0 };
-        out.extend(group.iter().map(|&r| ((r as f64 - mean) / denominator) as f32));
+        out.extend(
+            group.iter().map(|&r| if r.is_nan() { 0.0 } else { ((r as f64 - mean) / denominator) as f32 }),
+        );
     }
     (out, spread)
 }
@@ -216,6 +237,9 @@ mod tests {
         assert_eq!(&a[4..], &[0.0; 4], "a group that agrees carries no advantage");
         let (centred, _) = advantages(&[3.0, 1.0], 2, false);
         assert_eq!(centred, [1.0, -1.0]);
+        let (unscored, spread) = advantages(&[3.0, f32::NAN, 1.0, f32::NAN, f32::NAN, 2.0], 3, false);
+        assert_eq!(unscored, [1.0, 0.0, -1.0, 0.0, 0.0, 0.0], "unscored rows: no advantage, not in the mean");
+        assert_eq!(spread, 1);
     }
 
     #[test]

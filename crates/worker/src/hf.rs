@@ -13,9 +13,9 @@
 //! A LoRA bundle's model weights are its frozen base; its adapters start from `init(seed)` (the
 //! B matrices are zero, so training starts at the pretrained model).
 
+use crate::error::{Part, PjrtContext, WorkerError};
 use crate::slice::{Arg, DeviceArray, Program, Slice};
 use crate::trainer::Trainer;
-use crate::{Part, PjrtContext, WorkerError};
 use ::hf::HfModel;
 use bundle::{Manifest, ModelConfig, TensorSpec};
 use mesh::Region;

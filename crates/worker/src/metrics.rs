@@ -139,7 +139,7 @@ impl Collector for Labelled {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         let worker = self.worker.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let labels = [("job", self.job.as_str()), ("worker", worker.as_str())];
-        let rss = ConstGauge::new(crate::agent::rss_bytes() as f64);
+        let rss = ConstGauge::new(rss_bytes() as f64);
         let memory: (&str, &str, &dyn EncodeMetric) =
             ("podctl_worker_rss_bytes", "Resident host memory of the process.", &rss);
         for (name, help, metric) in self.metrics.series().into_iter().chain([memory]) {
@@ -160,6 +160,13 @@ pub fn registry(metrics: Arc<WorkerMetrics>, job: String, worker: Arc<Mutex<Stri
 /// Serves `registry` at `/metrics` on `listener` for as long as the runtime runs.
 pub async fn serve(listener: TcpListener, registry: Registry) {
     metrics_http::serve(listener, Arc::new(registry.into()), std::future::pending()).await
+}
+
+/// This process's resident memory, from procfs (0 where there is none).
+pub(crate) fn rss_bytes() -> u64 {
+    let Ok(statm) = std::fs::read_to_string("/proc/self/statm") else { return 0 };
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+    pages * 4096
 }
 
 #[cfg(test)]

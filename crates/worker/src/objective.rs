@@ -7,12 +7,9 @@
 //! reports, checkpoints, evaluation's schedule) is the driver's and the same for both: a new
 //! objective is one new file that implements this trait.
 
-use crate::WorkerError;
-use crate::grpo::Grpo;
+use crate::error::WorkerError;
 use crate::phases::Phases;
-use crate::sft::Sft;
 use crate::trainer::Trainer;
-use job::JobSpec;
 use std::collections::BTreeMap;
 
 /// A way of learning, step by step.
@@ -91,17 +88,4 @@ impl EvalReport {
     pub fn accuracy(&self) -> f64 {
         self.correct as f64 / self.problems.max(1) as f64
     }
-}
-
-/// The objective of `job` on `trainer`'s bundle: GRPO's for a job with a `grpo:` section (its
-/// frozen reference is read now, when the objective needs one), SFT's otherwise.
-pub fn for_job(
-    trainer: &Trainer,
-    job: &JobSpec,
-    runtime: &tokio::runtime::Handle,
-) -> Result<Box<dyn Objective>, WorkerError> {
-    Ok(match &job.grpo {
-        None => Box::new(Sft::new(trainer, job)?),
-        Some(_) => Box::new(Grpo::new(trainer, job, runtime)?),
-    })
 }

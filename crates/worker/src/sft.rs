@@ -1,17 +1,21 @@
 //! Supervised fine-tuning: the loss of the data's targets under the model.
 
-use crate::WorkerError;
+use crate::data_files::JobFiles;
+use crate::error::WorkerError;
 use crate::eval::HeldOut;
 use crate::objective::{EvalReport, Objective, RankShare, RankStep};
 use crate::trainer::Trainer;
 use data::{BatchSpec, Loader};
 use job::JobSpec;
+use std::sync::Arc;
 
 /// Learns from the job's data: rank `r` of a step trains on the step's micro-batches
 /// `r * A .. (r + 1) * A`, each a pure function of (seed, step, micro-batch).
 pub struct Sft {
     loader: Loader,
     held_out: Option<HeldOut>,
+    /// Where the data is read, when the loader was built from the job (its reads are logged).
+    files: Option<Arc<JobFiles>>,
 }
 
 impl Sft {
@@ -20,16 +24,18 @@ impl Sft {
     pub fn new(trainer: &Trainer, job: &JobSpec) -> Result<Self, WorkerError> {
         let batch =
             BatchSpec::new(job.batch.global as usize, job.batch.micro as usize, job.seq_len as usize)?;
-        let loader = Loader::from_config(&job.data, batch, job.seed)?;
+        let files = JobFiles::for_job(job)?;
+        let loader = Loader::from_config(&job.data, batch, job.seed, files.files())?;
         let manifest = trainer.manifest();
         loader.check_model_vocab(manifest.model.vocab_size, &job.model.name())?;
-        let held_out = HeldOut::new(job, manifest, loader.prompter(), Default::default())?;
-        Ok(Self { loader, held_out })
+        let held_out = HeldOut::new(job, manifest, loader.prompter(), Default::default(), files.files())?;
+        files.log_reads();
+        Ok(Self { loader, held_out, files: Some(files) })
     }
 
     /// The objective of `loader`'s batches, without evaluation.
     pub fn from_loader(loader: Loader) -> Self {
-        Self { loader, held_out: None }
+        Self { loader, held_out: None, files: None }
     }
 }
 
@@ -42,6 +48,9 @@ impl Objective for Sft {
             share.tokens += (batch.rows * batch.seq_len) as u64;
             share.truncated_rows += batch.truncated_rows as u64;
             share.phases.time("gradients", || trainer.grad_step(&batch))?;
+        }
+        if let Some(files) = &self.files {
+            files.log_reads();
         }
         Ok(share)
     }

@@ -1,18 +1,18 @@
 //! A job on one slice in this process, without a coordinator: what `podctl launch` runs for
-//! `mesh.dcn = 1`, and what the determinism tests use. It decides where the state starts (the
+//! `mesh.dcn = 1`, and what the resume tests run in their child processes. It decides where the state starts (the
 //! newest checkpoint under the job's root that restores, a checkpoint named by `--resume`, or a
 //! fresh start), commits its saves through the store's own markers, and runs the driver.
 
 use crate::ckpt::{
-    self, CheckpointEvent, Checkpoints, PassedOver, Restored, SaveLayout, StoreCommit, restore_newest,
+    self, CheckpointEvent, Checkpoints, PassedOver, Restored, SaveLayout, StateSaver, StoreCommit,
+    restore_newest,
 };
-use crate::driver::{self, Control, Ended, Plan, Sink, Trained};
-use crate::objective;
+use crate::driver::{self, Control, Ended, OnInterrupt, Plan, Sink, Trained, TrainerSteps};
+use crate::error::{Part, WorkerError};
 use crate::start;
 use crate::trainer::Trainer;
-use crate::{Part, WorkerError};
 use checkpoint::lineage::{line_of, new_line, save_id};
-use checkpoint::{Storage, StoreCommitLog, StoreOptions};
+use checkpoint::{SaveOptions, Storage, StoreCommitLog, StoreOptions};
 use job::JobSpec;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -45,20 +45,15 @@ pub struct RunSummary {
 /// or the job seed), saving as the job's `checkpoint` section asks, reporting to `sink`. When
 /// `control` interrupts the run (Ctrl-C), it stops at the step boundary and saves the state of
 /// the steps done (where the job has checkpoints): the summary's `trained.ended` says so.
+/// Reads and uploads run on `handle`, the process's runtime; training stays on this thread.
 pub fn run(
     trainer: &mut Trainer,
     job: &JobSpec,
     sink: &mut dyn Sink,
     resume: &Resume,
     control: &dyn Control,
+    handle: &tokio::runtime::Handle,
 ) -> Result<RunSummary, WorkerError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("podctl-ckpt")
-        .enable_all()
-        .build()
-        .map_err(|source| WorkerError::Io { what: "starting the checkpoint runtime", source })?;
-    let handle = runtime.handle();
     let root = match (&job.checkpoint, job.checkpoint_uri()) {
         (Some(spec), Some(uri)) => Some((spec, Storage::open(&uri, &StoreOptions::default())?)),
         _ => None,
@@ -96,8 +91,9 @@ pub fn run(
             let layout = SaveLayout::for_job(job, 1, 0);
             let commit = Box::new(StoreCommit::new(storage.clone(), spec, &line, handle.clone()));
             let save_id = save_id(&line, &format!("l{:x}", unix_millis()));
-            let mut checkpoints =
-                Checkpoints::new(storage.clone(), layout, spec.every, save_id, commit, handle.clone())?;
+            let saver =
+                StateSaver::new(storage.clone(), SaveOptions::default(), layout, save_id, handle.clone())?;
+            let mut checkpoints = Checkpoints::new(spec.every, Box::new(saver), commit);
             // Resumed from the job's own root: that step needs no second save at the end.
             if matches!(resume, Resume::Newest) && start > 0 {
                 checkpoints.mark_saved(start);
@@ -107,26 +103,27 @@ pub fn run(
         None => None,
     };
 
-    let objective = objective::for_job(trainer, job, handle)?;
+    let objective = start::objective(trainer, job, handle)?;
     let plan = Plan {
-        job,
+        steps: job.steps,
+        optimizer: &job.optimizer,
         start,
+        evaluate_first: true,
+        // Stopped (Ctrl-C): the state of the steps done is saved, so a relaunch resumes there.
+        on_interrupt: OnInterrupt::SaveAndLeave,
+    };
+    let mut steps = TrainerSteps {
+        trainer,
+        objective: &*objective,
         ranks: &[0],
         accum: job.micro_batches_per_step(),
         group: None,
-        evaluate_first: true,
     };
-    let mut trained = driver::train(trainer, &plan, &*objective, checkpoints.as_mut(), sink, control)?;
+    let mut trained = driver::train(&mut steps, &plan, checkpoints.as_mut(), sink, control)?;
     match std::mem::replace(&mut trained.ended, Ended::Finished) {
-        Ended::Finished => Ok(RunSummary { trained, init_from }),
         Ended::StepFailed { error, .. } => Err(error),
-        Ended::Interrupted => {
-            // The state is that of the steps done: save it, so a relaunch resumes there.
-            let done = trained.last.as_ref().map_or(start, |last| last.step);
-            if let Some(checkpoints) = checkpoints.as_mut() {
-                checkpoints.finish(trainer, done)?.iter().for_each(|e| sink.on_checkpoint(e));
-            }
-            trained.ended = Ended::Interrupted;
+        ended => {
+            trained.ended = ended;
             Ok(RunSummary { trained, init_from })
         }
     }

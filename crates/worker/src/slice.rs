@@ -1,7 +1,7 @@
 //! One slice's devices, the programs compiled for them, and global arrays held on them.
 
 use crate::compile_cache::{CacheKey, CompileCache};
-use crate::{Part, PjrtContext, WorkerError};
+use crate::error::{Part, PjrtContext, WorkerError};
 use bundle::{Bundle, ProgramSpec, TensorSpec};
 use mesh::{DType, IciMesh, Region, copy_region};
 use pjrt::{

@@ -1,10 +1,14 @@
 //! Where a run's state starts when it resumes from nothing: the job's `init_from` parameters
 //! with a fresh optimizer, else its Hugging Face model's weights (`model: { hf }`), else the
 //! bundle's `init` from the job seed; and the frozen reference an objective compares the policy
-//! with, from the same source.
+//! with, from the same source; and so the objective of a job ([`objective`]), above the
+//! objectives themselves.
 
-use crate::WorkerError;
 use crate::ckpt;
+use crate::error::WorkerError;
+use crate::grpo::{Grpo, GrpoTask};
+use crate::objective::Objective;
+use crate::sft::Sft;
 use crate::slice::DeviceArray;
 use crate::trainer::Trainer;
 use ::hf::HfModel;
@@ -93,11 +97,18 @@ pub fn reference(
     Ok(Some(params))
 }
 
-/// ` (uri: reason; ...)` for the checkpoints a restore passed over, or nothing.
-pub(crate) fn reasons(passed_over: &[ckpt::PassedOver]) -> String {
-    if passed_over.is_empty() {
-        return String::new();
-    }
-    let reasons: Vec<String> = passed_over.iter().map(|p| format!("{}: {}", p.uri, p.reason)).collect();
-    format!(" ({})", reasons.join("; "))
+/// The objective of `job` on `trainer`'s bundle: GRPO's for a job with a `grpo:` section (its
+/// frozen reference read now, when the objective needs one), SFT's otherwise.
+pub fn objective(
+    trainer: &Trainer,
+    job: &JobSpec,
+    runtime: &tokio::runtime::Handle,
+) -> Result<Box<dyn Objective>, WorkerError> {
+    Ok(match &job.grpo {
+        None => Box::new(Sft::new(trainer, job)?),
+        Some(_) => Box::new(Grpo::with_reference(
+            GrpoTask::new(job, trainer.manifest())?,
+            reference(trainer, job, runtime)?,
+        )?),
+    })
 }

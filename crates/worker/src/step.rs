@@ -9,7 +9,7 @@
 //! one by one, so the ring reduces early tensors while later ones are still being copied; the
 //! objective's metric sums ride along as one more bucket.
 
-use crate::WorkerError;
+use crate::error::WorkerError;
 use crate::objective::{Objective, RankStep};
 use crate::phases::Phases;
 use crate::trainer::Trainer;

@@ -14,8 +14,8 @@
 //! the trainer compiles whichever set the bundle's kind has, and `crate::grpo` drives them. The
 //! state, the accumulator, apply, checkpoints and state transfer are the same for both kinds.
 
+use crate::error::{Part, WorkerError};
 use crate::slice::{Arg, DeviceArray, Program, Slice};
-use crate::{Part, WorkerError};
 use bundle::{Bundle, Manifest, TensorSpec};
 use std::collections::HashMap;
 

@@ -484,7 +484,7 @@ impl Harness {
                 Trigger::Step(step) => status.step >= step,
                 Trigger::After(after) => now.duration_since(first) >= after,
             };
-            let settled = state == JobState::Running
+            let settled = state == Some(JobState::Running)
                 && sequels.is_empty()
                 && run.events.last().is_none_or(|r| {
                     r.next_step_after.is_some() && (r.slice.is_none() || r.join_after.is_some())
@@ -583,7 +583,7 @@ impl Harness {
                 schedule.len()
             );
         }
-        if status.state != JobState::Completed {
+        if status.state != Some(JobState::Completed) {
             bail!("job {} ended {:?}: {}", spec.name, status.state, status.message);
         }
         if let Some(open) = run
@@ -626,8 +626,8 @@ impl Harness {
     }
 }
 
-fn terminal(state: JobState) -> bool {
-    matches!(state, JobState::Completed | JobState::Failed | JobState::Stopped)
+fn terminal(state: Option<JobState>) -> bool {
+    state.is_some_and(JobState::is_terminal)
 }
 
 fn unix_now() -> f64 {
@@ -686,7 +686,7 @@ fn observe(
 ) {
     let since = now.duration_since(record.started).as_secs_f64();
     let moved_on = record.kind == Kind::LeaderKill || status.generation > record.generation;
-    if record.resumed_after.is_none() && moved_on && status.state == JobState::Running {
+    if record.resumed_after.is_none() && moved_on && status.state == Some(JobState::Running) {
         let start = if status.generation > record.generation {
             start_of(history, status.generation)
         } else {

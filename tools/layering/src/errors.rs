@@ -96,7 +96,7 @@ fn krate_of(path: &Path) -> String {
 
 /// The paths a file's `use` items give names to (every module of the file alike): `Refused` ->
 /// `client::ClientError::Refused`, `ClientError` -> `client::ClientError`.
-fn collect_uses(items: &[syn::Item], uses: &mut BTreeMap<String, Vec<String>>) {
+pub(crate) fn collect_uses(items: &[syn::Item], uses: &mut BTreeMap<String, Vec<String>>) {
     fn walk(tree: &syn::UseTree, prefix: &mut Vec<String>, uses: &mut BTreeMap<String, Vec<String>>) {
         match tree {
             syn::UseTree::Path(p) => {
@@ -134,11 +134,11 @@ fn collect_uses(items: &[syn::Item], uses: &mut BTreeMap<String, Vec<String>>) {
     }
 }
 
-fn line(span: proc_macro2::Span) -> usize {
+pub(crate) fn line(span: proc_macro2::Span) -> usize {
     span.start().line
 }
 
-fn is_test(attrs: &[syn::Attribute]) -> bool {
+pub(crate) fn is_test(attrs: &[syn::Attribute]) -> bool {
     attrs.iter().any(|a| {
         let path = a.path();
         if path.is_ident("test") || path.segments.last().is_some_and(|s| s.ident == "test") {
@@ -271,19 +271,50 @@ const TEXT_TESTS: [&str; 4] = ["contains", "starts_with", "ends_with", "eq"];
 /// Methods that give an error's text.
 const TEXT_OF: [&str; 2] = ["message", "to_string"];
 
-/// Whether `expr` is an error's text: `x.message()` (a status's), or `x.to_string()` of a
-/// binding named like an error (`e`, `err`, `error`, `status`, `source`, `*_error`).
+/// Whether a binding or field is named like an error: `e`, `err`, `error`, `status`, `source`,
+/// `*_error`.
+fn error_like(name: &str) -> bool {
+    matches!(name, "e" | "err" | "error" | "status" | "source") || name.ends_with("_error")
+}
+
+/// Whether `expr` is an error's text: `x.message()` (a status's), `x.to_string()` of a binding or
+/// field named like an error (`e`, `self.error`), or `format!` of one (`format!("{e}")`,
+/// `format!("{}", err)`).
 fn is_text_of_error(expr: &syn::Expr) -> bool {
-    let syn::Expr::MethodCall(m) = expr else { return false };
-    if !m.args.is_empty() || !TEXT_OF.contains(&m.method.to_string().as_str()) {
-        return false;
+    match expr {
+        syn::Expr::Macro(m) if m.mac.path.is_ident("format") => format_names_error(&m.mac.tokens),
+        syn::Expr::MethodCall(m) if m.args.is_empty() && TEXT_OF.contains(&m.method.to_string().as_str()) => {
+            if m.method == "message" {
+                return true;
+            }
+            match &*m.receiver {
+                syn::Expr::Path(receiver) => {
+                    receiver.path.get_ident().is_some_and(|i| error_like(&i.to_string()))
+                }
+                syn::Expr::Field(field) => {
+                    matches!(&field.member, syn::Member::Named(name) if error_like(&name.to_string()))
+                }
+                _ => false,
+            }
+        }
+        _ => false,
     }
-    if m.method == "message" {
-        return true;
-    }
-    let syn::Expr::Path(receiver) = &*m.receiver else { return false };
-    let Some(name) = receiver.path.get_ident().map(|i| i.to_string()) else { return false };
-    matches!(name.as_str(), "e" | "err" | "error" | "status" | "source") || name.ends_with("_error")
+}
+
+/// Whether `format!`'s arguments name an error: an argument, or a capture in the format string
+/// (`{e}`, `{err:?}`).
+fn format_names_error(tokens: &proc_macro2::TokenStream) -> bool {
+    tokens.clone().into_iter().any(|token| match token {
+        proc_macro2::TokenTree::Ident(ident) => error_like(&ident.to_string()),
+        proc_macro2::TokenTree::Literal(literal) => {
+            let text = literal.to_string();
+            text.split('{').skip(1).any(|capture| {
+                let name: String = capture.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                error_like(&name)
+            })
+        }
+        _ => false,
+    })
 }
 
 impl<'ast> Visit<'ast> for Decisions<'_> {
@@ -336,10 +367,10 @@ impl<'ast> Visit<'ast> for Decisions<'_> {
             self.report(
                 call.method.span(),
                 format!(
-                    "decides on an error's text (`.{}().{}(..)`); decide on its type or code",
+                    "decides on an error's text (`{}.{}(..)`); decide on its type or code",
                     match &*call.receiver {
-                        syn::Expr::MethodCall(m) => m.method.to_string(),
-                        _ => String::new(),
+                        syn::Expr::MethodCall(m) => format!(".{}()", m.method),
+                        _ => "format!(..)".to_string(),
                     },
                     call.method
                 ),
@@ -354,6 +385,9 @@ impl<'ast> Visit<'ast> for Decisions<'_> {
         {
             let span = match &*b.left {
                 syn::Expr::MethodCall(m) => m.method.span(),
+                syn::Expr::Macro(m) => {
+                    m.mac.path.segments.last().map_or_else(proc_macro2::Span::call_site, |s| s.ident.span())
+                }
                 _ => proc_macro2::Span::call_site(),
             };
             self.report(span, "compares an error's text; decide on its type or code".into());
@@ -469,5 +503,32 @@ mod tests {
         assert_eq!(decisions.len(), 2, "{decisions:?}");
         assert!(decisions[0].contains(":2: decides on an error's text (`.message().starts_with(..)`)"));
         assert!(decisions[1].contains(":3: compares an error's text"));
+    }
+
+    #[test]
+    fn an_error_s_text_through_format_or_a_field_fails_the_check() {
+        let code = r#"
+            fn a(e: &Error) -> bool { format!("{e}").contains("refused") }
+            fn b(err: &Error) -> bool { format!("call: {}", err).starts_with("call: refused") }
+            fn c(s: &Wrapper) -> bool { s.error.to_string().ends_with("refused") }
+            fn d(e: &Error) -> bool { format!("{e:?}") == "Refused" }
+            fn e(name: &str) -> bool { format!("{name}-0").starts_with("job") }
+        "#;
+        let (_, decisions) = check(&source(code)).unwrap();
+        assert_eq!(decisions.len(), 4, "{decisions:?}");
+        assert!(
+            decisions[0].contains(":2: decides on an error's text (`format!(..).contains(..)`)"),
+            "{decisions:?}"
+        );
+        let lines: Vec<&str> = decisions.iter().filter_map(|d| d.split(": ").next()).collect();
+        assert_eq!(
+            lines,
+            [
+                "crates/x/src/lib.rs:2",
+                "crates/x/src/lib.rs:3",
+                "crates/x/src/lib.rs:4",
+                "crates/x/src/lib.rs:5"
+            ]
+        );
     }
 }

@@ -1,7 +1,8 @@
 //! `podctl-layering`: checks the workspace against the `layering` block of
 //! docs/ARCHITECTURE.md, so that the document's invariants stay true (`.ci/run` runs it first).
 //!
-//! From `cargo metadata --no-deps` (what each workspace crate declares in its `Cargo.toml`):
+//! From `cargo metadata` (what each workspace crate declares in its `Cargo.toml`, and the whole
+//! resolved dependency graph, every feature on):
 //! - every workspace crate is listed in the block, once, and nothing else is;
 //! - a crate's normal and build dependencies on workspace crates are exactly the ones the block
 //!   lists for it, and those come earlier in the block (the block is the dependency order);
@@ -10,16 +11,22 @@
 //! - `never crate: deps` names dependencies (workspace or external) a crate must not have, of
 //!   any kind, dev-dependencies included; `only package: crates` names the only crates that may
 //!   depend on an external package (openraft, clap, ...);
+//! - `reach package: crates` names the only crates that may reach a package (workspace or
+//!   external) at all: directly, or through any chain of dependencies in the resolved graph
+//!   (a crate's own dev-dependencies included, as `cargo tree -p crate` shows them), so that
+//!   the coordinator cannot link PJRT through job -> planner -> pjrt;
 //! - every library and binary target of every crate but the `unsafe` exceptions starts with
 //!   `#![forbid(unsafe_code)]`. Tests, benchmarks and examples are not checked: they may measure
 //!   with `unsafe` (a counting allocator, `posix_fadvise`).
 //!
 //! Crates are named without the `podctl-` prefix of their package (`podctl-worker` is `worker`).
 //!
-//! Then the source checks ([`errors`]): no product code decides on an error's text.
+//! Then the source checks: no product code decides on an error's text ([`errors`]), and no
+//! gRPC type appears below the coordinator's services ([`wire`]).
 #![forbid(unsafe_code)]
 
 mod errors;
+mod wire;
 
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,6 +43,32 @@ struct Metadata {
     packages: Vec<Package>,
     workspace_members: Vec<String>,
     workspace_root: PathBuf,
+    /// The resolved graph: every package, external ones included, with its dependencies.
+    resolve: Resolve,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct Resolve {
+    nodes: Vec<Node>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct Node {
+    id: String,
+    deps: Vec<NodeDep>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct NodeDep {
+    /// The id of the package depended on.
+    pkg: String,
+    dep_kinds: Vec<DepKind>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct DepKind {
+    /// `None` for a normal dependency, else `dev` or `build`.
+    kind: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -69,6 +102,8 @@ struct Rules {
     never: BTreeMap<String, BTreeSet<String>>,
     /// External packages only these crates may depend on.
     only: BTreeMap<String, BTreeSet<String>>,
+    /// Packages (workspace or external) only these crates may reach, through any chain.
+    reach: BTreeMap<String, BTreeSet<String>>,
     /// Crates that may hold `unsafe` code.
     unsafe_allowed: BTreeSet<String>,
 }
@@ -79,7 +114,7 @@ fn short(package: &str) -> &str {
 }
 
 /// The block's rules. Its lines: `crate: deps...` (in dependency order), `never crate: deps...`,
-/// `only package: crates...`, `unsafe crate`, `# comments`.
+/// `only package: crates...`, `reach package: crates...`, `unsafe crate`, `# comments`.
 fn parse(doc: &str) -> Result<Rules, String> {
     let mut lines = doc.lines().skip_while(|l| l.trim() != "```layering");
     if lines.next().is_none() {
@@ -107,6 +142,8 @@ fn parse(doc: &str) -> Result<Rules, String> {
             rules.never.entry(name.trim().to_string()).or_default().extend(deps);
         } else if let Some(package) = head.strip_prefix("only ") {
             rules.only.entry(package.trim().to_string()).or_default().extend(deps);
+        } else if let Some(package) = head.strip_prefix("reach ") {
+            rules.reach.entry(package.trim().to_string()).or_default().extend(deps);
         } else {
             rules.order.push((head.trim().to_string(), deps));
         }
@@ -203,9 +240,60 @@ fn check(metadata: &Metadata, rules: &Rules, source: impl Fn(&Path) -> Option<St
             }
         }
     }
-    for name in rules.never.keys().chain(rules.only.values().flatten()) {
+    for name in rules.never.keys().chain(rules.only.values().flatten()).chain(rules.reach.values().flatten())
+    {
         if !position.contains_key(name.as_str()) {
-            found.push(format!("{DOC}: `{name}` in a `never` or `only` line is not a crate the block lists"));
+            found.push(format!(
+                "{DOC}: `{name}` in a `never`, `only` or `reach` line is not a crate the block lists"
+            ));
+        }
+    }
+    found.extend(check_reach(metadata, rules));
+    found
+}
+
+/// The `reach` lines over the resolved graph: for every workspace crate, every package it
+/// reaches (its own dependencies of any kind, then theirs that are built with it: normal and
+/// build), with the chain that reaches it.
+fn check_reach(metadata: &Metadata, rules: &Rules) -> Vec<String> {
+    let name_of: BTreeMap<&str, &str> =
+        metadata.packages.iter().map(|p| (p.id.as_str(), short(&p.name))).collect();
+    let nodes: BTreeMap<&str, &Node> = metadata.resolve.nodes.iter().map(|n| (n.id.as_str(), n)).collect();
+    let built = |dep: &NodeDep| dep.dep_kinds.iter().any(|k| k.kind.as_deref() != Some("dev"));
+    let mut found = Vec::new();
+    for member in &metadata.workspace_members {
+        let Some(&crate_name) = name_of.get(member.as_str()) else { continue };
+        // Breadth first, so each chain printed is a shortest one.
+        let mut parent: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut queue = std::collections::VecDeque::from([member.as_str()]);
+        while let Some(id) = queue.pop_front() {
+            let Some(node) = nodes.get(id) else { continue };
+            for dep in node.deps.iter().filter(|d| id == member || built(d)) {
+                if dep.pkg != *member && !parent.contains_key(dep.pkg.as_str()) {
+                    parent.insert(&dep.pkg, id);
+                    queue.push_back(&dep.pkg);
+                }
+            }
+        }
+        for &id in parent.keys() {
+            let Some(&target) = name_of.get(id) else { continue };
+            let Some(allowed) = rules.reach.get(target) else { continue };
+            if allowed.contains(crate_name) {
+                continue;
+            }
+            let mut chain = vec![target];
+            let mut at = id;
+            while let Some(&up) = parent.get(at) {
+                chain.push(name_of.get(up).copied().unwrap_or(up));
+                at = up;
+            }
+            chain.reverse();
+            let users = allowed.iter().map(String::as_str).collect::<Vec<_>>().join(", ");
+            found.push(format!(
+                "`{crate_name}` reaches `{target}` ({}), which only {users} may: cut the chain, or \
+                 change the layering block of {DOC} and say why there",
+                chain.join(" -> ")
+            ));
         }
     }
     found
@@ -214,7 +302,7 @@ fn check(metadata: &Metadata, rules: &Rules, source: impl Fn(&Path) -> Option<St
 fn metadata() -> Result<Metadata, String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = std::process::Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .args(["metadata", "--format-version", "1", "--all-features", "--locked"])
         .output()
         .map_err(|e| format!("running cargo metadata: {e}"))?;
     if !out.status.success() {
@@ -243,6 +331,7 @@ fn run() -> Result<Vec<String>, String> {
         println!("  {}::{}::{} ({})", v.krate, v.owner, v.variant, v.at);
     }
     found.extend(decisions);
+    found.extend(wire::check(&sources)?);
     Ok(found)
 }
 
@@ -308,6 +397,13 @@ mod tests {
     }
 
     #[test]
+    fn no_grpc_type_appears_below_the_coordinator_s_services() {
+        let (metadata, _) = workspace();
+        let sources = errors::product_sources(&metadata.workspace_root, &SOURCE_DIRS).unwrap();
+        assert_eq!(wire::check(&sources).unwrap(), Vec::<String>::new());
+    }
+
+    #[test]
     fn a_forbidden_edge_fails_the_check() {
         let (mut metadata, rules) = workspace();
         // An edge the block does not list: the checkpoint crate writing the run record.
@@ -368,6 +464,69 @@ mod tests {
         assert!(found.len() == 1 && found[0].contains("allows `coordinator: record`"), "{found:?}");
     }
 
+    /// Adds to the resolved graph an edge `from -> to` of `kind` (`None`: normal).
+    fn resolve_edge(metadata: &mut Metadata, from: &str, to: &str, kind: Option<&str>) {
+        let id = |name: &str| metadata.packages.iter().find(|p| p.name == name).unwrap().id.clone();
+        let (from, to) = (id(from), id(to));
+        let node = metadata.resolve.nodes.iter_mut().find(|n| n.id == from).unwrap();
+        node.deps.push(NodeDep { pkg: to, dep_kinds: vec![DepKind { kind: kind.map(str::to_string) }] });
+    }
+
+    #[test]
+    fn the_coordinator_reaching_pjrt_through_another_crate_fails_the_check() {
+        let (metadata, rules) = workspace();
+        assert!(rules.reach["pjrt"].contains("worker") && !rules.reach["pjrt"].contains("coordinator"));
+        // The planner compiling again, as before exact mode had a crate of its own: the job
+        // spec, and through it the coordinator, would link PJRT without naming it.
+        let mut broken = metadata.clone();
+        resolve_edge(&mut broken, "podctl-planner", "podctl-pjrt", None);
+        let found = check(&broken, &rules, read);
+        let mut reached: Vec<&str> = found.iter().filter_map(|f| f.split(" (").next()).collect();
+        reached.sort();
+        assert_eq!(
+            reached,
+            [
+                "`coordinator` reaches `pjrt`",
+                "`job` reaches `pjrt`",
+                "`planner` reaches `pjrt`",
+                "`rewards` reaches `pjrt`"
+            ],
+            "{found:?}"
+        );
+        assert!(
+            found.iter().any(|f| f.starts_with(
+                "`coordinator` reaches `pjrt` (coordinator -> job -> planner -> pjrt), which only cli, \
+                 planner-exact, podctl, worker may"
+            )),
+            "{found:?}"
+        );
+        // A crate's own tests count (`cargo tree -p coordinator` shows them) ...
+        let mut tested = metadata.clone();
+        resolve_edge(&mut tested, "podctl-coordinator", "podctl-planner-exact", Some("dev"));
+        let found = check(&tested, &rules, read);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("(coordinator -> planner-exact -> pjrt)"), "{found:?}");
+        // ... a dependency's tests are not built with it.
+        let mut theirs = metadata;
+        resolve_edge(&mut theirs, "podctl-planner", "podctl-pjrt", Some("dev"));
+        let found = check(&theirs, &rules, read);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].starts_with("`planner` reaches `pjrt` (planner -> pjrt)"), "{found:?}");
+    }
+
+    #[test]
+    fn an_external_package_reached_through_the_graph_fails_the_check() {
+        let (mut metadata, rules) = workspace();
+        // The cli embedding a coordinator itself would bring openraft into its every build.
+        resolve_edge(&mut metadata, "podctl-cli", "podctl-coordinator", None);
+        let found = check(&metadata, &rules, read);
+        assert!(
+            found.iter().any(|f| f.starts_with("`cli` reaches `openraft` (cli -> coordinator -> openraft)")),
+            "{found:?}"
+        );
+        assert!(found.iter().any(|f| f.starts_with("`cli` reaches `redb` (cli -> coordinator -> redb)")));
+    }
+
     #[test]
     fn a_crate_root_without_forbid_unsafe_fails_unless_excepted() {
         let (metadata, rules) = workspace();
@@ -380,12 +539,13 @@ mod tests {
 
     #[test]
     fn the_block_parses_order_never_and_exceptions() {
-        let doc = "text\n```layering\n# comment\nmesh:\npjrt: mesh\nnever cli: proto\nonly clap: cli\nunsafe pjrt\n```\nmore";
+        let doc = "text\n```layering\n# comment\nmesh:\npjrt: mesh\nnever cli: proto\nonly clap: cli\nreach pjrt: cli\nunsafe pjrt\n```\nmore";
         let rules = parse(doc).unwrap();
         assert_eq!(rules.order.len(), 2);
         assert_eq!(rules.order[1], ("pjrt".into(), BTreeSet::from(["mesh".to_string()])));
         assert!(rules.never["cli"].contains("proto"));
         assert!(rules.only["clap"].contains("cli"));
+        assert!(rules.reach["pjrt"].contains("cli"));
         assert!(rules.unsafe_allowed.contains("pjrt"));
         assert!(parse("no block").unwrap_err().contains("no ```layering block"));
         assert!(parse("```layering\nmesh:\n").unwrap_err().contains("not closed"));

@@ -23,6 +23,20 @@ pub fn spec(dims: &[&[&str]]) -> Sharding {
 }
 
 /// dcn(2) x (fsdp 2, tp 2), one host per slice: HSDP as on two v6e hosts.
+/// Every array's first dimension sharded over `fsdp`, the rest replicated (scalars whole).
+pub fn first_dim_over_fsdp(arrays: &[ArraySpec]) -> Vec<Sharding> {
+    arrays
+        .iter()
+        .map(|a| {
+            let mut dims = vec![vec![]; a.shape.len()];
+            if let Some(first) = dims.first_mut() {
+                *first = vec!["fsdp".to_string()];
+            }
+            Sharding::new(dims)
+        })
+        .collect()
+}
+
 pub fn hsdp() -> Topology {
     Topology::new(2, ici(&[("fsdp", 2), ("tp", 2)]), 1).unwrap()
 }

@@ -6,7 +6,7 @@
 use crate::common::*;
 use checkpoint::manifest::Limits;
 use checkpoint::{CommitLog, Retention, Storage, StoreCommitLog, StoreOptions, gc, newest_verified};
-use mesh::{Region, Sharding};
+use mesh::Region;
 use object_store::ObjectStoreExt;
 use std::path::Path;
 use std::process::Command;
@@ -88,19 +88,7 @@ async fn gcs_reads_ranged_reads_lists_and_deletes_through_fake_gcs_server() {
 
     // Resharding reads are ranged reads of whole chunks.
     let fsdp4 = ici(&[("fsdp", 4)]);
-    let shardings: Vec<Sharding> = second
-        .arrays
-        .iter()
-        .map(|a| {
-            if a.shape.is_empty() {
-                Sharding::replicated(0)
-            } else {
-                let mut dims = vec![vec![]; a.shape.len()];
-                dims[0] = vec!["fsdp".to_string()];
-                Sharding::new(dims)
-            }
-        })
-        .collect();
+    let shardings = first_dim_over_fsdp(&second.arrays);
     assert_restores(&checkpoint, &second, &fulls, &fsdp4, &shardings).await;
     let wq = &second.arrays[1];
     let region = Region::new(vec![0..wq.shape[0] / 4, 0..wq.shape[1]]);

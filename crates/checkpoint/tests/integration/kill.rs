@@ -6,7 +6,7 @@
 use crate::common::*;
 use checkpoint::manifest::Limits;
 use checkpoint::{
-    AsyncSaver, CommitLog, Retention, SaveOptions, Storage, StoreCommitLog, Topology, gc, newest_verified,
+    CommitLog, HostUpload, Retention, SaveOptions, Storage, StoreCommitLog, Topology, gc, newest_verified,
 };
 use mesh::Sharding;
 use std::io::{BufRead, BufReader};
@@ -68,13 +68,17 @@ fn writer_child() {
         };
         let spec = save_spec(200, "killed", topology(), arrays(scale));
         let buffers = host_buffers(&spec, &fulls(&spec), 0);
-        let saver = AsyncSaver::new(storage.clone(), options()).unwrap();
-        let handle = saver.start(&spec, 0, buffers).unwrap();
-        while handle.progress().bytes_written() == 0 {
+        let upload = HostUpload::new(&spec, 0, buffers).unwrap();
+        let progress = upload.progress();
+        let task = tokio::spawn({
+            let storage = storage.clone();
+            async move { upload.run(&storage, &options()).await }
+        });
+        while progress.bytes_written() == 0 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         println!("{PART_DONE}");
-        let report = handle.finish().await.unwrap();
+        let report = task.await.unwrap().unwrap();
         // Never reached in the test: the parent kills us first.
         let plain = Storage::open(&dir, &Default::default()).unwrap();
         checkpoint::finalize(&plain, &spec, &[report], &StoreCommitLog::new(plain.clone())).await.unwrap();

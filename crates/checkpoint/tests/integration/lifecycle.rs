@@ -4,8 +4,8 @@ use crate::common::*;
 use checkpoint::layout::{COMMITTED, MANIFEST};
 use checkpoint::manifest::{Limits, Manifest};
 use checkpoint::{
-    AsyncSaver, Checkpoint, CheckpointError, CommitLog, CommitRecord, Retention, SaveOptions, SaverStatus,
-    Storage, StoreCommitLog, finalize, gc,
+    Checkpoint, CommitLog, CommitRecord, HostUpload, Retention, SaveOptions, Storage, StoreCommitLog,
+    finalize, gc,
 };
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
@@ -19,9 +19,9 @@ fn open_dir() -> (tempfile::TempDir, Storage, StoreCommitLog) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_async_save_refuses_to_stack_and_then_commits() {
+async fn a_background_upload_reports_progress_and_then_commits() {
     let (dir, _, log) = open_dir();
-    // Throttled parts keep the first save running long enough to ask for a second one.
+    // Throttled parts keep the save running long enough to watch it.
     let throttled = object_store::throttle::ThrottledStore::new(
         object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap(),
         object_store::throttle::ThrottleConfig {
@@ -29,11 +29,10 @@ async fn an_async_save_refuses_to_stack_and_then_commits() {
             ..Default::default()
         },
     );
-    // Only the saver's writes go through the throttle (it cannot serve local file reads).
+    // Only the upload's writes go through the throttle (it cannot serve local file reads).
     let slow = Storage::from_store(std::sync::Arc::new(throttled), "", "throttled", None).unwrap();
     let storage = Storage::open(dir.path().to_str().unwrap(), &Default::default()).unwrap();
     let options = SaveOptions { chunk_size: 4096, part_size: 5 << 20, max_parts_in_flight: 1 };
-    let saver = AsyncSaver::new(slow, options).unwrap();
     let topology = checkpoint::Topology::single_host(ici(&[("fsdp", 2)])).unwrap();
     let arrays = vec![checkpoint::ArraySpec::new(
         "w",
@@ -41,42 +40,33 @@ async fn an_async_save_refuses_to_stack_and_then_commits() {
         mesh::DType::Float32,
         spec(&[&["fsdp"], &[]]),
     )];
-    let first = save_spec(10, "s10", topology.clone(), arrays.clone());
-    let fulls = fulls(&first);
-    let handle = saver.start(&first, 0, host_buffers(&first, &fulls, 0)).unwrap();
-    assert!(
-        matches!(saver.status(), SaverStatus::Running { step: 10, bytes_total, .. } if bytes_total == 24 << 20)
-    );
-
-    let second = save_spec(20, "s20", topology, arrays);
-    let e =
-        saver.start(&second, 0, host_buffers(&second, &fulls, 0)).err().expect("the second save is refused");
-    assert!(matches!(e, CheckpointError::SaveInProgress { running_step: 10, requested_step: 20, .. }), "{e}");
-    assert!(e.to_string().contains("still running"), "{e}");
-
-    let report = handle.finish().await.unwrap();
-    assert_eq!(saver.status(), SaverStatus::Idle);
+    let first = save_spec(10, "s10", topology, arrays);
+    let upload = HostUpload::new(&first, 0, host_buffers(&first, &fulls(&first), 0)).unwrap();
+    let progress = upload.progress();
+    assert_eq!((progress.bytes_total(), progress.is_finished()), (24 << 20, false));
+    let task = tokio::spawn(async move { upload.run(&slow, &options).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!progress.is_finished(), "the throttled upload is still running");
+    let report = task.await.unwrap().unwrap();
+    assert!(progress.is_finished());
+    assert_eq!(progress.bytes_written(), 24 << 20);
     let commit = finalize(&storage, &first, &[report], &log).await.unwrap();
     let checkpoint = Checkpoint::open(&storage, &commit, &Limits::default()).await.unwrap();
     assert_eq!(checkpoint.verify().await.unwrap().bytes, 24 << 20);
-    // Now the next one may start.
-    let again = saver.start(&second, 0, host_buffers(&second, &fulls, 0)).unwrap();
-    again.finish().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_hand_over_fails_before_anything_uploads() {
-    let (dir, storage, _) = open_dir();
-    let saver = AsyncSaver::new(storage, SaveOptions::default()).unwrap();
+    let (dir, _, _) = open_dir();
     let spec = save_spec(1, "x", hsdp(), state(1));
     let fulls = fulls(&spec);
     let mut buffers = host_buffers(&spec, &fulls, 0);
     buffers.retain(|b| b.array != "params/wq");
-    let e = saver.start(&spec, 0, buffers).err().unwrap().to_string();
+    let e = HostUpload::new(&spec, 0, buffers).err().unwrap().to_string();
     assert!(e.contains("array 'params/wq'") && e.contains("no buffer"), "{e}");
     let mut buffers = host_buffers(&spec, &fulls, 1);
     buffers[0].data.truncate(3);
-    let e = saver.start(&spec, 1, buffers).err().unwrap().to_string();
+    let e = HostUpload::new(&spec, 1, buffers).err().unwrap().to_string();
     assert!(e.contains("has 3 bytes"), "{e}");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing was written");
 }

@@ -4,7 +4,6 @@
 use crate::common::*;
 use checkpoint::manifest::Limits;
 use checkpoint::{Checkpoint, CommitLog, Retention, SaveOptions, Storage, StoreCommitLog, StoreOptions, gc};
-use mesh::Sharding;
 use std::process::Command;
 use std::time::Duration;
 
@@ -54,19 +53,7 @@ async fn s3_multipart_save_commit_restore_and_gc_through_moto() {
     assert_eq!(report.bytes, sizes.iter().sum::<u64>());
 
     let fsdp4 = ici(&[("fsdp", 4)]);
-    let shardings: Vec<Sharding> = first
-        .arrays
-        .iter()
-        .map(|a| {
-            if a.shape.is_empty() {
-                Sharding::replicated(0)
-            } else {
-                let mut dims = vec![vec![]; a.shape.len()];
-                dims[0] = vec!["fsdp".to_string()];
-                Sharding::new(dims)
-            }
-        })
-        .collect();
+    let shardings = first_dim_over_fsdp(&first.arrays);
     assert_restores(&checkpoint, &first, &fulls, &fsdp4, &shardings).await;
 
     let second = save_spec(200, "b", hsdp(), arrays);

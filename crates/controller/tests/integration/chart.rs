@@ -786,7 +786,10 @@ fn the_worker_image_installs_the_pinned_libtpu_by_hash_on_pinned_bases() {
     let read = |relative: &str| std::fs::read_to_string(root().join(relative)).unwrap();
     // The wheel's `tpu` extra pins libtpu; the test lock has the hashes of its files.
     let pyproject = read("pyproject.toml");
-    let pin = pyproject.split('"').find(|s| s.starts_with("libtpu==")).expect("pyproject.toml's tpu extra pins libtpu");
+    let pin = pyproject
+        .split('"')
+        .find(|s| s.starts_with("libtpu=="))
+        .expect("pyproject.toml's tpu extra pins libtpu");
     let pin = pin.split(';').next().unwrap().trim();
     let requirements = read("deploy/worker-libtpu.txt");
     let line = requirements
@@ -794,7 +797,10 @@ fn the_worker_image_installs_the_pinned_libtpu_by_hash_on_pinned_bases() {
         .find(|l| l.starts_with("libtpu=="))
         .expect("deploy/worker-libtpu.txt pins libtpu");
     let (version, hash) = line.split_once(" --hash=sha256:").expect("with its wheel's hash");
-    assert_eq!(version, pin, "deploy/worker-libtpu.txt must pin {pin}, the pin of pyproject.toml's tpu extra");
+    assert_eq!(
+        version, pin,
+        "deploy/worker-libtpu.txt must pin {pin}, the pin of pyproject.toml's tpu extra"
+    );
     assert!(hash.len() == 64 && hash.chars().all(|c| c.is_ascii_hexdigit()), "{line}");
     assert!(
         read("scripts/requirements/test.lock").contains(&format!("--hash=sha256:{hash}")),

@@ -28,7 +28,7 @@ async fn main() -> ExitCode {
             report(info);
             std::process::abort();
         }));
-        fail::FailScenario::setup()
+        fault::fail::FailScenario::setup()
     };
     coordinator::logging::init(coordinator::command::DEFAULT_LOG, false);
     match coordinator::command::run(Cli::parse().node).await {

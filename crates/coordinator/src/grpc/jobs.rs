@@ -29,18 +29,6 @@ const MIN_WATCH_INTERVAL: Duration = Duration::from_millis(100);
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
-/// A job's state on the wire.
-fn wire_state(state: state::JobState) -> JobState {
-    match state {
-        state::JobState::Pending => JobState::Pending,
-        state::JobState::Running => JobState::Running,
-        state::JobState::Recovering => JobState::Recovering,
-        state::JobState::Completed => JobState::Completed,
-        state::JobState::Failed => JobState::Failed,
-        state::JobState::Stopped => JobState::Stopped,
-    }
-}
-
 fn health(
     now: Instant,
     live: Option<&crate::decide::WorkerLive>,
@@ -98,7 +86,7 @@ pub fn job_status(ctx: &Ctx, job: &Job, live: Option<&JobLive>) -> JobStatus {
     JobStatus {
         job_id: job.id.clone(),
         name: job.shape.name.clone(),
-        state: wire_state(job.state) as i32,
+        state: JobState::from(job.state) as i32,
         message: job.message.clone(),
         generation: job.generation,
         step: job.committed_step,
@@ -232,7 +220,7 @@ impl Jobs for JobsService {
         let who = caller(ctx, &request)?;
         ctx.require_leader()?;
         let job = find_job(ctx, &who, &request.get_ref().job_id)?;
-        let state = crate::jobs::stop(ctx, &job).await?.map_or(JobState::Unspecified, wire_state);
+        let state = crate::jobs::stop(ctx, &job).await?.map_or(JobState::Unspecified, JobState::from);
         Ok(Response::new(StopJobResponse { state: state as i32 }))
     }
 

@@ -9,6 +9,7 @@ use crate::decide::{Cause, MAX_STEPS_AHEAD, Out, StepReportData};
 use crate::jobs::SaveReport;
 use crate::leader::{directive_in_force, record_step_report, unix_now};
 use crate::logs::LogRecord;
+use crate::memory::{Delivery, Outbox};
 use crate::state::{Command, Job, JobState, RegisterWorker, Response as Applied, WorkerRecord};
 use checkpoint::{HostReport, SaveSpec};
 use proto::v1::workers_server::Workers;
@@ -61,6 +62,21 @@ fn check_report(job: &Job, worker_id: &str, generation: u64) -> Result<(), Statu
         )));
     }
     Ok(())
+}
+
+/// A session's queue of directives, as the leader's memory tells it what is in force.
+#[derive(Debug)]
+struct SessionOutbox(mpsc::Sender<Directive>);
+
+impl Outbox for SessionOutbox {
+    fn tell(&self, job: &Job, worker_id: &str) -> Delivery {
+        let Some(directive) = directive_in_force(job, worker_id) else { return Delivery::Queued };
+        match self.0.try_send(directive) {
+            Ok(()) => Delivery::Queued,
+            Err(mpsc::error::TrySendError::Full(_)) => Delivery::Full,
+            Err(mpsc::error::TrySendError::Closed(_)) => Delivery::Closed,
+        }
+    }
 }
 
 fn ack(seq: u64, generation: u64) -> Directive {
@@ -304,7 +320,7 @@ impl Workers for WorkersService {
         let (tx, rx) = mpsc::channel(SESSION_BUFFER);
         // Why the session ended, when it ended on an error: sent after the directives queued.
         let (end_tx, end_rx) = oneshot::channel::<Status>();
-        let session_id = ctx.leader.with(|m| m.open_session(&worker_id, tx.clone()));
+        let session_id = ctx.leader.with(|m| m.open_session(&worker_id, Arc::new(SessionOutbox(tx.clone()))));
         // What is in force now (a reconnect after a leader change, a quiesce in progress).
         if let Some(directive) = directive_in_force(&job, &worker_id) {
             let _ = tx.try_send(directive);

@@ -127,7 +127,7 @@ async fn a_deleted_pod_is_a_preemption_and_its_slice_is_replaced() {
     eventually("both slices training again", Duration::from_secs(30), || async {
         let s = admin.get_job(&job).await.ok()?;
         let members = s.slices.iter().filter(|s| !s.virtual_ranks.is_empty()).count();
-        (s.state == JobState::Running && members == 2 && s.step > before + 3).then_some(())
+        (s.state == Some(JobState::Running) && members == 2 && s.step > before + 3).then_some(())
     })
     .await;
 
@@ -263,7 +263,7 @@ async fn a_declared_job_is_submitted_once_and_its_deletion_stops_it() {
         admin.list_jobs().await.ok()?.into_iter().find(|j| j.name == "declared")
     })
     .await;
-    assert_eq!(job.state, JobState::Pending);
+    assert_eq!(job.state, Some(JobState::Pending));
     let pods = vec![format!("{}-s0-a0-h0", job.job_id), format!("{}-s1-a0-h0", job.job_id)];
     eventually("its pods", Duration::from_secs(10), || async { (live_pods(&api) == pods).then_some(()) })
         .await;
@@ -275,7 +275,7 @@ async fn a_declared_job_is_submitted_once_and_its_deletion_stops_it() {
     // A GitOps prune: the job stops, its pods go.
     api.delete("configmaps", NS, "podctl-job-declared");
     eventually("the job stopped", Duration::from_secs(10), || async {
-        (admin.get_job(&job.job_id).await.ok()?.state == JobState::Stopped).then_some(())
+        (admin.get_job(&job.job_id).await.ok()?.state == Some(JobState::Stopped)).then_some(())
     })
     .await;
     eventually("the pods deleted", Duration::from_secs(10), || async {

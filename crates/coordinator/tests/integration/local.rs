@@ -66,7 +66,7 @@ async fn a_job_runs_to_the_end_with_checkpoints_kv_logs_and_a_run_record() {
     assert_eq!(committed[..2], [4, 8], "{reports:?}");
 
     let status = admin.get_job(&job).await.unwrap();
-    assert_eq!(status.state, JobState::Completed);
+    assert_eq!(status.state, Some(JobState::Completed));
     assert_eq!(status.step, 12);
     assert!((status.loss - sim::loss_of(12)).abs() < 1e-12, "{}", status.loss);
     assert_eq!(status.slices.len(), 2);
@@ -130,7 +130,7 @@ async fn a_lost_worker_is_replaced_and_no_step_is_lost_or_repeated() {
     c.abort();
     let recovered = eventually("generation 2 with two members", Duration::from_secs(30), || async {
         let s = admin.get_job(&job).await.ok()?;
-        (s.generation == 2 && s.state == JobState::Running).then_some(s)
+        (s.generation == 2 && s.state == Some(JobState::Running)).then_some(s)
     })
     .await;
     let mut ranks: Vec<Vec<u32>> = recovered
@@ -158,7 +158,7 @@ async fn a_lost_worker_is_replaced_and_no_step_is_lost_or_repeated() {
     assert_eq!(rd.generations, vec![3]);
     assert!(rd.resumes[0].contains("Peer"), "{:?}", rd.resumes);
     let status = admin.get_job(&job).await.unwrap();
-    assert_eq!((status.state, status.step, status.generation), (JobState::Completed, 40, 3));
+    assert_eq!((status.state, status.step, status.generation), (Some(JobState::Completed), 40, 3));
     assert_eq!(status.slices.iter().filter(|s| !s.virtual_ranks.is_empty()).count(), 3);
 
     let run = dir.path().join("run");

@@ -120,7 +120,7 @@ async fn metrics_move_with_steps_checkpoints_and_a_lost_worker() {
     })
     .await;
     assert_eq!(value(&page, "podctl_job_state", &[&label, "state=\"running\""]), Some(0.0));
-    assert_eq!(admin.get_job(&job).await.unwrap().state, JobState::Stopped);
+    assert_eq!(admin.get_job(&job).await.unwrap().state, Some(JobState::Stopped));
     let _ = tokio::time::timeout(Duration::from_secs(10), a).await;
     node.stop().await.unwrap();
 }

@@ -2,7 +2,7 @@
 //! trainer side only carry them out (as the coordinator's `decide.rs` does for the leader).
 
 use super::{AgentExit, AssignmentError, Control, Leave};
-use crate::{Part, WorkerError};
+use crate::error::{Part, WorkerError};
 use collective::GroupSpec;
 use proto::v1::{Assignment, FailureKind, Peer, StepAck, StepReport, directive, resume};
 use std::net::{AddrParseError, SocketAddr};
@@ -320,7 +320,7 @@ mod tests {
             actual: 2,
         };
         let uri = "file:///c/000000000010-s";
-        let worker = |source| AssignmentError::Worker { doing: "resuming", source };
+        let worker = |source| AssignmentError::Worker { doing: "resuming", source: Box::new(source) };
         let restore = worker(WorkerError::restore(uri)(corrupt.into()));
         assert_eq!(
             assignment_failure(&restore),

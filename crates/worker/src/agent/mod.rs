@@ -28,7 +28,6 @@ use client::{Client, ClientConfig, ClientError};
 use collective::{AbortHandle, Endpoint};
 use proto::v1::Assignment;
 use session::LAST_WORDS_WAIT;
-pub(crate) use session::rss_bytes;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -123,8 +122,8 @@ pub enum AssignmentError {
     FetchBundle {
         /// Where it is.
         uri: String,
-        /// Why.
-        source: checkpoint::CheckpointError,
+        /// Why (boxed: it is the largest of these).
+        source: Box<checkpoint::CheckpointError>,
     },
     /// The bundle found is not the one the job was submitted with.
     #[error("the bundle at {uri} is {found}, but the job was submitted with {submitted}; resubmit the job")]
@@ -155,15 +154,15 @@ pub enum AssignmentError {
     Worker {
         /// What it was doing.
         doing: &'static str,
-        /// Why it failed.
-        source: crate::WorkerError,
+        /// Why it failed (boxed: errors travel by value through every call of an assignment).
+        source: Box<crate::error::WorkerError>,
     },
 }
 
 impl AssignmentError {
     /// What the worker was doing when `source` failed.
-    pub(crate) fn doing(doing: &'static str) -> impl FnOnce(crate::WorkerError) -> AssignmentError {
-        move |source| AssignmentError::Worker { doing, source }
+    pub(crate) fn doing(doing: &'static str) -> impl FnOnce(crate::error::WorkerError) -> AssignmentError {
+        move |source| AssignmentError::Worker { doing, source: Box::new(source) }
     }
 }
 
@@ -264,16 +263,12 @@ impl Shared {
 
 /// Runs the worker until the coordinator stops it or `shutdown` resolves (for `podctl worker`,
 /// SIGTERM: the leader is told at once, so it re-forms the job without waiting for the lease).
+/// The session, reports and uploads run on `runtime`, the process's; PJRT stays on this thread.
 pub fn run(
     mut config: AgentConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    runtime: &tokio::runtime::Handle,
 ) -> Result<AgentExit, AgentError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .thread_name("agent")
-        .build()
-        .map_err(|source| AgentError::Io { context: "starting the agent runtime", source })?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     runtime.spawn(async move {
         shutdown.await;
@@ -294,7 +289,7 @@ pub fn run(
     let metrics = Arc::new(WorkerMetrics::default());
     let worker_label = Arc::new(Mutex::new(String::new()));
     if let Some(listen) = config.metrics_listen {
-        serve_metrics(&runtime, listen, &config, metrics.clone(), worker_label.clone())?;
+        serve_metrics(runtime, listen, &config, metrics.clone(), worker_label.clone())?;
     }
     let (logs_tx, logs_rx) = mpsc::channel(session::LOG_QUEUE);
     let log_forwarder = runtime.spawn(session::forward_logs(client.clone(), logs_rx));
@@ -302,7 +297,7 @@ pub fn run(
     let mut trainer = TrainerSide::new(
         config,
         client,
-        runtime.handle().clone(),
+        runtime.clone(),
         endpoint,
         state_server,
         logs_tx,
@@ -312,7 +307,7 @@ pub fn run(
     trainer.prepare(&job.bundle_uri, &job.bundle_id)?;
     let mut fruitless = 0;
     let exit = loop {
-        let registration = trainer.register(&runtime)?;
+        let registration = trainer.register(runtime)?;
         *worker_label.lock().unwrap_or_else(|e| e.into_inner()) = trainer.worker_id().to_string();
         let leave = trainer.run(registration.control);
         for task in registration.tasks {
@@ -337,13 +332,12 @@ pub fn run(
     drop(trainer);
     // The timer is made inside the runtime: `timeout` needs its time driver when built.
     let _ = runtime.block_on(async { tokio::time::timeout(LAST_WORDS_WAIT, log_forwarder).await });
-    runtime.shutdown_timeout(LAST_WORDS_WAIT);
     Ok(exit)
 }
 
 /// Serves Prometheus metrics at `listen`, writing the bound address where the config asks.
 fn serve_metrics(
-    runtime: &tokio::runtime::Runtime,
+    runtime: &tokio::runtime::Handle,
     listen: SocketAddr,
     config: &AgentConfig,
     metrics: Arc<WorkerMetrics>,

@@ -4,9 +4,9 @@
 
 use super::Shared;
 use super::trainer_side::{TrainerSide, log};
-use crate::WorkerError;
 use crate::ckpt::{CheckpointEvent, Commit, HostSave};
 use crate::driver::{Control, Sink};
+use crate::error::WorkerError;
 use crate::metrics::WorkerMetrics;
 use crate::objective::EvalReport;
 use crate::step::StepResult;

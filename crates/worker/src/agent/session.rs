@@ -29,17 +29,10 @@ fn heartbeat(worker_id: &str, status: &Status, seq: u64) -> WorkerEvent {
             generation: status.generation,
             steps_done: status.steps_done,
             phase: status.phase.into(),
-            rss_bytes: rss_bytes(),
+            rss_bytes: crate::metrics::rss_bytes(),
             seq,
         })),
     }
-}
-
-/// This process's resident memory, from procfs (0 where there is none).
-pub(crate) fn rss_bytes() -> u64 {
-    let Ok(statm) = std::fs::read_to_string("/proc/self/statm") else { return 0 };
-    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
-    pages * 4096
 }
 
 /// The notice a worker sends on shutdown (SIGTERM): it leaves, and is killed `deadline` after.

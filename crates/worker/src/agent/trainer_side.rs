@@ -6,16 +6,16 @@ use super::decide::{self, Failure, Next, Unassignable};
 use super::report::{AgentSink, CoordinatorCommit, GenerationControl};
 use super::session::SessionSide;
 use super::{AgentConfig, AgentError, AgentExit, AssignmentError, Control, Leave, Shared, Status};
-use crate::WorkerError;
-use crate::ckpt::{Checkpoints, SaveLayout};
+use crate::ckpt::{Checkpoints, SaveLayout, StateSaver};
 use crate::compile_cache::CompileCache;
-use crate::driver::{self, Ended, Plan};
+use crate::driver::{self, Ended, OnInterrupt, Plan, TrainerSteps};
+use crate::error::WorkerError;
 use crate::metrics::WorkerMetrics;
-use crate::objective;
 use crate::peer::StateServer;
 use crate::slice::Slice;
+use crate::start;
 use crate::trainer::Trainer;
-use checkpoint::{Storage, StoreOptions};
+use checkpoint::{SaveOptions, Storage, StoreOptions};
 use client::{Client, LogLine};
 use collective::{AbortHandle, Endpoint};
 use job::JobSpec;
@@ -131,7 +131,7 @@ impl TrainerSide {
 
     /// Registers (again) with the job and starts this registration's session, step reports and
     /// state announcement. The worker id is new each time; the compiled bundle stays.
-    pub(super) fn register(&mut self, runtime: &tokio::runtime::Runtime) -> Result<Registration, AgentError> {
+    pub(super) fn register(&mut self, runtime: &tokio::runtime::Handle) -> Result<Registration, AgentError> {
         self.registrations += 1;
         let config = &self.config;
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos();
@@ -314,21 +314,28 @@ impl TrainerSide {
         spec: &JobSpec,
         group: Option<&collective::Group>,
     ) -> Result<AssignmentEnd, AssignmentError> {
-        let objective = objective::for_job(trainer, spec, &self.runtime)
+        let objective = start::objective(trainer, spec, &self.runtime)
             .map_err(AssignmentError::doing("preparing the objective"))?;
         let ranks: Vec<usize> = a.virtual_ranks.iter().map(|&r| r as usize).collect();
         let plan = Plan {
-            job: spec,
+            steps: spec.steps,
+            optimizer: &spec.optimizer,
             start: self.steps_done,
+            evaluate_first: self.steps_done == 0,
+            // A quiesce: the state stays on the devices for the next generation.
+            on_interrupt: OnInterrupt::Leave,
+        };
+        let mut steps = TrainerSteps {
+            trainer,
+            objective: &*objective,
             ranks: &ranks,
             accum: spec.micro_batches_per_step() / u64::from(a.dp_size.max(1)),
             group,
-            evaluate_first: self.steps_done == 0,
         };
         let mut checkpoints = self.checkpoints(a, spec)?;
         let control = GenerationControl { shared: self.shared.clone(), generation: a.generation };
         let mut sink = AgentSink { side: self };
-        let run = driver::train(trainer, &plan, &*objective, checkpoints.as_mut(), &mut sink, &control)
+        let run = driver::train(&mut steps, &plan, checkpoints.as_mut(), &mut sink, &control)
             .map_err(AssignmentError::doing("training"))?;
         match run.ended {
             Ended::Finished => {
@@ -370,9 +377,10 @@ impl TrainerSide {
         let storage =
             Storage::open(&a.checkpoint_uri, &StoreOptions::default()).map_err(|e| opening(e.into()))?;
         let commit = Box::new(CoordinatorCommit::new(self, a.generation));
-        Checkpoints::new(storage, layout, every, a.save_id.clone(), commit, self.runtime.clone())
-            .map(Some)
-            .map_err(AssignmentError::doing("preparing the checkpoints"))
+        let saver =
+            StateSaver::new(storage, SaveOptions::default(), layout, a.save_id.clone(), self.runtime.clone())
+                .map_err(AssignmentError::doing("preparing the checkpoints"))?;
+        Ok(Some(Checkpoints::new(every, Box::new(saver), commit)))
     }
 
     /// Where the job's bundle is on this host: a `file://` bundle where it is, one in
@@ -405,7 +413,9 @@ impl TrainerSide {
             }
             // Another worker of this host fetched it meanwhile.
             Err(_) if dir.join(bundle::MANIFEST_FILE).exists() => Ok(dir),
-            Err(source) => Err(AssignmentError::FetchBundle { uri: bundle_uri.to_string(), source }),
+            Err(source) => {
+                Err(AssignmentError::FetchBundle { uri: bundle_uri.to_string(), source: Box::new(source) })
+            }
         }
     }
 

@@ -4,8 +4,8 @@
 
 use super::restore::read_arrays;
 use super::save::plan_buffers;
+use crate::error::{Part, WorkerError};
 use crate::trainer::Trainer;
-use crate::{Part, WorkerError};
 use checkpoint::layout::{dir_name, parse_dir_name};
 use checkpoint::{
     ArraySpec, Checkpoint, CheckpointError, CommitLog, DataPosition, Limits, SaveOptions, SaveSpec, Storage,

@@ -12,15 +12,17 @@
 //! micro-batch). So the manifest's data position is `(seed, step)` and its RNG state is empty,
 //! and a run resumed at step `s` continues bitwise as if it had never stopped.
 //!
-//! - [`save`]: [`StateSaver`] starts a save at a step boundary (device -> host copy, then the
-//!   upload in the background); its [`PendingSave`] yields the [`HostSave`] (host report and save
-//!   spec) that is committed, or that the coordinator's `ReportCheckpoint` carries.
+//! - [`save`]: [`StateSaver`], the one [`Saver`] of a worker: copies this host's shards off the
+//!   devices at a step boundary and uploads them in the background (`checkpoint::HostUpload`);
+//!   its [`PendingSave`] yields the [`HostSave`] (host report and save spec) that is committed,
+//!   or that the coordinator's `ReportCheckpoint` carries.
 //! - [`restore`](mod@restore): [`restore`] and [`restore_newest`] read exactly the regions each device of
 //!   the trainer's mesh holds, every chunk's CRC checked, and place them on the devices.
 //! - [`schedule`]: [`Checkpoints`], the saves of a run (every `checkpoint.every` steps and after
-//!   the last, never two uploading at once), each finished upload handed to a [`Commit`]: the
-//!   store's own markers without a coordinator ([`StoreCommit`]), a report to the coordinator
-//!   under one.
+//!   the last, never two uploading at once: it alone holds the save in flight), each finished
+//!   upload handed to a [`Commit`]: the store's own markers without a coordinator
+//!   ([`StoreCommit`]), a report to the coordinator under one. Two layers from the driver to the
+//!   store: the schedule, then the saver (over the checkpoint crate's upload).
 //! - [`lora`]: LoRA's frozen base. The state saved at every checkpoint is the adapters and their
 //!   moments only; the base is saved once, as a checkpoint of its own under `<root>/base/`
 //!   ([`BASE_DIR`]), and every adapter checkpoint names it in its metadata (`lora.base`, with
@@ -32,9 +34,10 @@ mod restore;
 mod save;
 mod schedule;
 
+pub use crate::error::PassedOver;
 pub use lora::BASE_DIR;
-pub use restore::{PassedOver, Restored, read_params, restore, restore_newest};
-pub use save::{HostSave, PendingSave, SaveLayout, SavePoll, SaveStart, StateSaver};
+pub use restore::{Restored, read_params, restore, restore_newest};
+pub use save::{HostSave, PendingSave, SaveLayout, Saver, StateSaver};
 pub use schedule::{CheckpointEvent, Checkpoints, Commit, StoreCommit};
 
 use checkpoint::Storage;

@@ -3,9 +3,9 @@
 
 use super::lora::place_base;
 use super::{dir_uri, split_uri};
+use crate::error::{Part, PassedOver, WorkerError};
 use crate::slice::DeviceArray;
 use crate::trainer::Trainer;
-use crate::{Part, WorkerError};
 use checkpoint::lineage::{identity_difference, line_of};
 use checkpoint::{
     Checkpoint, CheckpointError, CommitLog, DataPosition, Limits, Storage, StoreCommitLog, StoreOptions,
@@ -21,16 +21,6 @@ pub struct Restored {
     pub data_position: DataPosition,
     /// The checkpoint's directory, `<root>/<step:012>-<save_id>`.
     pub uri: String,
-}
-
-/// A committed checkpoint that [`restore_newest`] passed over, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PassedOver {
-    /// The checkpoint's directory.
-    pub uri: String,
-    /// The error that refused it, e.g. a chunk whose CRC does not match, naming the object and
-    /// its byte range.
-    pub reason: String,
 }
 
 /// Restores the committed checkpoint at `uri`, a checkpoint directory
@@ -239,7 +229,7 @@ fn upload_restored(
     spec: &bundle::TensorSpec,
     shards: &[checkpoint::RestoredShard],
     devices: usize,
-) -> Result<crate::DeviceArray, WorkerError> {
+) -> Result<DeviceArray, WorkerError> {
     let mut pieces: Vec<&[u8]> = vec![&[]; devices];
     for shard in shards {
         for &d in &shard.devices {

@@ -2,20 +2,19 @@
 //! and the step, the same on every host), the shards the write plan gives this host copied off
 //! the devices at a step boundary, and the upload in the background.
 
-use super::lora::{BASE_DIR, base_save_id};
-use crate::WorkerError;
+use super::lora::{BASE_DIR, base_save_id, ensure_base};
+use crate::error::WorkerError;
 use crate::trainer::Trainer;
 use bytes::Bytes;
 use checkpoint::layout::dir_name;
 use checkpoint::lineage::IDENTITY_KEY;
 use checkpoint::{
-    ArraySpec, AsyncSaver, CheckpointError, DataPosition, HostReport, SaveOptions, SaveSpec, SaverStatus,
+    ArraySpec, CheckpointError, DataPosition, HostReport, HostUpload, SaveOptions, SaveProgress, SaveSpec,
     ShardBuffer, Storage, Topology,
 };
-use futures::FutureExt;
-use std::future::Future;
-use std::pin::Pin;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::oneshot;
 
 /// Where this host's share of a save sits in the job, and what the save records of the job.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,122 +133,90 @@ pub(super) fn plan_buffers(
     Ok(buffers)
 }
 
-/// Saves one host's share of the state in the background, one save at a time.
+/// How a run's state `S` is saved: copied at a step boundary, uploaded in the background. The
+/// real one is [`StateSaver`]; the driver's tests use fakes.
+pub trait Saver<S: ?Sized> {
+    /// Starts saving `state`, that of `step` steps.
+    fn start(&mut self, state: &S, step: u64) -> Result<PendingSave, WorkerError>;
+}
+
+/// Saves one host's share of a trainer's state: copies the shards the write plan gives the
+/// host off the devices at a step boundary, then uploads them in the background. When a save may
+/// start is the schedule's to say: [`super::Checkpoints`] holds the one save in flight.
 pub struct StateSaver {
-    saver: AsyncSaver,
+    storage: Storage,
+    options: SaveOptions,
     layout: SaveLayout,
+    /// Names this run's saves; a directory of another run (or attempt) is never written.
+    save_id: String,
+    /// LoRA: whether the frozen base is known to be committed under the base root.
+    base_saved: bool,
     runtime: tokio::runtime::Handle,
 }
 
 impl StateSaver {
-    /// A saver writing to `storage` whose uploads run on `runtime`.
+    /// Saves named `save_id` of this host's share (`layout`) to `storage`, uploads running on
+    /// `runtime`.
     pub fn new(
         storage: Storage,
         options: SaveOptions,
         layout: SaveLayout,
+        save_id: String,
         runtime: tokio::runtime::Handle,
     ) -> Result<Self, WorkerError> {
-        Ok(Self { saver: AsyncSaver::new(storage, options)?, layout, runtime })
+        options.validate()?;
+        Ok(Self { storage, options, layout, save_id, base_saved: false, runtime })
     }
 
-    /// What the saver is doing.
-    pub fn status(&self) -> SaverStatus {
-        self.saver.status()
-    }
-
-    /// Starts saving the state after `step` steps as save attempt `save_id`: copies this host's
-    /// shards off the devices (the training stall; the state may change once this returns), then
-    /// uploads them in the background. While a previous save is still uploading, the new one is
-    /// refused with [`CheckpointError::SaveInProgress`] before anything is copied: saves are
-    /// reported, never stacked, and never hold two copies of the state.
-    pub fn start(&self, trainer: &Trainer, step: u64, save_id: &str) -> Result<PendingSave, WorkerError> {
-        if let SaverStatus::Running { step: running_step, bytes_written, bytes_total } = self.saver.status() {
-            return Err(CheckpointError::SaveInProgress {
-                running_step,
-                requested_step: step,
-                bytes_written,
-                bytes_total,
-            }
-            .into());
+    /// LoRA: saves the frozen base once, before the first checkpoint that names it.
+    fn ensure_base(&mut self, trainer: &Trainer) -> Result<(), WorkerError> {
+        if !self.base_saved && !trainer.frozen_specs().is_empty() {
+            let base = self.runtime.block_on(ensure_base(trainer, &self.storage, self.layout.seed))?;
+            tracing::info!(%base, "the LoRA base is committed");
+            self.base_saved = true;
         }
-        let spec = save_spec(trainer, &self.layout, step, save_id)?;
+        Ok(())
+    }
+}
+
+impl Saver<Trainer> for StateSaver {
+    /// Copies this host's shards off the devices (the training stall; the state may change once
+    /// this returns), then uploads them in the background.
+    fn start(&mut self, trainer: &Trainer, step: u64) -> Result<PendingSave, WorkerError> {
+        self.ensure_base(trainer)?;
+        let spec = save_spec(trainer, &self.layout, step, &self.save_id)?;
         let copy_started = Instant::now();
         let buffers = host_buffers(trainer, &spec, self.layout.slice)?;
-        let copy = copy_started.elapsed();
-        let bytes = buffers.iter().map(|b| b.data.len() as u64).sum();
-        let handle = {
-            let _inside = self.runtime.enter();
-            self.saver.start(&spec, self.layout.slice, buffers)?
-        };
-        Ok(PendingSave {
-            spec,
-            bytes,
-            copy,
-            started: Instant::now(),
-            upload: Box::pin(handle.finish()),
-            runtime: self.runtime.clone(),
-        })
+        let copy_seconds = copy_started.elapsed().as_secs_f64();
+        let upload = HostUpload::new(&spec, self.layout.slice, buffers)?;
+        let progress = upload.progress();
+        let (done, outcome) = oneshot::channel();
+        let (storage, options) = (self.storage.clone(), self.options);
+        let started = Instant::now();
+        self.runtime.spawn(async move {
+            let saved = upload.run(&storage, &options).await.map(|report| HostSave {
+                spec,
+                report,
+                copy_seconds,
+                upload_seconds: started.elapsed().as_secs_f64(),
+            });
+            // The schedule may have gone (the run ended in an error): nobody waits then.
+            let _ = done.send(saved.map_err(WorkerError::from));
+        });
+        Ok(PendingSave::new(step, copy_seconds, progress, outcome))
     }
 }
-
-/// What [`StateSaver::start_or_skip`] did.
-pub enum SaveStart {
-    /// The state was copied off the devices and uploads in the background.
-    Started(Box<PendingSave>),
-    /// The save of `running_step` is still uploading: this one was not taken.
-    Skipped {
-        /// The step whose save is uploading.
-        running_step: u64,
-        /// Its bytes uploaded so far.
-        bytes_written: u64,
-        /// Its bytes in total.
-        bytes_total: u64,
-    },
-}
-
-impl StateSaver {
-    /// [`StateSaver::start`], with a save still uploading as an outcome rather than an error.
-    pub fn start_or_skip(
-        &self,
-        trainer: &Trainer,
-        step: u64,
-        save_id: &str,
-    ) -> Result<SaveStart, WorkerError> {
-        match self.start(trainer, step, save_id) {
-            Ok(pending) => Ok(SaveStart::Started(Box::new(pending))),
-            Err(WorkerError::Checkpoint(CheckpointError::SaveInProgress {
-                running_step,
-                bytes_written,
-                bytes_total,
-                ..
-            })) => Ok(SaveStart::Skipped { running_step, bytes_written, bytes_total }),
-            Err(e) => Err(e),
-        }
-    }
-}
-
-type Upload = Pin<Box<dyn Future<Output = checkpoint::Result<HostReport>> + Send>>;
 
 /// A save whose upload runs in the background.
 pub struct PendingSave {
-    spec: SaveSpec,
-    bytes: u64,
-    copy: Duration,
-    started: Instant,
-    upload: Upload,
-    runtime: tokio::runtime::Handle,
+    step: u64,
+    copy_seconds: f64,
+    progress: Arc<SaveProgress>,
+    outcome: oneshot::Receiver<Result<HostSave, WorkerError>>,
 }
 
-/// Where a [`PendingSave`] is.
-pub enum SavePoll {
-    /// Still uploading.
-    Running(PendingSave),
-    /// Ended: this host's report, or why the upload failed.
-    Done(Result<HostSave, WorkerError>),
-}
-
-/// One host's finished share of a save: what `ReportCheckpoint` carries
-/// (`host_report_json`, `save_spec_json`) and what [`checkpoint::finalize`] takes.
+/// One host's finished share of a save: what `ReportCheckpoint` carries and what
+/// [`checkpoint::finalize`] takes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostSave {
     /// The save, the same on every host.
@@ -263,41 +230,53 @@ pub struct HostSave {
 }
 
 impl PendingSave {
-    /// The save's spec.
-    pub fn spec(&self) -> &SaveSpec {
-        &self.spec
+    /// The save of `step`, copied off the devices in `copy_seconds`, uploading with `progress`;
+    /// its outcome arrives on `outcome`.
+    pub fn new(
+        step: u64,
+        copy_seconds: f64,
+        progress: Arc<SaveProgress>,
+        outcome: oneshot::Receiver<Result<HostSave, WorkerError>>,
+    ) -> Self {
+        Self { step, copy_seconds, progress, outcome }
     }
 
-    /// Bytes this host uploads.
-    pub fn bytes(&self) -> u64 {
-        self.bytes
+    /// The step saved.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// The upload's live counters.
+    pub fn progress(&self) -> &SaveProgress {
+        &self.progress
     }
 
     /// The device -> host copy: how long training stood still.
     pub fn copy_seconds(&self) -> f64 {
-        self.copy.as_secs_f64()
+        self.copy_seconds
     }
 
-    /// Checks without waiting whether the upload has ended.
-    pub fn poll(mut self) -> SavePoll {
-        match (&mut self.upload).now_or_never() {
-            None => SavePoll::Running(self),
-            Some(result) => SavePoll::Done(self.done(result)),
+    /// The outcome, if the upload has ended; does not wait.
+    pub fn try_outcome(&mut self) -> Option<Result<HostSave, WorkerError>> {
+        match self.outcome.try_recv() {
+            Ok(outcome) => Some(outcome),
+            Err(oneshot::error::TryRecvError::Empty) => None,
+            Err(oneshot::error::TryRecvError::Closed) => Some(Err(self.lost())),
         }
     }
 
     /// Waits for the upload to end, blocking the thread (not for use inside an async task).
-    pub fn wait(mut self) -> Result<HostSave, WorkerError> {
-        let result = self.runtime.clone().block_on(&mut self.upload);
-        self.done(result)
+    pub fn wait(self) -> Result<HostSave, WorkerError> {
+        let lost = self.lost();
+        self.outcome.blocking_recv().unwrap_or(Err(lost))
     }
 
-    fn done(self, result: checkpoint::Result<HostReport>) -> Result<HostSave, WorkerError> {
-        Ok(HostSave {
-            report: result?,
-            spec: self.spec,
-            copy_seconds: self.copy.as_secs_f64(),
-            upload_seconds: self.started.elapsed().as_secs_f64(),
-        })
+    /// The upload's task ended without an outcome (it panicked, or its runtime shut down).
+    fn lost(&self) -> WorkerError {
+        CheckpointError::Task {
+            what: format!("background save of step {}", self.step),
+            reason: "it ended without an outcome".into(),
+        }
+        .into()
     }
 }

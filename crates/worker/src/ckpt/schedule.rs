@@ -9,13 +9,12 @@
 //! commits once every host's share is in. A failed upload is reported and the next due save
 //! tries again; the final save must succeed, since the run's end is committed by it.
 
-use super::lora::ensure_base;
 use super::restore::Restored;
-use super::save::{HostSave, PendingSave, SaveLayout, SavePoll, SaveStart, StateSaver};
+use super::save::{HostSave, PendingSave, Saver};
 use super::{PassedOver, dir_uri};
-use crate::WorkerError;
+use crate::error::WorkerError;
 use crate::trainer::Trainer;
-use checkpoint::{Retention, SaveOptions, Storage, StoreCommitLog, finalize, gc};
+use checkpoint::{Retention, Storage, StoreCommitLog, finalize, gc};
 use std::time::Duration;
 
 /// What a run's checkpoints did, for its sink.
@@ -134,9 +133,11 @@ impl Commit for StoreCommit {
     /// collection leaves the commit standing and is only logged.
     fn commit(&mut self, saved: HostSave, _last: bool) -> Result<CheckpointEvent, WorkerError> {
         let reports = std::slice::from_ref(&saved.report);
-        let commit = self.runtime.block_on(finalize(&self.storage, &saved.spec, reports, &self.log))?;
-        let deleted_objects = match self.runtime.block_on(gc(&self.storage, &self.log, &self.retention, &[]))
-        {
+        let (commit, collected) = self.runtime.block_on(async {
+            let commit = finalize(&self.storage, &saved.spec, reports, &self.log).await?;
+            Ok::<_, WorkerError>((commit, gc(&self.storage, &self.log, &self.retention, &[]).await))
+        })?;
+        let deleted_objects = match collected {
             Ok(report) => report.objects_deleted,
             Err(error) => {
                 tracing::warn!(%error, "checkpoint retention failed (the commit stands)");
@@ -153,48 +154,21 @@ impl Commit for StoreCommit {
     }
 }
 
-/// A run's saves: when they are due, at most one uploading, and what becomes of each.
-pub struct Checkpoints {
-    storage: Storage,
-    saver: StateSaver,
-    runtime: tokio::runtime::Handle,
+/// A run's saves: when they are due, the one uploading (the only place that knows a save is
+/// in flight), and what becomes of each. `S` is the state saved: a [`Trainer`]'s on a worker.
+pub struct Checkpoints<S: ?Sized = Trainer> {
+    saver: Box<dyn Saver<S>>,
+    commit: Box<dyn Commit>,
     every: u64,
-    /// Names this run's saves; a directory of another run (or attempt) is never written.
-    save_id: String,
-    seed: u64,
     pending: Option<PendingSave>,
     /// The newest step this run's root holds a save of: the final save is not repeated.
     saved: Option<u64>,
-    /// LoRA: whether the frozen base is known to be committed under the base root.
-    base_saved: bool,
-    commit: Box<dyn Commit + Send>,
 }
 
-impl Checkpoints {
-    /// Saves of this host's share (`layout`) to `storage` every `every` steps, named `save_id`,
-    /// uploads running on `runtime`, finished ones handed to `commit`.
-    pub fn new(
-        storage: Storage,
-        layout: SaveLayout,
-        every: u64,
-        save_id: String,
-        commit: Box<dyn Commit + Send>,
-        runtime: tokio::runtime::Handle,
-    ) -> Result<Self, WorkerError> {
-        let seed = layout.seed;
-        let saver = StateSaver::new(storage.clone(), SaveOptions::default(), layout, runtime.clone())?;
-        Ok(Self {
-            storage,
-            saver,
-            runtime,
-            every: every.max(1),
-            save_id,
-            seed,
-            pending: None,
-            saved: None,
-            base_saved: false,
-            commit,
-        })
+impl<S: ?Sized> Checkpoints<S> {
+    /// Saves through `saver` every `every` steps, finished ones handed to `commit`.
+    pub fn new(every: u64, saver: Box<dyn Saver<S>>, commit: Box<dyn Commit>) -> Self {
+        Self { saver, commit, every: every.max(1), pending: None, saved: None }
     }
 
     /// Records that the root already holds the state after `step` steps (the run resumed from
@@ -205,86 +179,86 @@ impl Checkpoints {
 
     /// Hands on a save whose upload has finished; does not wait.
     pub fn poll(&mut self) -> Result<Vec<CheckpointEvent>, WorkerError> {
-        let Some(pending) = self.pending.take() else { return Ok(Vec::new()) };
-        let step = pending.spec().step;
-        match pending.poll() {
-            SavePoll::Running(pending) => {
-                self.pending = Some(pending);
-                Ok(Vec::new())
+        let Some(pending) = self.pending.as_mut() else { return Ok(Vec::new()) };
+        let step = pending.step();
+        match pending.try_outcome() {
+            None => Ok(Vec::new()),
+            Some(outcome) => {
+                self.pending = None;
+                Ok(vec![self.hand_on(step, outcome, false)?])
             }
-            SavePoll::Done(Ok(saved)) => Ok(vec![self.hand_on(saved, false)?]),
-            SavePoll::Done(Err(e)) => Ok(vec![CheckpointEvent::Failed { step, reason: e.to_string() }]),
         }
     }
 
     /// After `step` of the run's `total` steps: hands on a finished upload and starts the save
-    /// of `step` when it is due (the last step's is left to [`Checkpoints::finish`]).
+    /// of `step` when it is due (the last step's is left to [`Checkpoints::finish`]). A save due
+    /// while another uploads is skipped and said so: saves are never stacked, and the host never
+    /// holds two copies of the state.
     pub fn after_step(
         &mut self,
-        trainer: &Trainer,
+        state: &S,
         step: u64,
         total: u64,
     ) -> Result<Vec<CheckpointEvent>, WorkerError> {
         let mut events = self.poll()?;
         if step.is_multiple_of(self.every) && step < total {
-            events.push(self.start(trainer, step)?);
-        }
-        Ok(events)
-    }
-
-    /// At the end of the run, after `total` steps: waits for the upload in flight, then saves
-    /// the final state and waits for it to be handed on, unless the root holds that step already.
-    pub fn finish(&mut self, trainer: &Trainer, total: u64) -> Result<Vec<CheckpointEvent>, WorkerError> {
-        let mut events = Vec::new();
-        if let Some(pending) = self.pending.take() {
-            let step = pending.spec().step;
-            events.push(match pending.wait() {
-                Ok(saved) => self.hand_on(saved, false)?,
-                Err(e) => CheckpointEvent::Failed { step, reason: e.to_string() },
+            events.push(match &self.pending {
+                Some(running) => CheckpointEvent::Skipped {
+                    step,
+                    running_step: running.step(),
+                    bytes_written: running.progress().bytes_written(),
+                    bytes_total: running.progress().bytes_total(),
+                },
+                None => {
+                    let pending = self.saver.start(state, step)?;
+                    let event = started(&pending);
+                    self.pending = Some(pending);
+                    event
+                }
             });
         }
-        if self.saved != Some(total) {
-            self.ensure_base(trainer)?;
-            let pending = self.saver.start(trainer, total, &self.save_id)?;
-            events.push(started(total, &pending));
-            events.push(self.hand_on(pending.wait()?, true)?);
+        Ok(events)
+    }
+
+    /// At the end of the run, after `step` steps: waits for the upload in flight, then saves the
+    /// state and waits for it to be handed on, unless the root holds that step already. The
+    /// final save must succeed: the run's end is committed by it.
+    pub fn finish(&mut self, state: &S, step: u64) -> Result<Vec<CheckpointEvent>, WorkerError> {
+        let mut events = Vec::new();
+        if let Some(pending) = self.pending.take() {
+            let running = pending.step();
+            events.push(self.hand_on(running, pending.wait(), false)?);
+        }
+        if self.saved != Some(step) {
+            let pending = self.saver.start(state, step)?;
+            events.push(started(&pending));
+            let saved = pending.wait()?;
+            events.push(self.hand_on(step, Ok(saved), true)?);
         }
         Ok(events)
     }
 
-    /// Starts the save of `step`, or says why it is skipped.
-    fn start(&mut self, trainer: &Trainer, step: u64) -> Result<CheckpointEvent, WorkerError> {
-        self.ensure_base(trainer)?;
-        Ok(match self.saver.start_or_skip(trainer, step, &self.save_id)? {
-            SaveStart::Started(pending) => {
-                let event = started(step, &pending);
-                self.pending = Some(*pending);
-                event
-            }
-            SaveStart::Skipped { running_step, bytes_written, bytes_total } => {
-                CheckpointEvent::Skipped { step, running_step, bytes_written, bytes_total }
-            }
-        })
-    }
-
-    fn hand_on(&mut self, saved: HostSave, last: bool) -> Result<CheckpointEvent, WorkerError> {
-        let step = saved.spec.step;
+    /// Commits a finished upload (or reports that it failed: the next due save tries again).
+    fn hand_on(
+        &mut self,
+        step: u64,
+        outcome: Result<HostSave, WorkerError>,
+        last: bool,
+    ) -> Result<CheckpointEvent, WorkerError> {
+        let saved = match outcome {
+            Ok(saved) => saved,
+            Err(e) => return Ok(CheckpointEvent::Failed { step, reason: e.to_string() }),
+        };
         let event = self.commit.commit(saved, last)?;
         self.saved = Some(self.saved.map_or(step, |s| s.max(step)));
         Ok(event)
     }
-
-    /// LoRA: saves the frozen base once, before the first checkpoint that names it.
-    fn ensure_base(&mut self, trainer: &Trainer) -> Result<(), WorkerError> {
-        if !self.base_saved && !trainer.frozen_specs().is_empty() {
-            let base = self.runtime.block_on(ensure_base(trainer, &self.storage, self.seed))?;
-            tracing::info!(%base, "the LoRA base is committed");
-            self.base_saved = true;
-        }
-        Ok(())
-    }
 }
 
-fn started(step: u64, pending: &PendingSave) -> CheckpointEvent {
-    CheckpointEvent::Started { step, bytes: pending.bytes(), copy_seconds: pending.copy_seconds() }
+fn started(pending: &PendingSave) -> CheckpointEvent {
+    CheckpointEvent::Started {
+        step: pending.step(),
+        bytes: pending.progress().bytes_total(),
+        copy_seconds: pending.copy_seconds(),
+    }
 }

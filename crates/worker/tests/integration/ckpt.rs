@@ -19,7 +19,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use worker::ckpt::{CheckpointEvent, PendingSave, SaveLayout, SavePoll, StateSaver};
+use worker::ckpt::{CheckpointEvent, Checkpoints, Commit, HostSave, SaveLayout, Saver, StateSaver};
 use worker::sft::Sft;
 use worker::single::Resume;
 use worker::{Reduce, Sink, Slice, StepResult, Trainer, run_step};
@@ -65,6 +65,7 @@ fn child() {
             write_state(&out, &trainer.download_state().unwrap());
         }
         Task::Train { bundle, job, hold_at, out } => {
+            let runtime = tokio::runtime::Runtime::new().unwrap();
             let job = job::JobSpec::from_yaml(&job, Path::new("test.yaml")).unwrap();
             let mut trainer = trainer(&bundle);
             std::fs::create_dir_all(&out).unwrap();
@@ -77,6 +78,7 @@ fn child() {
                 &mut recorder,
                 &Resume::Newest,
                 &worker::driver::Uninterrupted,
+                runtime.handle(),
             )
             .unwrap();
             std::fs::write(out.join("start_step"), summary.trained.start.to_string()).unwrap();
@@ -93,7 +95,13 @@ fn trainer(bundle: &Path) -> Trainer {
 
 fn loader() -> data::Loader {
     let config: data::DataConfig = serde_json::from_str(r#"{"kind": "arithmetic"}"#).unwrap();
-    data::Loader::from_config(&config, data::BatchSpec::new(GLOBAL, MICRO, SEQ_LEN).unwrap(), SEED).unwrap()
+    data::Loader::from_config(
+        &config,
+        data::BatchSpec::new(GLOBAL, MICRO, SEQ_LEN).unwrap(),
+        SEED,
+        &data::LocalFiles,
+    )
+    .unwrap()
 }
 
 fn save_slice(bundle: &Path, group: &GroupSpec, root: &str, out: &Path) {
@@ -115,18 +123,18 @@ fn save_slice(bundle: &Path, group: &GroupSpec, root: &str, out: &Path) {
         hf_source: None,
     };
     if group.me == 0 {
-        refuses_to_stack(&trainer, layout.clone(), runtime.handle(), &out.join("throttled"));
+        skips_while_uploading(&trainer, layout.clone(), runtime.handle(), &out.join("throttled"));
     }
     let storage = Storage::open(root, &Default::default()).unwrap();
     // Small chunks: restore onto another mesh reads partial chunks at shard boundaries.
     let options = SaveOptions { chunk_size: 64 << 10, ..SaveOptions::default() };
-    let saver = StateSaver::new(storage, options, layout, runtime.handle().clone()).unwrap();
-    let mut pending = saver.start(&trainer, SAVED_STEP, "g1-s2").unwrap();
-    // Polled from this thread, outside the runtime, as the training loop does.
+    let mut saver =
+        StateSaver::new(storage, options, layout, "g1-s2".into(), runtime.handle().clone()).unwrap();
+    let mut pending = saver.start(&trainer, SAVED_STEP).unwrap();
+    // Polled from this thread, outside the runtime, as the save schedule does.
     let saved = loop {
-        match pending.poll() {
-            SavePoll::Running(still) => pending = still,
-            SavePoll::Done(result) => break result.unwrap(),
+        if let Some(outcome) = pending.try_outcome() {
+            break outcome.unwrap();
         }
         std::thread::sleep(Duration::from_millis(5));
     };
@@ -137,9 +145,14 @@ fn save_slice(bundle: &Path, group: &GroupSpec, root: &str, out: &Path) {
     write_state(out, &trainer.download_state().unwrap());
 }
 
-/// A save asked for while one uploads (slowed by a throttled store) is refused, naming both
-/// steps, and the running one still completes.
-fn refuses_to_stack(trainer: &Trainer, layout: SaveLayout, runtime: &tokio::runtime::Handle, dir: &Path) {
+/// A save due while one uploads (slowed by a throttled store) is skipped, naming both steps;
+/// the running one still completes and is committed before the final save.
+fn skips_while_uploading(
+    trainer: &Trainer,
+    layout: SaveLayout,
+    runtime: &tokio::runtime::Handle,
+    dir: &Path,
+) {
     std::fs::create_dir_all(dir).unwrap();
     let throttled = object_store::throttle::ThrottledStore::new(
         object_store::local::LocalFileSystem::new_with_prefix(dir).unwrap(),
@@ -149,22 +162,40 @@ fn refuses_to_stack(trainer: &Trainer, layout: SaveLayout, runtime: &tokio::runt
         },
     );
     let storage = Storage::from_store(std::sync::Arc::new(throttled), "", "throttled", None).unwrap();
-    let saver = StateSaver::new(storage, SaveOptions::default(), layout, runtime.clone()).unwrap();
-    let first: PendingSave = saver.start(trainer, 2, "first").unwrap();
-    let e = saver.start(trainer, 3, "second").err().expect("a second save while one uploads is refused");
+    let saver =
+        StateSaver::new(storage, SaveOptions::default(), layout, "first".into(), runtime.clone()).unwrap();
+    let committed = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let mut checkpoints = Checkpoints::new(1, Box::new(saver), Box::new(Kept(committed.clone())));
+    let events = checkpoints.after_step(trainer, 2, 10).unwrap();
+    assert!(
+        matches!(events[..], [CheckpointEvent::Started { step: 2, bytes, .. }] if bytes > 0),
+        "{events:?}"
+    );
+    let events = checkpoints.after_step(trainer, 3, 10).unwrap();
     assert!(
         matches!(
-            e,
-            worker::WorkerError::Checkpoint(checkpoint::CheckpointError::SaveInProgress {
-                running_step: 2,
-                requested_step: 3,
-                ..
-            })
+            events[..],
+            [CheckpointEvent::Skipped { step: 3, running_step: 2, bytes_written, bytes_total }]
+                if bytes_written < bytes_total
         ),
-        "{e}"
+        "{events:?}"
     );
-    assert!(first.wait().is_ok());
-    assert!(saver.start(trainer, 3, "second").unwrap().wait().is_ok(), "the next save may start");
+    checkpoints.finish(trainer, 3).unwrap();
+    assert_eq!(*committed.borrow(), [2, 3], "the running save, then the final one");
+}
+
+/// Keeps the steps of the saves handed to it.
+struct Kept(std::rc::Rc<std::cell::RefCell<Vec<u64>>>);
+
+impl Commit for Kept {
+    fn commit(&mut self, saved: HostSave, _last: bool) -> Result<CheckpointEvent, worker::WorkerError> {
+        self.0.borrow_mut().push(saved.spec.step);
+        Ok(CheckpointEvent::Uploaded {
+            step: saved.spec.step,
+            bytes: saved.report.object.size,
+            upload_seconds: 0.0,
+        })
+    }
 }
 
 /// Writes the checkpoint events of a run, one JSON line each; holds when told to.

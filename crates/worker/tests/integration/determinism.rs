@@ -3,12 +3,25 @@
 
 use crate::support;
 use worker::compile_cache::CompileCache;
-use worker::{Slice, Trainer};
+use worker::driver::{self, Ended, OnInterrupt, Plan, Uninterrupted};
+use worker::sft::Sft;
+use worker::{Sink, Slice, StepResult, Trainer, TrainerSteps};
 
 fn train(bundle: &bundle::Bundle, steps: u64) -> Vec<(String, Vec<u8>)> {
     train_with(bundle, steps, None)
 }
 
+/// Each step's loss, as the driver reports it.
+struct Losses(Vec<f64>);
+
+impl Sink for Losses {
+    fn on_step(&mut self, step: &StepResult) {
+        self.0.push(step.loss());
+    }
+}
+
+/// `steps` steps of SFT on the arithmetic task, through the loader, `run_step` and the driver,
+/// as `podctl launch` runs them on one slice.
 fn train_with(bundle: &bundle::Bundle, steps: u64, cache: Option<&CompileCache>) -> Vec<(String, Vec<u8>)> {
     let mut slice = Slice::open(support::plugin(), "cpu", bundle.mesh()).unwrap();
     if let Some(cache) = cache {
@@ -16,16 +29,23 @@ fn train_with(bundle: &bundle::Bundle, steps: u64, cache: Option<&CompileCache>)
     }
     let mut trainer = Trainer::new(slice, bundle).unwrap();
     trainer.init(3).unwrap();
-    for step in 0..steps {
-        let mut tokens = 0;
-        for micro in 0..2 {
-            let batch = support::batch(8, 4, 128, step, micro);
-            tokens += batch.token_count();
-            trainer.grad_step(&batch).unwrap();
-        }
-        let applied = trainer.apply(step + 1, 1e-3, 1.0 / tokens as f32).unwrap();
-        assert!(applied.loss_sum.is_finite() && applied.grad_norm.is_finite());
-    }
+    let config: data::DataConfig = serde_json::from_str(r#"{"kind": "arithmetic"}"#).unwrap();
+    let batch = data::BatchSpec::new(8, 4, 128).unwrap();
+    let sft = Sft::from_loader(data::Loader::from_config(&config, batch, 7, &data::LocalFiles).unwrap());
+    let optimizer = job::OptimizerSpec { lr: 1e-3, ..job::OptimizerSpec::default() };
+    let plan = Plan {
+        steps,
+        optimizer: &optimizer,
+        start: 0,
+        evaluate_first: false,
+        on_interrupt: OnInterrupt::Leave,
+    };
+    let mut run = TrainerSteps { trainer: &mut trainer, objective: &sft, ranks: &[0], accum: 2, group: None };
+    let mut losses = Losses(Vec::new());
+    let trained = driver::train(&mut run, &plan, None, &mut losses, &Uninterrupted).unwrap();
+    assert!(matches!(trained.ended, Ended::Finished));
+    assert_eq!(losses.0.len() as u64, steps);
+    assert!(losses.0.iter().all(|l| l.is_finite()));
     trainer.download_state().unwrap()
 }
 

@@ -17,7 +17,7 @@ use hf::HfModel;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use worker::ckpt::{SaveLayout, StateSaver};
+use worker::ckpt::{SaveLayout, Saver, StateSaver};
 use worker::{Arg, Reduce, Trainer, run_step};
 
 const ROWS: u64 = 2;
@@ -170,9 +170,15 @@ fn save(runtime: &tokio::runtime::Runtime, trainer: &Trainer, root: &Path) -> (C
     let url = format!("file://{}", root.display());
     let storage = Storage::open(&url, &StoreOptions::default()).unwrap();
     let layout = SaveLayout { dcn: 1, slice: 0, seed: 0, identity: serde_json::Value::Null, hf_source: None };
-    let saver =
-        StateSaver::new(storage.clone(), SaveOptions::default(), layout, runtime.handle().clone()).unwrap();
-    let saved = saver.start(trainer, 0, "hf").unwrap().wait().unwrap();
+    let mut saver = StateSaver::new(
+        storage.clone(),
+        SaveOptions::default(),
+        layout,
+        "hf".into(),
+        runtime.handle().clone(),
+    )
+    .unwrap();
+    let saved = saver.start(trainer, 0).unwrap().wait().unwrap();
     let log = StoreCommitLog::new(storage.clone());
     let commit = runtime.block_on(finalize(&storage, &saved.spec, &[saved.report], &log)).unwrap();
     (runtime.block_on(Checkpoint::open(&storage, &commit, &Limits::default())).unwrap(), url)
@@ -305,8 +311,13 @@ fn transformers_loads_a_trained_export_and_agrees_with_podctl() {
         serde_json::from_value(serde_json::json!({"kind": "tokens", "path": corpus_path, "dtype": "u16"}))
             .unwrap();
     let sft = worker::sft::Sft::from_loader(
-        data::Loader::from_config(&config, data::BatchSpec::new(4, ROWS as usize, SEQ as usize).unwrap(), 3)
-            .unwrap(),
+        data::Loader::from_config(
+            &config,
+            data::BatchSpec::new(4, ROWS as usize, SEQ as usize).unwrap(),
+            3,
+            &data::LocalFiles,
+        )
+        .unwrap(),
     );
     let tokens = reference("untied-bf16").0.logit_tokens;
     let before = trainer_logits(&trainer, &program, &tokens);

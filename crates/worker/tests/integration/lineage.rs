@@ -66,6 +66,7 @@ fn lines(digests: &BTreeMap<String, String>) -> Vec<String> {
 
 #[test]
 fn another_jobs_root_is_refused_and_starting_over_keeps_every_earlier_checkpoint() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let bundle = support::export_tiny(&tmp.path().join("bundle"), "fsdp=1,tp=1", 4, 128);
     let root = tmp.path().join("ckpt");
@@ -79,6 +80,7 @@ fn another_jobs_root_is_refused_and_starting_over_keeps_every_earlier_checkpoint
         &mut Events::default(),
         &Resume::Newest,
         &worker::driver::Uninterrupted,
+        runtime.handle(),
     )
     .unwrap();
     let before = committed_digests(&root);
@@ -91,6 +93,7 @@ fn another_jobs_root_is_refused_and_starting_over_keeps_every_earlier_checkpoint
         &mut Events::default(),
         &Resume::Newest,
         &worker::driver::Uninterrupted,
+        runtime.handle(),
     )
     .expect_err("another job's root is refused");
     let message = refused.to_string();
@@ -105,6 +108,7 @@ fn another_jobs_root_is_refused_and_starting_over_keeps_every_earlier_checkpoint
         &mut events,
         &Resume::StartOver,
         &worker::driver::Uninterrupted,
+        runtime.handle(),
     )
     .unwrap();
     assert!(matches!(&events.0[0], CheckpointEvent::Fresh { .. }), "{:?}", events.0[0]);
@@ -118,8 +122,15 @@ fn another_jobs_root_is_refused_and_starting_over_keeps_every_earlier_checkpoint
     // The next launch resumes the newest line, and its retention stays in it.
     let longer = job(bundle.dir(), &root, 2, 8);
     let mut events = Events::default();
-    worker::single::run(&mut trainer, &longer, &mut events, &Resume::Newest, &worker::driver::Uninterrupted)
-        .unwrap();
+    worker::single::run(
+        &mut trainer,
+        &longer,
+        &mut events,
+        &Resume::Newest,
+        &worker::driver::Uninterrupted,
+        runtime.handle(),
+    )
+    .unwrap();
     let CheckpointEvent::Restored { restored, .. } = &events.0[0] else { panic!("{:?}", events.0[0]) };
     assert_eq!(restored.step, 4);
     assert!(restored.uri.contains(&both[1]), "resumed the newest line: {}", restored.uri);

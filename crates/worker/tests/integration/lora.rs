@@ -70,11 +70,12 @@ fn loader(job: &JobSpec) -> data::Loader {
     let spec =
         data::BatchSpec::new(job.batch.global as usize, job.batch.micro as usize, job.seq_len as usize)
             .unwrap();
-    data::Loader::from_config(&job.data, spec, job.seed).unwrap()
+    data::Loader::from_config(&job.data, spec, job.seed, &data::LocalFiles).unwrap()
 }
 
 #[test]
 fn lora_trains_only_its_adapters_and_saves_the_base_once_apart() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let bundle = export(&tmp.path().join("bundle"));
     let manifest = bundle.manifest();
@@ -90,9 +91,15 @@ fn lora_trains_only_its_adapters_and_saves_the_base_once_apart() {
     let adapters_before = trainer.download_state().unwrap();
 
     let mut losses = Losses(Vec::new());
-    let summary =
-        worker::single::run(&mut trainer, &job, &mut losses, &Resume::Newest, &worker::driver::Uninterrupted)
-            .unwrap();
+    let summary = worker::single::run(
+        &mut trainer,
+        &job,
+        &mut losses,
+        &Resume::Newest,
+        &worker::driver::Uninterrupted,
+        runtime.handle(),
+    )
+    .unwrap();
     assert_eq!(summary.trained.steps(), 12);
     let (first, last) = (losses.0[0], losses.0[losses.0.len() - 1]);
     assert!(last < 0.9 * first, "LoRA trains: {:?}", losses.0);
@@ -110,7 +117,6 @@ fn lora_trains_only_its_adapters_and_saves_the_base_once_apart() {
     }
 
     // Checkpoints: the adapters and their moments; the base once, under <root>/base.
-    let runtime = tokio::runtime::Runtime::new().unwrap();
     let storage = Storage::open(&format!("file://{}", root.display()), &StoreOptions::default()).unwrap();
     let commits = runtime.block_on(committed_newest_first(&StoreCommitLog::new(storage.clone()))).unwrap();
     assert_eq!(commits.iter().map(|c| c.step).collect::<Vec<_>>(), [12, 10, 5]);
@@ -149,6 +155,7 @@ fn lora_trains_only_its_adapters_and_saves_the_base_once_apart() {
         &mut losses,
         &Resume::Newest,
         &worker::driver::Uninterrupted,
+        runtime.handle(),
     )
     .unwrap();
     assert_eq!((resumed.trained.start, resumed.trained.steps()), (12, 4));

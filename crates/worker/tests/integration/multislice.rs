@@ -13,7 +13,13 @@ const STEPS: u64 = 4;
 
 fn loader() -> data::Loader {
     let config: data::DataConfig = serde_json::from_str(r#"{"kind": "arithmetic"}"#).unwrap();
-    data::Loader::from_config(&config, data::BatchSpec::new(GLOBAL, MICRO, 128).unwrap(), 11).unwrap()
+    data::Loader::from_config(
+        &config,
+        data::BatchSpec::new(GLOBAL, MICRO, 128).unwrap(),
+        11,
+        &data::LocalFiles,
+    )
+    .unwrap()
 }
 
 struct Run {

@@ -68,5 +68,8 @@ pub fn export_tiny(dir: &Path, mesh: &str, micro_batch: u64, seq_len: u64) -> bu
 pub fn batch(global: usize, micro_batch: usize, seq_len: usize, step: u64, micro: u64) -> data::Batch {
     let config: data::DataConfig = serde_json::from_str(r#"{"kind": "arithmetic"}"#).expect("config");
     let spec = data::BatchSpec::new(global, micro_batch, seq_len).expect("spec");
-    data::Loader::from_config(&config, spec, 7).expect("loader").micro_batch(step, micro).expect("batch")
+    data::Loader::from_config(&config, spec, 7, &data::LocalFiles)
+        .expect("loader")
+        .micro_batch(step, micro)
+        .expect("batch")
 }

@@ -6,12 +6,12 @@ mod common;
 const CHILD: &str = env!("CARGO_BIN_EXE_podctl-compile-stats");
 
 use mesh::DType;
-use planner::exact::{
-    BundleRequest, CompileJob, CompileOutcome, Compiler, DiskCache, ExactOracle, resident_outside,
-};
 use planner::{
     Accelerator, Attention, Candidate, GIB, Kind, Layout, Oracle, PlanOptions, Platform, Remat, Target,
     Workload, estimate, peak_programs,
+};
+use planner_exact::{
+    BundleRequest, CompileJob, CompileOutcome, Compiler, DiskCache, ExactOracle, resident_outside,
 };
 
 fn tiny_sft() -> Workload {

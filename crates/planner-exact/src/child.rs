@@ -277,13 +277,13 @@ mod tests {
         let message = "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space \
                        hbm. Used 60.41G of 31.25G hbm. Exceeded hbm capacity by 29.16G.";
         let (used, limit, temporaries_only) = parse_out_of_memory(message).unwrap();
-        assert_eq!(limit, crate::V6E_HBM_LIMIT);
+        assert_eq!(limit, planner::V6E_HBM_LIMIT);
         assert_eq!(used, (60.41 * (1u64 << 30) as f64).round() as u64);
         assert!(!temporaries_only);
         let early = "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO \
                      temporaries (43.93G) exceeds available HBM (31.25G).";
         let (used, limit, temporaries_only) = parse_out_of_memory(early).unwrap();
-        assert_eq!((used, limit), ((43.93 * (1u64 << 30) as f64).round() as u64, crate::V6E_HBM_LIMIT));
+        assert_eq!((used, limit), ((43.93 * (1u64 << 30) as f64).round() as u64, planner::V6E_HBM_LIMIT));
         assert!(temporaries_only);
         assert_eq!(parse_size("18.80M"), Some((18.80 * (1u64 << 20) as f64).round() as u64));
         assert_eq!(parse_out_of_memory("Used nothing"), None);

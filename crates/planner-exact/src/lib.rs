@@ -1,6 +1,8 @@
-//! Exact mode: export each candidate's bundle, compile its programs for the target, read the
-//! compiled memory statistics. The only part of the planner that touches files, processes and
-//! PJRT; the search sees it through [`crate::Oracle`].
+//! The planner's exact mode: export each candidate's bundle, compile its programs for the
+//! target, read the compiled memory statistics. The part of planning that touches files,
+//! processes and PJRT, in a crate of its own so that only what compiles links PJRT (the CLI and
+//! the worker; the coordinator reaches the pure `planner` through the job crate); the search
+//! sees it through [`planner::Oracle`].
 //!
 //! Exporting goes through the caller's [`Exporter`] (podctl has a bundle cache; tests run the
 //! exporter directly). Compiling goes through a [`Compiler`], normally a [`ProcessCompiler`]
@@ -15,18 +17,19 @@
 //! When libtpu refuses a program because it does not fit, its error gives the bytes it would
 //! have used, and those stand in for the peak.
 
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
 mod cache;
 mod child;
 
 pub use cache::{CacheEntry, DiskCache, cache_key};
 pub use child::{ChildReport, ProcessCompiler, child_main, parse_out_of_memory};
 
-use crate::hardware::{Platform, Target};
-use crate::memory::peak_programs;
-use crate::search::{Measured, Oracle};
-use crate::shapes::laid_out_bytes;
-use crate::workload::{Attention, Candidate, Kind, Workload};
 use bundle::Bundle;
+use planner::{
+    Attention, Candidate, Kind, Measured, Oracle, Platform, Target, Workload, laid_out_bytes, peak_programs,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -293,7 +296,7 @@ impl<'a> ExactOracle<'a> {
         if program == "apply_step" || program == "grad_step" || program == "grpo_grad_step" {
             return Ok(());
         }
-        let estimate = crate::memory::estimate(&self.workload, candidate, &self.target.accelerator);
+        let estimate = planner::estimate(&self.workload, candidate, &self.target.accelerator);
         let train = if self.workload.is_grpo() { "grpo_grad_step" } else { "grad_step" };
         let bytes = |name| estimate.program(name).map_or(0, |p| p.bytes());
         let (this, training) = (bytes(program), bytes(train));

@@ -3,7 +3,7 @@
 //! (the crate's `podctl-compile-stats` child with the CPU plugin or libtpu).
 #![allow(dead_code)]
 
-use planner::exact::{BundleRequest, DiskCache, ProcessCompiler};
+use planner_exact::{BundleRequest, DiskCache, ProcessCompiler};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -101,5 +101,25 @@ pub fn export(request: &BundleRequest) -> Result<PathBuf, String> {
             Ok(dir)
         }
         Err(e) => Err(e.to_string()),
+    }
+}
+
+/// An example's `main`: the example is its own compile child, so with `child` as the first
+/// argument it compiles; otherwise `run` gets the arguments, and an error is printed with exit
+/// status 2.
+pub fn example_main(
+    child: &str,
+    run: impl FnOnce(std::vec::IntoIter<String>) -> Result<(), String>,
+) -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some(child) {
+        return planner_exact::child_main(args.into_iter().skip(1));
+    }
+    match run(args.into_iter()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            std::process::ExitCode::from(2)
+        }
     }
 }

@@ -4,10 +4,10 @@
 //! candidates). Then the largest error, overall and per compiler.
 //!
 //! ```text
-//! cargo bench -p podctl-planner --bench analytic_vs_exact            # all (libtpu: long, cached)
-//! cargo bench -p podctl-planner --bench analytic_vs_exact -- --quick # the CPU ones only
-//! cargo bench -p podctl-planner --bench analytic_vs_exact -- --part 0/2 --jobs 1  # fill the
-//! cargo bench -p podctl-planner --bench analytic_vs_exact -- --part 1/2 --jobs 1  # cache in two
+//! cargo bench -p podctl-planner-exact --bench analytic_vs_exact            # all (libtpu: long, cached)
+//! cargo bench -p podctl-planner-exact --bench analytic_vs_exact -- --quick # the CPU ones only
+//! cargo bench -p podctl-planner-exact --bench analytic_vs_exact -- --part 0/2 --jobs 1  # fill the
+//! cargo bench -p podctl-planner-exact --bench analytic_vs_exact -- --part 1/2 --jobs 1  # cache in two
 //! ```
 //!
 //! Bundles and compiled statistics are cached under `target/planner-cache`, so a second run
@@ -30,11 +30,11 @@ mod common;
 const CHILD: &str = env!("CARGO_BIN_EXE_podctl-compile-stats");
 
 use mesh::DType;
-use planner::exact::ExactOracle;
 use planner::{
     Accelerator, Attention, Candidate, GIB, Kind, Layout, Oracle, Remat, Target, Workload, estimate,
     format_bytes,
 };
+use planner_exact::ExactOracle;
 use std::time::Instant;
 
 struct Config {
@@ -163,7 +163,7 @@ fn main() {
     let cache = common::compile_cache();
     let cpu = common::compiler(CHILD, common::cpu_plugin());
     let tpu = common::compiler(CHILD, common::libtpu());
-    let parallelism = flag(&args, "--jobs").unwrap_or_else(|| planner::exact::default_parallelism(6 * GIB));
+    let parallelism = flag(&args, "--jobs").unwrap_or_else(|| planner_exact::default_parallelism(6 * GIB));
     println!(
         "{} configurations, {parallelism} compiles at a time, cache {}",
         configs.len(),
@@ -176,7 +176,7 @@ fn main() {
     for config in &configs {
         let target = Target::new(config.accelerator.clone(), 1);
         let tpu_config = config.accelerator.topology.is_some();
-        let compiler: &dyn planner::exact::Compiler = if tpu_config { &tpu } else { &cpu };
+        let compiler: &dyn planner_exact::Compiler = if tpu_config { &tpu } else { &cpu };
         let exporter = common::export;
         let oracle = ExactOracle::new(&config.workload, &target, &exporter, compiler, parallelism)
             .with_cache(cache.clone());

@@ -8,9 +8,9 @@
 //! model). The analytic estimate is printed beside every exact number.
 //!
 //! ```text
-//! cargo run -p podctl-planner --release --example levers            # minutes per compile, cached
-//! cargo run -p podctl-planner --release --example levers -- --mesh 2,4 --micro-batch 32 --seq-len 4096
-//! cargo run -p podctl-planner --release --example levers -- --only xla,pallas+lora --cliffs pallas+lora
+//! cargo run -p podctl-planner-exact --release --example levers            # minutes per compile, cached
+//! cargo run -p podctl-planner-exact --release --example levers -- --mesh 2,4 --micro-batch 32 --seq-len 4096
+//! cargo run -p podctl-planner-exact --release --example levers -- --only xla,pallas+lora --cliffs pallas+lora
 //! ```
 //!
 //! `--only` picks settings, `--cliffs` the settings whose cliff is searched (default: all; the
@@ -24,11 +24,11 @@
 mod common;
 
 use mesh::DType;
-use planner::exact::{ExactOracle, ProcessCompiler, Progress};
 use planner::{
     Accelerator, Attention, Candidate, GIB, Kind, Layout, LoraShape, Oracle, PlanOptions, Remat, Target,
     Workload, estimate, format_bytes,
 };
+use planner_exact::{ExactOracle, ProcessCompiler, Progress};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -152,7 +152,7 @@ fn run(args: Args) -> Result<(), String> {
             );
         }
     };
-    let parallelism = planner::exact::default_parallelism(6 * GIB).min(args.jobs);
+    let parallelism = planner_exact::default_parallelism(6 * GIB).min(args.jobs);
     let settings: Vec<&Setting> = SETTINGS
         .iter()
         .filter(|s| args.only.as_ref().is_none_or(|only| only.iter().any(|o| o == s.name)))
@@ -266,15 +266,5 @@ fn run(args: Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let mut args = std::env::args().skip(1).peekable();
-    if args.peek().map(String::as_str) == Some(CHILD) {
-        return planner::exact::child_main(args.skip(1));
-    }
-    match parse(args).and_then(run) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("error: {message}");
-            ExitCode::from(2)
-        }
-    }
+    common::example_main(CHILD, |args| parse(args).and_then(run))
 }

@@ -67,8 +67,8 @@ impl DiskCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exact::{Inputs, ProgramStats};
-    use crate::hardware::Platform;
+    use crate::{Inputs, ProgramStats};
+    use planner::Platform;
 
     #[test]
     fn entries_round_trip_and_keys_separate_their_inputs() {

@@ -5,18 +5,18 @@
 //! ```text
 //! # seed 000's target: Qwen3-1.7B GRPO on one v6e-8, 32 prompts x 8 generations,
 //! # prompts up to 256 tokens, up to 2048 generated
-//! cargo run -p podctl-planner --release --example plan -- --model qwen3-1.7b --grpo \
+//! cargo run -p podctl-planner-exact --release --example plan -- --model qwen3-1.7b --grpo \
 //!     --prompts 32 --generations 8 --prompt-len 256 --max-new-tokens 2048 --exact
 //! # two v6e-8 hosts
-//! cargo run -p podctl-planner --release --example plan -- --model qwen3-1.7b --grpo --slices 2
+//! cargo run -p podctl-planner-exact --release --example plan -- --model qwen3-1.7b --grpo --slices 2
 //! ```
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
 use mesh::DType;
-use planner::exact::{ExactOracle, ProcessCompiler, Progress};
 use planner::{Accelerator, GIB, Kind, PlanOptions, Target, Workload, format_bytes, render_plan};
+use planner_exact::{ExactOracle, ProcessCompiler, Progress};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -139,7 +139,7 @@ fn run(args: Args) -> Result<(), String> {
                 format_bytes(*bytes)
             ),
         };
-        let parallelism = planner::exact::default_parallelism(6 * GIB);
+        let parallelism = planner_exact::default_parallelism(6 * GIB);
         let oracle = ExactOracle::new(&workload, &target, &exporter, &compiler, parallelism)
             .with_cache(common::compile_cache())
             .with_progress(&progress);
@@ -159,15 +159,5 @@ fn run(args: Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let mut args = std::env::args().skip(1).peekable();
-    if args.peek().map(String::as_str) == Some(CHILD) {
-        return planner::exact::child_main(args.skip(1));
-    }
-    match parse(args).and_then(run) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("error: {message}");
-            ExitCode::from(2)
-        }
-    }
+    common::example_main(CHILD, |args| parse(args).and_then(run))
 }
