@@ -24,7 +24,7 @@
 //! device takes over; that copy costs as much as the kernel's and cuts the rate on a 2-core
 //! machine by a third (`benches/heal.rs` measures the three side by side).
 
-use crate::WorkerError;
+use crate::error::WorkerError;
 use crate::slice::{DeviceArray, Slice};
 use bundle::TensorSpec;
 use mesh::IciMesh;

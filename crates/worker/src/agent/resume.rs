@@ -5,6 +5,7 @@ use super::AssignmentError;
 use super::decide::{self, ResumePlan, Unassignable};
 use super::trainer_side::{TrainerSide, state_key};
 use crate::ckpt;
+use crate::error::WorkerError;
 use crate::peer;
 use crate::start;
 use checkpoint::StoreOptions;
@@ -94,7 +95,7 @@ impl TrainerSide {
             .map(|p| arrays.get(p.array).and_then(|array| array.shard(p.device)))
             .collect::<Option<_>>()
             .ok_or_else(|| {
-                AssignmentError::doing("serving the state")(crate::WorkerError::broken(
+                AssignmentError::doing("serving the state")(WorkerError::broken(
                     "the state on the devices does not match its layout",
                 ))
             })?;
