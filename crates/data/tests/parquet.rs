@@ -3,11 +3,13 @@
 //! format, one file and a directory of shards, conversations, renamed columns; a missing column
 //! and a bad row are errors that name the file, the row and the column.
 
-use podctl_data::files::{DataFiles, LocalFiles};
-use podctl_data::{DataConfig, ExampleSource, Prompt, open_examples};
+use podctl_data::files::{DataFiles, LocalFile, LocalFiles};
+use podctl_data::rows::RowFormat;
+use podctl_data::{DataConfig, ExampleSource, ParquetSource, Prompt, open_examples};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -202,4 +204,33 @@ fn a_role_the_chat_template_does_not_know_names_the_file_the_row_and_the_turn() 
             && error.contains("\"bot\" is a role the chat template"),
         "{error}"
     );
+}
+
+/// A fixture of crates/data/tests/fixtures/damaged/ (an input the fuzzer found), opened as chat rows.
+fn open_damaged(name: &str) -> podctl_data::Result<ParquetSource> {
+    let path = root().join("crates/data/tests/fixtures/damaged").join(name);
+    let bytes = std::fs::read(&path).expect("the damaged fixture");
+    ParquetSource::open(vec![Arc::new(LocalFile::from_bytes(name, bytes))], RowFormat::chat())
+}
+
+/// Found by the fuzzer: a footer whose column chunk starts at a negative offset. The `parquet`
+/// crate panics on such a chunk when it is read; the file must be refused when opened, by name.
+#[test]
+fn a_footer_with_a_chunk_outside_the_file_is_refused_when_opened() {
+    let message = open_damaged("negative-chunk-offset.parquet").expect_err("a damaged file").to_string();
+    assert!(message.contains("negative-chunk-offset.parquet"), "{message}");
+    assert!(message.contains("is damaged: row group 4, column 0"), "{message}");
+    assert!(message.contains("outside the file's 4991 bytes"), "{message}");
+}
+
+/// Found by the fuzzer: a page the `parquet` crate's decoder asserts on ("Decoder for dict should
+/// have been set"). Reading the row is an error naming the file and the row group, not a panic.
+#[test]
+fn a_page_the_decoder_panics_on_is_an_error_naming_the_file() {
+    let source = open_damaged("dictionary-page-missing.parquet").expect("its footer is sound");
+    let errors: Vec<String> =
+        (0..source.len()).filter_map(|row| source.example(row).err()).map(|e| e.to_string()).collect();
+    assert!(!errors.is_empty(), "every row decoded");
+    assert!(errors.iter().any(|e| e.contains("is damaged; the Parquet decoder failed")), "{errors:?}");
+    assert!(errors.iter().all(|e| e.contains("dictionary-page-missing.parquet")), "{errors:?}");
 }
