@@ -4,7 +4,11 @@
 //! Part 1, the wire (`--wire-gb`, 1 GB by default): in this process, a state of float32 arrays
 //! on one CPU slice's device moves to another slice's over loopback, each way in turn, over
 //! `--rounds` rounds that alternate the order:
-//! - `tcp`: a buffer to a buffer over one connection, nothing else: the kernel's limit;
+//! - `tcp`: a buffer to a buffer over one connection, nothing else: the kernel's limit (both
+//!   buffers stay in the CPU's caches);
+//! - `tcp-mem`: the same connection from the survivor's device memory into fresh memory the
+//!   replacement's device takes over, no framing and no check: what any transfer of the state
+//!   must also pay, the memory traffic (reading the state, first touch of the new pages);
 //! - `podctl`: `worker::peer` (its own framing, each piece read into memory its device takes
 //!   over, CRC32C on both sides), what a replacement runs;
 //! - `codec`: tokio-util's `LengthDelimitedCodec`, frames of 1 MiB copied out of the device
@@ -20,7 +24,7 @@
 //! seconds on the wire and the peak memory the pull added (reset before it, read after). The
 //! raw TCP limit is measured again right before the kill.
 //!
-//! `cargo bench -p podctl-chaos --bench heal [-- --wire-gb 0.5 --job-gb 0.5 --rounds 3]`.
+//! `cargo bench -p podctl-chaos --bench heal [-- --wire-gb 0.5 --job-gb 0.5 --rounds 3 --ways podctl,codec]`.
 //! Needs about 3.5x `--job-gb` of free memory for part 2; every file goes at the end.
 
 use anyhow::{Context, Result, bail};
@@ -50,7 +54,15 @@ fn main() -> Result<()> {
     let home = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize()?;
     println!("heal benchmark, load average {}", load());
     if !args.iter().any(|a| a == "--skip-wire") {
-        wire(&home, wire_gb, rounds)?;
+        // `--ways podctl,tcp-mem` runs only those (to profile one); the limit is always measured.
+        let ways: Vec<Way> = match flag("--ways") {
+            Some(list) => WAYS
+                .into_iter()
+                .filter(|w| *w == Way::Tcp || list.split(',').any(|n| n == w.name()))
+                .collect(),
+            None => WAYS.to_vec(),
+        };
+        wire(&home, wire_gb, rounds, &ways)?;
     }
     if !args.iter().any(|a| a == "--skip-job") {
         job(&home, job_gb)?;
@@ -109,14 +121,27 @@ fn filled(len: usize, seed: u64) -> HostBuffer {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Way {
     Tcp,
+    TcpMem,
     Podctl,
     Codec,
     Tonic,
 }
 
-const WAYS: [Way; 4] = [Way::Tcp, Way::Podctl, Way::Codec, Way::Tonic];
+const WAYS: [Way; 5] = [Way::Tcp, Way::TcpMem, Way::Podctl, Way::Codec, Way::Tonic];
 
-fn wire(home: &Path, gb: f64, rounds: usize) -> Result<()> {
+impl Way {
+    fn name(self) -> &'static str {
+        match self {
+            Way::Tcp => "tcp",
+            Way::TcpMem => "tcp-mem",
+            Way::Podctl => "podctl",
+            Way::Codec => "codec",
+            Way::Tonic => "tonic",
+        }
+    }
+}
+
+fn wire(home: &Path, gb: f64, rounds: usize, ways: &[Way]) -> Result<()> {
     let mesh = IciMesh::new([("fsdp", 1)])?;
     let survivor = Slice::open(plugin(home), "cpu", &mesh)?;
     let replacement = Slice::open(plugin(home), "cpu", &mesh)?;
@@ -137,9 +162,9 @@ fn wire(home: &Path, gb: f64, rounds: usize) -> Result<()> {
         specs.len(),
         bytes as f64 / GB
     );
-    let mut times: Vec<(Way, Vec<f64>)> = WAYS.iter().map(|w| (*w, Vec::new())).collect();
+    let mut times: Vec<(Way, Vec<f64>)> = ways.iter().map(|w| (*w, Vec::new())).collect();
     for round in 0..rounds {
-        let mut order = WAYS.to_vec();
+        let mut order = ways.to_vec();
         if round % 2 == 1 {
             order.reverse();
         }
@@ -147,11 +172,12 @@ fn wire(home: &Path, gb: f64, rounds: usize) -> Result<()> {
         for way in order {
             let seconds = match way {
                 Way::Tcp => tcp(bytes)?,
+                Way::TcpMem => tcp_mem(&layout, &views, &replacement, &specs)?,
                 Way::Podctl => via_podctl(&layout, &sources, &replacement, &specs)?,
                 Way::Codec => via_codec(&layout, &views, &replacement, &specs)?,
                 Way::Tonic => via_tonic(&layout, &views, &replacement, &specs)?,
             };
-            line += &format!("  {way:?} {:.2} GB/s", bytes as f64 / GB / seconds);
+            line += &format!("  {} {:.2} GB/s", way.name(), bytes as f64 / GB / seconds);
             times.iter_mut().find(|(w, _)| *w == way).expect("every way").1.push(seconds);
         }
         println!("{line}");
@@ -162,6 +188,7 @@ fn wire(home: &Path, gb: f64, rounds: usize) -> Result<()> {
         let rate = bytes as f64 / GB / median(seconds.clone());
         let what = match way {
             Way::Tcp => "loopback TCP, buffer to buffer (the limit)",
+            Way::TcpMem => "loopback TCP, state memory into fresh memory (no framing)",
             Way::Podctl => "podctl peer pull (own framing, into device memory, CRC32C)",
             Way::Codec => "tokio-util LengthDelimitedCodec (+ a copy each side, CRC32C)",
             Way::Tonic => "tonic server streaming (+ a copy each side, CRC32C)",
@@ -201,6 +228,35 @@ fn tcp(bytes: u64) -> Result<f64> {
     let seconds = started.elapsed().as_secs_f64();
     writer.join().expect("writer")?;
     Ok(seconds)
+}
+
+/// Raw loopback TCP from the survivor's device memory into fresh memory per piece, placed on
+/// the replacement's device: the memory traffic of a transfer without its framing or CRC.
+fn tcp_mem(layout: &Layout, views: &[&[u8]], to: &Slice, specs: &[TensorSpec]) -> Result<f64> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(move || -> std::io::Result<()> {
+            let (mut stream, _) = listener.accept()?;
+            for view in views {
+                stream.write_all(view)?;
+            }
+            Ok(())
+        });
+        let started = Instant::now();
+        let mut stream = std::net::TcpStream::connect(addr)?;
+        let mut receiving = Receiving::new(layout);
+        for piece in &layout.pieces {
+            let mut buffer = HostBuffer::zeroed(piece.bytes)?;
+            stream.read_exact(&mut buffer)?;
+            receiving.pieces.push(buffer);
+        }
+        receiving.place(to, specs)?;
+        let seconds = started.elapsed().as_secs_f64();
+        writer.join().expect("writer")?;
+        Ok(seconds)
+    })
 }
 
 fn via_podctl(layout: &Layout, sources: &[&pjrt::Buffer], to: &Slice, specs: &[TensorSpec]) -> Result<f64> {
