@@ -122,8 +122,7 @@ fn child_save(dir: &Path, gib: f64) {
         .collect();
     let handed: u64 = buffers.iter().map(|b| b.data.len() as u64).sum();
     let rss_loaded = status_kib("VmRSS:");
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let (stall, uploaded, save) = runtime.block_on(async {
+    let (stall, uploaded, save) = runtime().block_on(async {
         let storage = Storage::open(dir.to_str().unwrap(), &Default::default()).unwrap();
         let start = Instant::now();
         let upload = HostUpload::new(&spec, 0, buffers).unwrap();
@@ -247,10 +246,19 @@ fn dd_read(dir: &Path) -> Duration {
     start.elapsed()
 }
 
+/// A process's one runtime (the parent's and the saving child's), of two threads as a worker's
+/// uploads get beside training.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
 /// A cold `dd` read of the checkpoint, then a restore with its files evicted from the page
 /// cache the same way, then one warm.
-fn restore(dir: &Path, gib: f64) -> (Duration, Duration, Option<u64>, Duration) {
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+fn restore(
+    runtime: &tokio::runtime::Runtime,
+    dir: &Path,
+    gib: f64,
+) -> (Duration, Duration, Option<u64>, Duration) {
     runtime.block_on(async {
         let storage = Storage::open(dir.to_str().unwrap(), &Default::default()).unwrap();
         let log = StoreCommitLog::new(storage.clone());
@@ -289,7 +297,7 @@ struct Round {
     orbax: Option<(f64, f64, f64, f64, Option<u64>)>,
 }
 
-fn podctl_round(scratch: &Path, gib: f64, round: &mut Round) {
+fn podctl_round(runtime: &tokio::runtime::Runtime, scratch: &Path, gib: f64, round: &mut Round) {
     let ours_dir = scratch.join("podctl");
     let _ = std::fs::remove_dir_all(&ours_dir);
     let child = run_json(Command::new(std::env::current_exe().unwrap()).args([
@@ -305,7 +313,7 @@ fn podctl_round(scratch: &Path, gib: f64, round: &mut Round) {
     let handed = child["bytes"].as_u64().unwrap();
     round.growth = kib("hwm_kib").saturating_sub(kib("rss_before_kib")) as f64 / handed as f64;
     round.save_overhead_mib = kib("hwm_kib").saturating_sub(kib("rss_loaded_kib")) as f64 / MIB;
-    let (dd_read, restore_time, resident, warm_time) = restore(&ours_dir, gib);
+    let (dd_read, restore_time, resident, warm_time) = restore(runtime, &ours_dir, gib);
     (round.dd_read, round.restore, round.resident, round.warm) =
         (dd_read.as_secs_f64(), restore_time.as_secs_f64(), resident, warm_time.as_secs_f64());
     std::fs::remove_dir_all(&ours_dir).unwrap();
@@ -371,19 +379,20 @@ fn main() {
     std::fs::write(&list_path, serde_json::to_vec(&list).unwrap()).unwrap();
 
     let gibs = |t: f64| gib_per_s(bytes, t);
+    let runtime = runtime();
     let mut all = Vec::new();
     let mut versions = String::new();
     for r in 0..rounds {
         let mut round = Round { dd: dd(scratch.path(), bytes).as_secs_f64(), ..Round::default() };
         // Alternate who goes first, so neither always runs right after dd or on a warmer disk.
         if skip_orbax {
-            podctl_round(scratch.path(), gib, &mut round);
+            podctl_round(&runtime, scratch.path(), gib, &mut round);
         } else if r % 2 == 0 {
-            podctl_round(scratch.path(), gib, &mut round);
+            podctl_round(&runtime, scratch.path(), gib, &mut round);
             versions = orbax_round(scratch.path(), &list_path, &mut round);
         } else {
             versions = orbax_round(scratch.path(), &list_path, &mut round);
-            podctl_round(scratch.path(), gib, &mut round);
+            podctl_round(&runtime, scratch.path(), gib, &mut round);
         }
         let resident = |r: Option<u64>| {
             r.map_or("fincore missing".into(), |b| format!("{:.1} MiB resident", b as f64 / MIB))

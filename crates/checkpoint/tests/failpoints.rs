@@ -35,6 +35,7 @@ use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use test_support::Moto;
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -80,19 +81,6 @@ fn fulls_at(spec: &SaveSpec) -> Vec<Vec<u8>> {
     spec.arrays.iter().enumerate().map(|(i, a)| full_array(i + 1000 * spec.step as usize, a)).collect()
 }
 
-fn s3_options(endpoint: &str) -> StoreOptions {
-    StoreOptions {
-        s3_endpoint: Some(endpoint.into()),
-        s3_region: Some("us-east-1".into()),
-        s3_access_key_id: Some("testing".into()),
-        s3_secret_access_key: Some("testing".into()),
-        allow_http: true,
-        request_timeout: Duration::from_secs(60),
-        max_retries: 1,
-        ..StoreOptions::default()
-    }
-}
-
 /// Saves every host's share of `spec` and commits it.
 async fn save_and_commit_at(storage: &Storage, log: &impl CommitLog, spec: &SaveSpec) -> CommitRecord {
     let fulls = fulls_at(spec);
@@ -130,7 +118,7 @@ fn writer_child() {
 /// Where the test's checkpoints live, and the emulator behind them if any.
 enum Backend {
     File(tempfile::TempDir),
-    S3(Server),
+    S3(Moto),
 }
 
 impl Backend {
@@ -139,13 +127,7 @@ impl Backend {
     }
 
     fn s3() -> Self {
-        let port = free_port();
-        let mut command = Command::new(venv_file("bin/moto_server"));
-        command.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
-        let server = Server::start(command, port);
-        let (status, body) = http(server.port, "PUT", "/ckpt", "application/xml", b"");
-        assert_eq!(status, 200, "create bucket: {}", String::from_utf8_lossy(&body));
-        Backend::S3(server)
+        Backend::S3(Moto::with_bucket("ckpt"))
     }
 
     fn url(&self) -> String {
@@ -158,7 +140,7 @@ impl Backend {
     fn options(&self) -> StoreOptions {
         match self {
             Backend::File(_) => StoreOptions::default(),
-            Backend::S3(server) => s3_options(&server.url()),
+            Backend::S3(server) => s3_options(&server.endpoint()),
         }
     }
 
@@ -173,7 +155,7 @@ impl Backend {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         if let Backend::S3(server) = self {
-            command.env(CHILD_S3, server.url());
+            command.env(CHILD_S3, server.endpoint());
         }
         let mut child = command.spawn().unwrap();
         let deadline = Instant::now() + Duration::from_secs(180);

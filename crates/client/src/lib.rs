@@ -13,6 +13,8 @@
 //! - [`workers`]: the worker protocol (registration, the session, step and checkpoint reports,
 //!   log lines, the rendezvous keys). Workers speak the protocol, so these calls take and
 //!   return `proto::v1` messages.
+//! - [`checkpoint`]: a checkpoint report's parts (the checkpoint crate's `SaveSpec` and
+//!   `HostReport`) to and from their messages, read with every field checked.
 //! - [`refusal`]: why the coordinator refused a call, as a type in the status's details
 //!   ([`Refusal`]); the coordinator builds its refusals with it, the client decides by it.
 //! - [`tls`]: the CA and client certificate a client presents, and the gRPC endpoint to a
@@ -20,10 +22,12 @@
 //!
 //! **Architecture Invariant:** knows nothing of the coordinator's insides (no openraft, no
 //! state): only the wire schema (`proto`) and its conventions (the leader redirect, which
-//! refusals did nothing). Protobuf types cross its public API only in [`workers`].
+//! refusals did nothing). Protobuf types cross its public API only in [`workers`] and
+//! [`checkpoint`].
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod checkpoint;
 mod error;
 pub mod jobs;
 mod leader;

@@ -23,7 +23,6 @@ extern crate podctl_coordinator as coordinator;
 mod common;
 
 use client::ClientTls;
-use client::{Client, ClientConfig};
 use common::*;
 use coordinator::store::{LogStore, StateMachine, StateMachineStore, open_database};
 use openraft::RaftLogReader;
@@ -43,20 +42,6 @@ const WRITES_WITHOUT_IT: usize = 10;
 const WRITES_AFTER_RESTART: usize = 5;
 /// Snapshots (and log purges) this often, so restarts rebuild from a snapshot plus the log.
 const SNAPSHOT_EVERY: &str = "25";
-
-/// Asks `addr` alone about the cluster, once.
-async fn info_of(addr: &str, tls: &ClientTls) -> Option<client::ClusterInfo> {
-    let mut config = ClientConfig::new(vec![addr.into()], ADMIN, Some(tls.clone()));
-    config.retry_for = Duration::ZERO;
-    config.call_timeout = Duration::from_secs(5);
-    Client::new(config).ok()?.cluster_info().await.ok()
-}
-
-/// The leader's id and applied index, as `addr` sees them.
-async fn leader_seen_by(addr: &str, tls: &ClientTls) -> Option<(u64, u64)> {
-    let info = info_of(addr, tls).await?;
-    (info.leader_id != 0).then_some((info.leader_id, info.commit_index))
-}
 
 /// A node's durable state as its next start rebuilds it: the stored snapshot, then the log
 /// entries after it up to `up_to` (its persisted committed index when `None`) applied on top.

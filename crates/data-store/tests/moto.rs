@@ -8,50 +8,10 @@ use data::files::{DataFiles, open_required};
 use data::{BatchSpec, DataConfig, Loader};
 use object_store::{ObjectStoreExt, PutPayload};
 use podctl_data_store::StoreFiles;
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-struct Moto(Child, u16);
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn moto() -> Moto {
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let binary = root().join(".venv/bin/moto_server");
-    assert!(binary.exists(), "{} is missing: run scripts/setup.sh", binary.display());
-    let child = Command::new(binary)
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = Moto(child, port);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "moto did not listen within 60 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    // Create the bucket (moto accepts an unsigned PUT).
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    use std::io::{Read, Write};
-    write!(stream, "PUT /data HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    server
-}
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+use test_support::{Moto, root};
 
 fn options(port: u16) -> StoreOptions {
     StoreOptions {
@@ -76,7 +36,7 @@ impl Bucket {
     fn new(server: &Moto) -> Self {
         let runtime =
             tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        let options = options(server.1);
+        let options = options(server.port());
         let storage = Storage::open("s3://data", &options).unwrap();
         Self { runtime, storage, options }
     }
@@ -93,7 +53,7 @@ impl Bucket {
 
 #[test]
 fn ranged_reads_a_cache_a_restart_reads_from_and_versions() {
-    let server = moto();
+    let server = Moto::with_bucket("data");
     let bucket = Bucket::new(&server);
     let cache = tempfile::tempdir().unwrap();
     let bytes: Vec<u8> = (0..10_000u32).flat_map(|i| (i as u16).to_le_bytes()).collect(); // 20,000 bytes
@@ -158,7 +118,7 @@ fn ranged_reads_a_cache_a_restart_reads_from_and_versions() {
 
 #[test]
 fn a_loader_in_a_bucket_reads_only_its_rows_row_groups() {
-    let server = moto();
+    let server = Moto::with_bucket("data");
     let bucket = Bucket::new(&server);
     // Parquet and JSONL written by `datasets` (the data crate's reference script).
     let written = tempfile::tempdir().unwrap();

@@ -4,41 +4,12 @@
 //! local cache has every block it needs).
 
 use std::collections::BTreeMap;
-use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 mod common;
 use common::{podctl, root};
-
-struct Moto(Child, u16);
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn moto() -> Moto {
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let binary = root().join(".venv/bin/moto_server");
-    assert!(binary.exists(), "{} is missing: run scripts/setup.sh", binary.display());
-    let child = Command::new(binary)
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = Moto(child, port);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "moto did not listen within 60 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    server
-}
+use test_support::Moto;
 
 /// Writes GSM8K's fixture as Parquet with `datasets` (row groups of 8 rows, as the hub's files
 /// have many) and uploads it and the test split with boto3.
@@ -88,8 +59,8 @@ fn cached_bytes(cache: &Path, uri: &str) -> u64 {
 
 #[test]
 fn a_grpo_job_reads_its_share_of_a_bucket_and_a_restart_reads_nothing_again() {
-    let server = moto();
-    let endpoint = format!("http://127.0.0.1:{}", server.1);
+    let server = Moto::start();
+    let endpoint = server.endpoint();
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(root().join(".venv/bin/python"))
         .args(["-c", UPLOAD])

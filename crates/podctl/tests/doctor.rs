@@ -4,58 +4,15 @@
 //! is one `FAIL` line that names the fix, and the exit status is 1. (The wheel's own checks, the
 //! Python side and the plugin, are tested by `install.rs` from an installed wheel.)
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
 
 mod common;
-use common::{podctl, root};
+use common::podctl;
+use test_support::{Killed, Moto, free_port};
 
 const ADMIN: &str = "doctor-test-admin-token-0123456789";
-
-/// A child process killed when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// moto's S3 server on loopback, with the bucket `ckpt`.
-fn moto() -> (Killed, u16) {
-    let port = free_port();
-    let child = Killed(
-        Command::new(root().join(".venv/bin/moto_server"))
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("moto_server is in .venv: run scripts/setup.sh --test"),
-    );
-    let started = Instant::now();
-    loop {
-        if let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) {
-            write!(
-                stream,
-                "PUT /ckpt HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-            )
-            .unwrap();
-            let mut answer = String::new();
-            stream.read_to_string(&mut answer).unwrap();
-            assert!(answer.starts_with("HTTP/1.1 200"), "create bucket: {answer}");
-            return (child, port);
-        }
-        assert!(started.elapsed() < Duration::from_secs(60), "moto did not start");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// `podctl doctor ARGS` with only `env` of the credential variables (the rest of the test's
 /// environment is kept: PATH, the checkout through PODCTL_HOME).
@@ -92,7 +49,7 @@ fn line<'a>(report: &'a str, name: &str) -> &'a str {
 fn object_store_credentials_are_checked_for_every_root_a_job_names() {
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path();
-    let (_moto, port) = moto();
+    let moto = Moto::with_bucket("ckpt");
     let job = dir.path().join("job.yaml");
     let spec = |uri: &str| {
         format!(
@@ -102,7 +59,7 @@ fn object_store_credentials_are_checked_for_every_root_a_job_names() {
     };
     let job_arg = job.display().to_string();
     let args = ["--job", job_arg.as_str()];
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let endpoint = moto.endpoint();
     let moto_env = [
         ("AWS_ACCESS_KEY_ID", "test"),
         ("AWS_SECRET_ACCESS_KEY", "test"),

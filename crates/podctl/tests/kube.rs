@@ -24,6 +24,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use test_support::{Killed, Moto, free_port, root};
 
 const NS: &str = "train";
 const CONTEXT: &str = "gke-test";
@@ -32,16 +33,8 @@ const STEPS: u64 = 20;
 /// The coordinators' own names, as the chart's peers Service makes them.
 const COORDINATOR_NAME: &str = "podctl-0.podctl-peers.train.svc";
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
-}
-
 fn plugin() -> PathBuf {
     root().join(".venv/lib/python3/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// What every process gets to reach the bucket (Workload Identity stands in for this on GKE).
@@ -52,43 +45,6 @@ fn aws_env(command: &mut Command, s3: u16) {
         .env("AWS_ACCESS_KEY_ID", "testing")
         .env("AWS_SECRET_ACCESS_KEY", "testing")
         .env("AWS_REGION", "us-east-1");
-}
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn moto(port: u16) -> Killed {
-    let child = Killed(
-        Command::new(root().join(".venv/bin/moto_server"))
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("moto_server is in .venv: run scripts/setup.sh --test"),
-    );
-    let started = Instant::now();
-    loop {
-        if let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) {
-            // Create the bucket.
-            write!(
-                stream,
-                "PUT /ckpt HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-            )
-            .unwrap();
-            let mut answer = String::new();
-            stream.read_to_string(&mut answer).unwrap();
-            assert!(answer.starts_with("HTTP/1.1 200"), "create bucket: {answer}");
-            return child;
-        }
-        assert!(started.elapsed() < Duration::from_secs(60), "moto did not start");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 fn meta(name: &str, labels: Value, annotations: Value) -> Value {
@@ -377,7 +333,7 @@ fn output(command: &mut Command) -> (bool, String, String) {
 /// The chart's objects in the mock API server, one coordinator process with the chart's flags,
 /// the test kubelet ticking, and a bucket in moto; torn down when dropped.
 struct Cluster {
-    _moto: Killed,
+    _moto: Moto,
     _coordinator: Killed,
     api: Arc<MockApi>,
     s3: u16,
@@ -391,8 +347,8 @@ struct Cluster {
 
 impl Cluster {
     async fn start(dir: &Path, lease_ms: u64) -> Cluster {
-        let s3 = free_port();
-        let moto = moto(s3);
+        let moto = Moto::with_bucket("ckpt");
+        let s3 = moto.port();
         let tls = coordinator::tls::create_dev_ca(&dir.join("tls"), &[COORDINATOR_NAME.into()]).unwrap();
         let api = Arc::new(MockApi::start().await);
         install(&api, &tls);

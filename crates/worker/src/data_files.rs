@@ -19,21 +19,23 @@ use std::sync::{Arc, Mutex};
 
 /// A job's data files on this host. See the module docs.
 pub struct JobFiles {
-    /// Remote files, when the job names any (with the runtime their reads wait on).
-    store: Option<(StoreFiles, tokio::runtime::Runtime)>,
+    /// Remote files, when the job names any.
+    store: Option<StoreFiles>,
     /// What was last logged of each remote file.
     logged: Mutex<BTreeMap<String, FileReads>>,
 }
 
 impl std::fmt::Debug for JobFiles {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JobFiles").field("store", &self.store.as_ref().map(|(store, _)| store)).finish()
+        f.debug_struct("JobFiles").field("store", &self.store).finish()
     }
 }
 
 impl JobFiles {
-    /// The files of `job`'s data section (and of its Python reward modules).
-    pub fn for_job(job: &JobSpec) -> Result<Arc<Self>, WorkerError> {
+    /// The files of `job`'s data section (and of its Python reward modules). Remote reads wait
+    /// on `runtime`, the process's, from the trainer's thread (the data crate reads
+    /// synchronously).
+    pub fn for_job(job: &JobSpec, runtime: &tokio::runtime::Handle) -> Result<Arc<Self>, WorkerError> {
         let mut uris = job.data.uris();
         if let Some(grpo) = &job.grpo {
             uris.extend(grpo.rewards.iter().filter_map(|f| f.python_function()).map(|(module, _)| module));
@@ -41,18 +43,12 @@ impl JobFiles {
         let store = if uris.iter().all(|uri| data::files::is_local(uri)) {
             None
         } else {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .thread_name("data-reads")
-                .enable_all()
-                .build()
-                .map_err(|source| WorkerError::Io { what: "starting the data reads' runtime", source })?;
             let mut files =
-                StoreFiles::new(checkpoint::StoreOptions::default(), runtime.handle().clone(), cache_dir()?);
+                StoreFiles::new(checkpoint::StoreOptions::default(), runtime.clone(), cache_dir()?);
             if let Some(bytes) = std::env::var("PODCTL_DATA_BLOCK_BYTES").ok().and_then(|b| b.parse().ok()) {
                 files = files.with_block_bytes(bytes);
             }
-            Some((files, runtime))
+            Some(files)
         };
         Ok(Arc::new(Self { store, logged: Mutex::new(BTreeMap::new()) }))
     }
@@ -60,7 +56,7 @@ impl JobFiles {
     /// The files, as the data crate reads them.
     pub fn files(&self) -> &dyn DataFiles {
         match &self.store {
-            Some((store, _)) => store,
+            Some(store) => store,
             None => &data::LocalFiles,
         }
     }
@@ -86,7 +82,7 @@ impl JobFiles {
     /// Logs what each remote file gave since the last call: bytes from the bucket (and in how
     /// many ranged reads), bytes from the local cache, of the file's size.
     pub fn log_reads(&self) {
-        let Some((store, _)) = &self.store else { return };
+        let Some(store) = &self.store else { return };
         let Ok(mut logged) = self.logged.lock() else { return };
         for (uri, reads) in store.reads() {
             if logged.get(&uri) == Some(&reads) {

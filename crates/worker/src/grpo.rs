@@ -74,7 +74,12 @@ pub struct GrpoTask {
 
 impl GrpoTask {
     /// The task of `job`, for a bundle whose programs take `manifest.train.micro_batch` rows.
-    pub fn new(job: &JobSpec, manifest: &bundle::Manifest) -> Result<Self, WorkerError> {
+    /// Data and reward modules in a bucket are read on `runtime`.
+    pub fn new(
+        job: &JobSpec,
+        manifest: &bundle::Manifest,
+        runtime: &tokio::runtime::Handle,
+    ) -> Result<Self, WorkerError> {
         let spec = job.grpo.clone().ok_or_else(|| {
             WorkerError::incompatible(
                 Part::Job,
@@ -119,7 +124,7 @@ impl GrpoTask {
         }
         let prompts_per_step = job.batch.global / spec.generations;
         let seq_len = job.seq_len as usize;
-        let files = JobFiles::for_job(job)?;
+        let files = JobFiles::for_job(job, runtime)?;
         let prompts = Loader::from_config(
             &job.data,
             BatchSpec::new(prompts_per_step as usize, 1, seq_len)?,

@@ -20,11 +20,15 @@ pub struct Sft {
 
 impl Sft {
     /// The objective of `job`'s data and batch shape, with its held-out evaluation; refuses a
-    /// tokenizer whose ids the model cannot embed.
-    pub fn new(trainer: &Trainer, job: &JobSpec) -> Result<Self, WorkerError> {
+    /// tokenizer whose ids the model cannot embed. Data in a bucket is read on `runtime`.
+    pub fn new(
+        trainer: &Trainer,
+        job: &JobSpec,
+        runtime: &tokio::runtime::Handle,
+    ) -> Result<Self, WorkerError> {
         let batch =
             BatchSpec::new(job.batch.global as usize, job.batch.micro as usize, job.seq_len as usize)?;
-        let files = JobFiles::for_job(job)?;
+        let files = JobFiles::for_job(job, runtime)?;
         let loader = Loader::from_config(&job.data, batch, job.seed, files.files())?;
         let manifest = trainer.manifest();
         loader.check_model_vocab(manifest.model.vocab_size, &job.model.name())?;

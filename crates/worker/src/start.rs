@@ -105,9 +105,9 @@ pub fn objective(
     runtime: &tokio::runtime::Handle,
 ) -> Result<Box<dyn Objective>, WorkerError> {
     Ok(match &job.grpo {
-        None => Box::new(Sft::new(trainer, job)?),
+        None => Box::new(Sft::new(trainer, job, runtime)?),
         Some(_) => Box::new(Grpo::with_reference(
-            GrpoTask::new(job, trainer.manifest())?,
+            GrpoTask::new(job, trainer.manifest(), runtime)?,
             reference(trainer, job, runtime)?,
         )?),
     })

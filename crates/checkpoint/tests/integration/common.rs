@@ -1,10 +1,11 @@
-//! Shared fixtures: a realistic sharded state, saving it from every host, and the emulator
-//! servers (moto, fake-gcs-server) run from the project's venv on loopback.
+//! Shared fixtures: a realistic sharded state, saving it from every host, the options of a moto
+//! bucket (moto itself is `test_support::Moto`), and fake-gcs-server's process from the
+//! project's venv on loopback.
 
 use bytes::Bytes;
 use checkpoint::{
     ArraySpec, CommitLog, CommitRecord, DataPosition, HostReport, SaveOptions, SaveSpec, ShardBuffer,
-    Storage, Topology, finalize, save_host,
+    Storage, StoreOptions, Topology, finalize, save_host,
 };
 use mesh::{DType, IciMesh, Region, Sharding, copy_region};
 use std::collections::BTreeMap;
@@ -183,6 +184,20 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// The store options of a bucket in moto's S3 server at `endpoint` (any credentials do).
+pub fn s3_options(endpoint: &str) -> StoreOptions {
+    StoreOptions {
+        s3_endpoint: Some(endpoint.into()),
+        s3_region: Some("us-east-1".into()),
+        s3_access_key_id: Some("testing".into()),
+        s3_secret_access_key: Some("testing".into()),
+        allow_http: true,
+        request_timeout: Duration::from_secs(60),
+        max_retries: 1,
+        ..StoreOptions::default()
     }
 }
 

@@ -3,36 +3,14 @@
 
 use crate::common::*;
 use checkpoint::manifest::Limits;
-use checkpoint::{Checkpoint, CommitLog, Retention, SaveOptions, Storage, StoreCommitLog, StoreOptions, gc};
-use std::process::Command;
+use checkpoint::{Checkpoint, CommitLog, Retention, SaveOptions, Storage, StoreCommitLog, gc};
 use std::time::Duration;
-
-fn moto() -> Server {
-    let port = free_port();
-    let mut command = Command::new(venv_file("bin/moto_server"));
-    command.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
-    Server::start(command, port)
-}
-
-fn options(server: &Server) -> StoreOptions {
-    StoreOptions {
-        s3_endpoint: Some(server.url()),
-        s3_region: Some("us-east-1".into()),
-        s3_access_key_id: Some("testing".into()),
-        s3_secret_access_key: Some("testing".into()),
-        allow_http: true,
-        request_timeout: Duration::from_secs(60),
-        max_retries: 1,
-        ..StoreOptions::default()
-    }
-}
+use test_support::Moto;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_multipart_save_commit_restore_and_gc_through_moto() {
-    let server = moto();
-    let (status, body) = http(server.port, "PUT", "/ckpt", "application/xml", b"");
-    assert_eq!(status, 200, "create bucket: {}", String::from_utf8_lossy(&body));
-    let storage = Storage::open("s3://ckpt/runs/exp1", &options(&server)).unwrap();
+    let server = Moto::with_bucket("ckpt");
+    let storage = Storage::open("s3://ckpt/runs/exp1", &s3_options(&server.endpoint())).unwrap();
     let log = StoreCommitLog::new(storage.clone());
 
     // 24 MiB replicated across the slices: each host streams ~12 MiB in three 5 MiB parts.
@@ -72,8 +50,8 @@ async fn s3_multipart_save_commit_restore_and_gc_through_moto() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_bucket_is_a_clear_error_not_a_hang() {
-    let server = moto();
-    let storage = Storage::open("s3://nope/x", &options(&server)).unwrap();
+    let server = Moto::start();
+    let storage = Storage::open("s3://nope/x", &s3_options(&server.endpoint())).unwrap();
     let spec = save_spec(1, "a", hsdp(), state(1));
     let buffers = host_buffers(&spec, &fulls(&spec), 0);
     let e =

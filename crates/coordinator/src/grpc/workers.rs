@@ -11,7 +11,7 @@ use crate::leader::{directive_in_force, record_step_report, unix_now};
 use crate::logs::LogRecord;
 use crate::memory::{Delivery, Outbox};
 use crate::state::{Command, Job, JobState, RegisterWorker, Response as Applied, WorkerRecord};
-use checkpoint::{HostReport, SaveSpec};
+use prost::Message;
 use proto::v1::workers_server::Workers;
 use proto::v1::{
     CheckpointAck, CheckpointReport, Directive, FailureKind, HeartbeatAck, LogLine, PushLogsResponse,
@@ -30,8 +30,9 @@ pub struct WorkersService(pub Arc<Ctx>);
 
 /// Directives queued per session before the session is dropped.
 const SESSION_BUFFER: usize = 64;
-/// Host report or save spec larger than this is refused.
-const MAX_REPORT_JSON: usize = 1 << 20;
+/// A host report or save spec larger than this (encoded) is refused: the leader holds one of
+/// each per member until the save commits.
+const MAX_REPORT_PART: usize = 1 << 20;
 
 type DirectiveStream = Pin<Box<dyn Stream<Item = Result<Directive, Status>> + Send>>;
 
@@ -447,17 +448,19 @@ impl Workers for WorkersService {
             )));
         }
         check_report(&job, &r.worker_id, r.generation)?;
-        if r.host_report_json.len() > MAX_REPORT_JSON || r.save_spec_json.len() > MAX_REPORT_JSON {
-            return Err(Status::invalid_argument(format!(
-                "a host report or save spec over {MAX_REPORT_JSON} bytes"
-            )));
+        let (Some(report), Some(spec)) = (r.host_report, r.save_spec) else {
+            return Err(Status::invalid_argument("a checkpoint report needs host_report and save_spec"));
+        };
+        for (field, len) in [("host_report", report.encoded_len()), ("save_spec", spec.encoded_len())] {
+            if len > MAX_REPORT_PART {
+                return Err(Status::invalid_argument(format!(
+                    "{field} is {len} bytes; a checkpoint report part may have {MAX_REPORT_PART}"
+                )));
+            }
         }
-        let report: HostReport = serde_json::from_slice(&r.host_report_json).map_err(|e| {
-            Status::invalid_argument(format!("host_report_json is not a checkpoint host report: {e}"))
-        })?;
-        let spec: SaveSpec = serde_json::from_slice(&r.save_spec_json).map_err(|e| {
-            Status::invalid_argument(format!("save_spec_json is not a checkpoint save spec: {e}"))
-        })?;
+        let invalid = |e: client::checkpoint::WireError| Status::invalid_argument(e.to_string());
+        let report = client::checkpoint::host_report_from_wire(report).map_err(invalid)?;
+        let spec = client::checkpoint::save_spec_from_wire(spec).map_err(invalid)?;
         if report.step != r.step
             || spec.step != r.step
             || report.save_id != r.save_id

@@ -2,24 +2,9 @@
 
 use crate::common::*;
 use crate::sim::{self, SimOptions};
-use client::Client;
 use client::ClientTls;
 use client::JobState;
 use std::time::{Duration, Instant};
-
-/// Asks `addr` alone about the cluster, once (a loaded machine may take a while to answer).
-async fn info_of(addr: &str, tls: &ClientTls) -> Option<client::ClusterInfo> {
-    let mut config = client::ClientConfig::new(vec![addr.into()], ADMIN, Some(tls.clone()));
-    config.retry_for = Duration::ZERO;
-    config.call_timeout = Duration::from_secs(5);
-    Client::new(config).ok()?.cluster_info().await.ok()
-}
-
-/// Asks `addr` alone who leads, and how far it has applied.
-async fn leader_seen_by(addr: &str, tls: &ClientTls) -> Option<(u64, u64)> {
-    let info = info_of(addr, tls).await?;
-    (info.leader_id != 0).then_some((info.leader_id, info.commit_index))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cluster_survives_a_leader_sigkill_and_a_full_restart() {

@@ -167,3 +167,17 @@ pub fn tls_dir(dir: &Path) -> (PathBuf, TlsFiles) {
     let files = coordinator::tls::create_dev_ca(&tls, &[]).unwrap();
     (tls, files)
 }
+
+/// Asks `addr` alone about the cluster, once (a loaded machine may take a while to answer).
+pub async fn info_of(addr: &str, tls: &ClientTls) -> Option<client::ClusterInfo> {
+    let mut config = ClientConfig::new(vec![addr.into()], ADMIN, Some(tls.clone()));
+    config.retry_for = Duration::ZERO;
+    config.call_timeout = Duration::from_secs(5);
+    Client::new(config).ok()?.cluster_info().await.ok()
+}
+
+/// Asks `addr` alone who leads, and how far it has applied.
+pub async fn leader_seen_by(addr: &str, tls: &ClientTls) -> Option<(u64, u64)> {
+    let info = info_of(addr, tls).await?;
+    (info.leader_id != 0).then_some((info.leader_id, info.commit_index))
+}

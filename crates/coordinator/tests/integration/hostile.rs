@@ -10,15 +10,6 @@ use std::path::Path;
 use std::time::Duration;
 use tonic::Code;
 
-fn opts(total_steps: u64, checkpoint_every: u64) -> SimOptions {
-    SimOptions {
-        step_time: Duration::from_millis(30),
-        heartbeat: Duration::from_millis(200),
-        total_steps,
-        checkpoint_every,
-    }
-}
-
 #[tokio::test]
 async fn an_oversized_rpc_is_refused_with_a_clear_status() {
     let dir = tempfile::tempdir().unwrap();
@@ -45,7 +36,7 @@ async fn an_oversized_rpc_is_refused_with_a_clear_status() {
     let e = worker
         .report_checkpoint(CheckpointReport {
             job_id: job.job_id.clone(),
-            host_report_json: vec![b' '; 100 << 10],
+            save_spec: Some(proto::v1::SaveSpec { rng_state: vec![7; 100 << 10], ..Default::default() }),
             ..Default::default()
         })
         .await
@@ -74,7 +65,7 @@ async fn job_b_cannot_read_or_write_job_a() {
     let a_worker = client(vec![addr.clone()], &a.job_token, Some(mtls.clone()));
     a_worker.kv_put(&a.job_id, "secret-key", b"a's value".to_vec(), None).await.unwrap();
     // (The simulated worker may be stopped before it sees the last ack: ask the coordinator.)
-    let report = sim::run(a_worker.clone(), a.job_id.clone(), "a0".into(), opts(8, 4)).await;
+    let report = sim::run(a_worker.clone(), a.job_id.clone(), "a0".into(), SimOptions::quick(8, 4)).await;
     assert!(report.stop_reason.contains("Completed"), "{report:?}");
     let listed = a_worker.checkpoints(&a.job_id).await.unwrap();
     assert_eq!(listed.iter().map(|c| c.step).collect::<Vec<_>>(), vec![4, 8]);
@@ -175,31 +166,59 @@ async fn a_checkpoint_root_or_save_id_with_dot_dot_is_refused() {
         (g >= 1).then_some(g)
     })
     .await;
-    let spec_json = serde_json::json!({
-        "step": 2, "save_id": "../../escape", "bundle": "00ff00ff",
-        "topology": {"dcn": 1, "ici": [{"name": "fsdp", "size": 1}], "hosts_per_slice": 1},
-        "arrays": [], "data_position": {"seed": 0, "step": 2}, "rng_state": [], "metadata": {}
-    });
-    let report_json = serde_json::json!({
-        "host": 0, "step": 2, "save_id": "../../escape", "chunk_size": 1024,
-        "object": {"name": "host-0.shards", "host": 0, "size": 0, "chunk_crc32c": []},
-        "shards": []
-    });
+    let spec = proto::v1::SaveSpec {
+        step: 2,
+        save_id: "../../escape".into(),
+        bundle: "00ff00ff".into(),
+        topology: Some(proto::v1::Topology {
+            dcn: 1,
+            ici: vec![proto::v1::MeshAxis { name: "fsdp".into(), size: 1 }],
+            hosts_per_slice: 1,
+        }),
+        data_position: Some(proto::v1::DataPosition { seed: 0, step: 2 }),
+        ..Default::default()
+    };
+    let report = proto::v1::HostReport {
+        host: 0,
+        step: 2,
+        save_id: "../../escape".into(),
+        chunk_size: 1024,
+        object: Some(proto::v1::StreamObject { name: "host-0.shards".into(), ..Default::default() }),
+        shards: vec![],
+    };
     let e = worker
         .report_checkpoint(CheckpointReport {
             job_id: job.job_id.clone(),
-            worker_id,
+            worker_id: worker_id.clone(),
             generation,
             step: 2,
             save_id: "../../escape".into(),
-            host_report_json: serde_json::to_vec(&report_json).unwrap(),
-            save_spec_json: serde_json::to_vec(&spec_json).unwrap(),
+            host_report: Some(report.clone()),
+            save_spec: Some(spec.clone()),
         })
         .await
         .unwrap_err();
     assert!(matches!(e.code(), Code::InvalidArgument | Code::FailedPrecondition), "{e}");
     assert!(e.to_string().contains("save id"), "{e}");
     assert!(!dir.path().join("escape").exists() && !dir.path().parent().unwrap().join("escape").exists());
+
+    // A spec whose array has no element type: refused at the edge, naming the field.
+    let save_id = "typeless".to_string();
+    let arrays = vec![proto::v1::ArraySpec { name: "w".into(), shape: vec![2], ..Default::default() }];
+    let e = worker
+        .report_checkpoint(CheckpointReport {
+            job_id: job.job_id.clone(),
+            worker_id,
+            generation,
+            step: 2,
+            save_id: save_id.clone(),
+            host_report: Some(proto::v1::HostReport { save_id: save_id.clone(), ..report }),
+            save_spec: Some(proto::v1::SaveSpec { save_id, arrays, ..spec }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("save_spec.arrays[0].dtype: 0 is not an element type"), "{e}");
     node.stop().await.unwrap();
 }
 
@@ -258,7 +277,7 @@ async fn no_token_appears_in_logs_or_on_disk() {
     let job = admin.submit(&submit_request(spec("quiet", 1, 6, Some(3), dir.path()))).await.unwrap();
     let worker =
         client(vec![addr.clone()], &job.job_token, Some(coordinator::tls::client_tls(&files).unwrap()));
-    let report = sim::run(worker.clone(), job.job_id.clone(), "w0".into(), opts(6, 3)).await;
+    let report = sim::run(worker.clone(), job.job_id.clone(), "w0".into(), SimOptions::quick(6, 3)).await;
     assert!(report.stop_reason.contains("Completed"), "{report:?}");
     let listed = worker.checkpoints(&job.job_id).await.unwrap();
     assert_eq!(listed.iter().map(|c| c.step).collect::<Vec<_>>(), vec![3, 6]);

@@ -5,15 +5,6 @@ use crate::sim::{self, SimOptions};
 use client::{JobState, LogLine};
 use std::time::Duration;
 
-fn opts(total_steps: u64, checkpoint_every: u64) -> SimOptions {
-    SimOptions {
-        step_time: Duration::from_millis(30),
-        heartbeat: Duration::from_millis(200),
-        total_steps,
-        checkpoint_every,
-    }
-}
-
 fn metrics_steps(run_dir: &std::path::Path) -> Vec<u64> {
     let text = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
     text.lines()
@@ -44,7 +35,9 @@ async fn a_job_runs_to_the_end_with_checkpoints_kv_logs_and_a_run_record() {
 
     let workers: Vec<_> = ["a", "b"]
         .into_iter()
-        .map(|n| tokio::spawn(sim::run(worker_client.clone(), job.clone(), n.into(), opts(12, 4))))
+        .map(|n| {
+            tokio::spawn(sim::run(worker_client.clone(), job.clone(), n.into(), SimOptions::quick(12, 4)))
+        })
         .collect();
     let mut reports = Vec::new();
     for w in workers {
@@ -118,7 +111,8 @@ async fn a_lost_worker_is_replaced_and_no_step_is_lost_or_repeated() {
     let submitted = admin.submit(&submit_request(spec("elastic", 3, 40, None, dir.path()))).await.unwrap();
     let job = submitted.job_id.clone();
     let wc = admin.with_token(&submitted.job_token).unwrap();
-    let spawn = |name: &str| tokio::spawn(sim::run(wc.clone(), job.clone(), name.into(), opts(40, 0)));
+    let spawn =
+        |name: &str| tokio::spawn(sim::run(wc.clone(), job.clone(), name.into(), SimOptions::quick(40, 0)));
     let a = spawn("a");
     let b = spawn("b");
     let c = spawn("c");

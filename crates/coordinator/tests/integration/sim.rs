@@ -24,6 +24,18 @@ pub struct SimOptions {
     pub checkpoint_every: u64,
 }
 
+impl SimOptions {
+    /// Steps of 30 ms, heartbeats every 200 ms.
+    pub fn quick(total_steps: u64, checkpoint_every: u64) -> Self {
+        Self {
+            step_time: Duration::from_millis(30),
+            heartbeat: Duration::from_millis(200),
+            total_steps,
+            checkpoint_every,
+        }
+    }
+}
+
 /// What a simulated worker saw.
 #[derive(Debug, Clone, Default)]
 pub struct SimReport {
@@ -116,8 +128,8 @@ async fn save(
             generation: a.generation,
             step,
             save_id: spec.save_id.clone(),
-            host_report_json: serde_json::to_vec(&report).unwrap(),
-            save_spec_json: serde_json::to_vec(&spec).unwrap(),
+            host_report: Some(client::checkpoint::host_report_to_wire(&report)),
+            save_spec: Some(client::checkpoint::save_spec_to_wire(&spec)),
         })
         .await
 }

@@ -1,46 +1,17 @@
 //! A model directory in an S3 bucket (moto's server on loopback, from the project's venv): the
 //! ranged-read path gives the same parameter bytes as the local memory-mapped one.
 
-use crate::common::{all_params, fixture, open, root};
+use crate::common::{all_params, fixture, open};
 use checkpoint::{Storage, StoreOptions};
 use object_store::{ObjectStoreExt, PutPayload};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-struct Moto(Child, u16);
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn moto() -> Moto {
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let binary = root().join(".venv/bin/moto_server");
-    assert!(binary.exists(), "{} is missing: run scripts/setup.sh --test", binary.display());
-    let child = Command::new(binary)
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = Moto(child, port);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "moto did not listen within 60 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    server
-}
+use std::time::Duration;
+use test_support::Moto;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_s3_model_reads_the_same_bytes_as_the_local_one() {
-    let server = moto();
+    let server = Moto::with_bucket("models");
     let options = StoreOptions {
-        s3_endpoint: Some(format!("http://127.0.0.1:{}", server.1)),
+        s3_endpoint: Some(server.endpoint()),
         s3_region: Some("us-east-1".into()),
         s3_access_key_id: Some("testing".into()),
         s3_secret_access_key: Some("testing".into()),
@@ -50,17 +21,6 @@ async fn an_s3_model_reads_the_same_bytes_as_the_local_one() {
         ..StoreOptions::default()
     };
     let bucket = Storage::open("s3://models", &options).unwrap();
-    // Create the bucket (moto accepts an unsigned PUT), then upload the directory.
-    let mut stream = TcpStream::connect(("127.0.0.1", server.1)).unwrap();
-    use std::io::{Read, Write};
-    write!(
-        stream,
-        "PUT /models HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     let local = fixture("untied-bf16");
     for entry in std::fs::read_dir(&local).unwrap() {
         let path = entry.unwrap().path();

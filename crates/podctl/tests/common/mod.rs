@@ -1,13 +1,9 @@
 //! What the end-to-end tests of the `podctl` binary share.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-/// The repository's root.
-pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
-}
+pub use test_support::root;
 
 /// The `podctl` binary under test, with the repository as its home (the exporter, the plugin)
 /// and the tests' bundle cache.

@@ -343,8 +343,13 @@ fn serve_metrics(
     metrics: Arc<WorkerMetrics>,
     worker: Arc<Mutex<String>>,
 ) -> Result<(), AgentError> {
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind(listen))
+    // A bind does not wait: bound with std, then served by the runtime.
+    let listener = std::net::TcpListener::bind(listen)
+        .and_then(|listener| {
+            listener.set_nonblocking(true)?;
+            let _inside = runtime.enter();
+            tokio::net::TcpListener::from_std(listener)
+        })
         .map_err(|source| AgentError::Io { context: "binding the metrics listener", source })?;
     let addr =
         listener.local_addr().map_err(|source| AgentError::Io { context: "the metrics listener", source })?;

@@ -140,10 +140,6 @@ impl Commit for CoordinatorCommit {
     fn commit(&mut self, saved: HostSave, last: bool) -> Result<CheckpointEvent, WorkerError> {
         self.metrics.checkpoint_bytes_total.add(saved.report.object.size as f64);
         self.metrics.checkpoint_upload_seconds.set(saved.upload_seconds);
-        let encoded =
-            serde_json::to_vec(&saved.report).and_then(|r| Ok((r, serde_json::to_vec(&saved.spec)?)));
-        let (host_report_json, save_spec_json) = encoded
-            .map_err(|e| WorkerError::broken(format!("a checkpoint report could not be encoded: {e}")))?;
         let step = saved.spec.step;
         let report = CheckpointReport {
             job_id: self.line.job_id.clone(),
@@ -151,8 +147,8 @@ impl Commit for CoordinatorCommit {
             generation: self.generation,
             step,
             save_id: saved.spec.save_id.clone(),
-            host_report_json,
-            save_spec_json,
+            host_report: Some(client::checkpoint::host_report_to_wire(&saved.report)),
+            save_spec: Some(client::checkpoint::save_spec_to_wire(&saved.spec)),
         };
         let uploaded = CheckpointEvent::Uploaded {
             step,

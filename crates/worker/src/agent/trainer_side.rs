@@ -142,22 +142,25 @@ impl TrainerSide {
             std::process::id(),
             now,
         );
-        let registered = runtime.block_on(self.client.register(v1::RegisterRequest {
-            job_id: config.job_id.clone(),
-            host: config.host.clone(),
-            data_addr: self.endpoint.local_addr().to_string(),
-            devices: 0,
-            platform: String::new(),
-            slice: config.slice,
-            instance_id,
-        }))?;
+        let registered = runtime.block_on(async {
+            let registered = self
+                .client
+                .register(v1::RegisterRequest {
+                    job_id: config.job_id.clone(),
+                    host: config.host.clone(),
+                    data_addr: self.endpoint.local_addr().to_string(),
+                    devices: 0,
+                    platform: String::new(),
+                    slice: config.slice,
+                    instance_id,
+                })
+                .await?;
+            // Where peers fetch this worker's state, under its new id.
+            let state_addr = self.state_server.local_addr().to_string().into_bytes();
+            self.client.kv_put(&config.job_id, &state_key(&registered.worker_id), state_addr, None).await?;
+            Ok::<_, client::ClientError>(registered)
+        })?;
         self.worker_id = registered.worker_id;
-        runtime.block_on(self.client.kv_put(
-            &config.job_id,
-            &state_key(&self.worker_id),
-            self.state_server.local_addr().to_string().into_bytes(),
-            None,
-        ))?;
         tracing::info!(worker = %self.worker_id, data = %self.endpoint.local_addr(), "registered with the coordinator");
         self.steps_this_registration = 0;
         self.shared = Arc::new(Shared::new(Status {
