@@ -95,6 +95,14 @@ pub fn assignment(job: &Job, member: &MemberPlan) -> v1::Assignment {
         start_step: job.start_step,
         resume: Some(v1::Resume { source: Some(source) }),
         save_id: job.save_id(),
+        serve_to: job
+            .members
+            .iter()
+            .filter(|m| {
+                matches!(&m.resume, ResumePlan::FromPeer { worker_id, .. } if *worker_id == member.worker_id)
+            })
+            .map(|m| m.worker_id.clone())
+            .collect(),
     }
 }
 

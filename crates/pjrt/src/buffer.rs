@@ -88,6 +88,57 @@ impl Buffer {
         Ok(args.buffer_pointer)
     }
 
+    /// The buffer's own memory as dense row-major bytes, when the device's memory is the host's
+    /// (the CPU plugin) and laid out row-major without tiling; `None` otherwise (copy it with
+    /// [`Buffer::to_host`]). Waits for the buffer to be ready first. A peer sends its state
+    /// from here with no copy.
+    pub fn host_view(&self) -> Result<Option<&[u8]>> {
+        let plugin = self.client.plugin;
+        let client = crate::client::Client { inner: self.client.clone() };
+        if !client.platform_name()?.eq_ignore_ascii_case("cpu") || !self.is_row_major()? {
+            return Ok(None);
+        }
+        let mut ready = new_args!(PJRT_Buffer_ReadyEvent_Args);
+        ready.buffer = self.raw;
+        // SAFETY: the buffer is live; the event is awaited and destroyed below.
+        plugin
+            .check(unsafe { call!(plugin, PJRT_Buffer_ReadyEvent)(&mut ready) }, "PJRT_Buffer_ReadyEvent")?;
+        plugin.await_event(ready.event, "PJRT_Buffer_ReadyEvent")?;
+        let size = self.host_size()?;
+        if self.on_device_size()? != size {
+            return Ok(None);
+        }
+        let address = self.device_address()?;
+        if size == 0 || address == 0 {
+            return Ok(None);
+        }
+        // SAFETY: on the CPU platform the buffer's memory is host memory of `size` bytes at
+        // `address` (dense, row-major: checked above), written completely (ready). It stays
+        // allocated and unchanged while `self` is borrowed: only a donation (which takes the
+        // `Buffer` by value) or a drop could reuse or free it.
+        Ok(Some(unsafe { std::slice::from_raw_parts(address as *const u8, size) }))
+    }
+
+    /// Whether the plugin lays the buffer out row-major (major to minor) without tiles; false
+    /// when it cannot say.
+    fn is_row_major(&self) -> Result<bool> {
+        let plugin = self.client.plugin;
+        let Ok(get) = function!(plugin, PJRT_Buffer_GetMemoryLayout) else { return Ok(false) };
+        let mut args = new_args!(PJRT_Buffer_GetMemoryLayout_Args);
+        args.buffer = self.raw;
+        // SAFETY: the buffer is live; the layout's arrays live as long as it.
+        plugin.check(unsafe { get(&mut args) }, "PJRT_Buffer_GetMemoryLayout")?;
+        if args.layout.type_ != ffi::PJRT_Buffer_MemoryLayout_Type_Tiled {
+            return Ok(false);
+        }
+        // SAFETY: the union's `tiled` member is the one `type_` names.
+        let tiled = unsafe { args.layout.__bindgen_anon_1.tiled };
+        // SAFETY: (pointer, count) from the plugin.
+        let minor_to_major = unsafe { slice_from(tiled.minor_to_major, tiled.minor_to_major_size) };
+        let rank = minor_to_major.len() as i64;
+        Ok(tiled.num_tiles == 0 && minor_to_major.iter().copied().eq((0..rank).rev()))
+    }
+
     /// Copies the buffer to a new host vector: dense, row-major.
     pub fn to_host(&self) -> Result<Vec<u8>> {
         let mut host = vec![0u8; self.host_size()?];

@@ -304,6 +304,23 @@ fn a_host_buffer_becomes_device_memory_without_a_copy() {
 }
 
 #[test]
+fn a_cpu_buffer_is_read_in_place_and_an_output_once_it_is_ready() {
+    let acc = accumulate();
+    let expected = expected_one_step(&acc);
+    let input =
+        acc.client.buffer_from_host(&acc.acc0.bytes, acc.acc0.ty, &acc.acc0.dims, &acc.device).unwrap();
+    let view = input.host_view().unwrap().expect("CPU memory is host memory");
+    assert_eq!(view, &acc.acc0.bytes[..]);
+    assert_eq!(view.as_ptr() as usize, input.device_address().unwrap(), "no copy");
+    // An output is read only once the execution that writes it is done.
+    let outputs =
+        acc.executable.execute(vec![vec![ExecuteArg::Borrow(&input), ExecuteArg::Borrow(&acc.x)]]).unwrap();
+    assert_eq!(outputs[0][0].host_view().unwrap().unwrap(), &expected[..]);
+    let scalar = acc.client.buffer_from_host(&[], ElementType::F32, &[0], &acc.device).unwrap();
+    assert_eq!(scalar.host_view().unwrap(), None, "an empty buffer has no memory to show");
+}
+
+#[test]
 fn a_host_buffer_is_freed_when_its_device_buffer_is() {
     let client = cpu_client(1);
     let device = &client.devices().unwrap()[0];

@@ -295,6 +295,13 @@ pub struct DeviceArray {
     shards: Vec<pjrt::Buffer>,
 }
 
+impl DeviceArray {
+    /// Device `device`'s shard.
+    pub fn shard(&self, device: usize) -> Option<&pjrt::Buffer> {
+        self.shards.get(device)
+    }
+}
+
 /// How a program takes one argument.
 pub enum Arg<'a> {
     /// The caller keeps the array.

@@ -233,6 +233,13 @@ impl Trainer {
         self.state_specs().iter().map(|spec| (spec.name.clone(), spec.num_bytes() as usize)).collect()
     }
 
+    /// The parameters and optimizer state on the devices, in the order of
+    /// [`Trainer::state_specs`]: what a peer sends from.
+    pub fn state_arrays(&self) -> Result<Vec<&DeviceArray>, WorkerError> {
+        let state = self.state.as_ref().ok_or_else(not_initialized)?;
+        Ok(state.params.iter().chain(&state.mu).chain(&state.nu).collect())
+    }
+
     /// Copies the parameters and optimizer state to the host, named as in the bundle
     /// (`params/...`, `opt/mu/...`, `opt/nu/...`), each a whole row-major array.
     pub fn download_state(&self) -> Result<Vec<(String, Vec<u8>)>, WorkerError> {

@@ -105,6 +105,11 @@ pub(super) fn assignment_failure(error: &AssignmentError) -> Failure {
     match error {
         AssignmentError::Worker { source, .. } => kind_of(source),
         AssignmentError::WrongBundle { .. } => Failure::of(FailureKind::Job),
+        // A member this survivor was to serve never took the state: that member goes, not this
+        // worker, which holds the job's state.
+        AssignmentError::Peer(crate::peer::PeerError::NotPulled { missing, .. }) if !missing.is_empty() => {
+            Failure { suspect_worker_id: missing[0].clone(), ..Failure::of(FailureKind::Peer) }
+        }
         AssignmentError::Spec(_)
         | AssignmentError::Unassignable(_)
         | AssignmentError::FetchBundle { .. }
@@ -400,6 +405,21 @@ mod tests {
         let resume = Resume { source: Some(keep) };
         let a = Assignment { resume: Some(resume), ..assignment(1) };
         assert_eq!(resume_name(&a), "keep");
+    }
+
+    #[test]
+    fn a_survivor_whose_puller_never_came_names_it() {
+        let missing = AssignmentError::Peer(crate::peer::PeerError::NotPulled {
+            missing: vec!["w2".into()],
+            waited: std::time::Duration::from_secs(120),
+        });
+        let named = Failure { suspect_worker_id: "w2".into(), ..Failure::of(FailureKind::Peer) };
+        assert_eq!(assignment_failure(&missing), named);
+        let refused = AssignmentError::Peer(crate::peer::PeerError::Refused {
+            peer: "127.0.0.1:2".parse().unwrap(),
+            reason: "it holds step 6, not 7".into(),
+        });
+        assert_eq!(assignment_failure(&refused), Failure::of(FailureKind::Own), "the puller's own");
     }
 
     #[test]

@@ -12,4 +12,5 @@ mod lora;
 mod members;
 mod multislice;
 mod parity;
+mod peer;
 mod support;
