@@ -495,8 +495,8 @@ mod tests {
         );
         assert!(
             found.iter().any(|f| f.starts_with(
-                "`coordinator` reaches `pjrt` (coordinator -> job -> planner -> pjrt), which only cli, \
-                 planner-exact, podctl, worker may"
+                "`coordinator` reaches `pjrt` (coordinator -> job -> planner -> pjrt), which only chaos, \
+                 cli, planner-exact, podctl, worker may"
             )),
             "{found:?}"
         );
