@@ -120,6 +120,11 @@ pub struct JobSpec {
     pub store: Store,
     /// Keep the last this many committed checkpoints (`checkpoint.keep`); `None`: keep every one.
     pub keep: Option<u32>,
+    /// Whether failures may overlap. Without, each waits until the job is whole again after the
+    /// previous one. With, each waits only for its own lane: a slice failure for its slice to be
+    /// whole (at most half the slices down at once), a leader kill for every coordinator to be
+    /// up, a disk or store fault for the previous such fault to be over. Elastic policy only.
+    pub overlap: bool,
 }
 
 /// Where a job's checkpoints go.
@@ -145,6 +150,7 @@ impl JobSpec {
             time_limit: None,
             store: Store::RunDir,
             keep: None,
+            overlap: false,
         }
     }
 
@@ -513,6 +519,9 @@ impl Harness {
         slots: &mut [Slot],
         deadline: Instant,
     ) -> Result<JobRun> {
+        if spec.overlap && policy != Policy::Elastic {
+            bail!("job {}: overlapping failures need the elastic policy", spec.name);
+        }
         let mut run = JobRun {
             name: spec.name.clone(),
             job_id: job_id.to_string(),
@@ -590,34 +599,26 @@ impl Harness {
                     Sequel::Replace(k) if slots[k].child.is_some() => still.push((due, sequel)),
                     Sequel::Replace(k) => {
                         slots[k].spawn(&self.launcher, &self.network, job_id, token)?;
-                        if let Some(record) = run.events.last_mut()
-                            && record.slice == Some(k)
-                        {
+                        if let Some(record) = last_of_slice(&mut run.events, k) {
                             record.join_started = Some(now);
                         }
                     }
                     Sequel::Heal(k) => {
                         self.network.heal(k)?;
-                        if let Some(record) = run.events.last_mut()
-                            && record.slice == Some(k)
-                        {
+                        if let Some(record) = last_of_slice(&mut run.events, k) {
                             record.join_started = Some(now);
                         }
                     }
                     Sequel::Restart(id) => self.coordinators.restart(id)?,
                     Sequel::Reboot(k) => {
                         slots[k].restart_host(&self.launcher, &self.network, job_id, token)?;
-                        if let Some(record) = run.events.last_mut()
-                            && record.slice == Some(k)
-                        {
+                        if let Some(record) = last_of_slice(&mut run.events, k) {
                             record.join_started = Some(now);
                         }
                     }
                     Sequel::EndFault(kind) => {
                         self.end_fault(kind)?;
-                        if let Some(record) = run.events.last_mut()
-                            && record.kind == kind
-                        {
+                        if let Some(record) = run.events.iter_mut().rev().find(|r| r.kind == kind) {
                             let committed = status.last_checkpoint.as_ref().map_or(0, |c| c.step);
                             record.fault_ended = Some((now, committed));
                             if let Some(store) = &self.object_store {
@@ -635,8 +636,8 @@ impl Harness {
             }
             sequels = still;
 
-            // The open event's recovery and join.
-            if let Some(record) = run.events.last_mut() {
+            // The open events' recoveries and joins.
+            for record in run.events.iter_mut().filter(|r| !r.recovered()) {
                 observe(record, &status, &members, &run.history, now);
             }
 
@@ -647,16 +648,40 @@ impl Harness {
                 Trigger::Step(step) => status.step >= step,
                 Trigger::After(after) => now.duration_since(first) >= after,
             };
-            let settled = state == Some(JobState::Running)
-                && sequels.is_empty()
-                && run.events.last().is_none_or(EventRecord::recovered)
-                && (0..slots.len()).all(|k| {
-                    slots[k].child.is_some()
-                        && members.get(&k).is_some_and(|(host, _)| *host == slots[k].host)
-                })
-                && self.coordinators.all_alive()
-                && now.duration_since(last_commit) < Duration::from_secs(2);
-            if !(due && settled) {
+            let whole = |k: usize| {
+                slots[k].child.is_some() && members.get(&k).is_some_and(|(host, _)| *host == slots[k].host)
+            };
+            let training =
+                state == Some(JobState::Running) && now.duration_since(last_commit) < Duration::from_secs(2);
+            let settled = if spec.overlap {
+                let open: Vec<&EventRecord> = run.events.iter().filter(|r| !r.recovered()).collect();
+                let pending = |lane: &dyn Fn(&Sequel) -> bool| sequels.iter().any(|(_, s)| lane(s));
+                match event.kind {
+                    Kind::LeaderKill => {
+                        !open.iter().any(|r| r.kind == Kind::LeaderKill)
+                            && !pending(&|s| matches!(s, Sequel::Restart(_)))
+                            && self.coordinators.all_alive()
+                    }
+                    kind if kind.hits_storage() => {
+                        !open.iter().any(|r| r.kind.hits_storage()) && !pending(&|s| matches!(s, Sequel::EndFault(_)))
+                    }
+                    _ => {
+                        let k = event.slice;
+                        let slice_lane =
+                            |s: &Sequel| matches!(s, Sequel::Replace(j) | Sequel::Heal(j) | Sequel::Reboot(j) if *j == k);
+                        whole(k)
+                            && !pending(&slice_lane)
+                            && !open.iter().any(|r| r.slice == Some(k))
+                            && open.iter().filter(|r| r.slice.is_some()).count() < slots.len() / 2
+                    }
+                }
+            } else {
+                sequels.is_empty()
+                    && run.events.last().is_none_or(EventRecord::recovered)
+                    && (0..slots.len()).all(whole)
+                    && self.coordinators.all_alive()
+            };
+            if !(due && training && settled) {
                 continue;
             }
             let at_seconds = now.duration_since(first).as_secs_f64();
@@ -969,13 +994,30 @@ fn generation_at(timeline: &[Sample], at: Instant) -> u64 {
     timeline.iter().rev().find(|s| s.at <= at).map_or(0, |s| s.generation)
 }
 
-/// When the job removed the worker a slice event hit: the first recovery after the event.
+/// When the job removed the worker a slice event hit: the first recovery after the event whose
+/// generation formed without it. (Under overlapping failures a recovery of another slice may
+/// come first and keep it.)
 fn removal_unix(history: &[(f64, String, String)], record: &EventRecord) -> Option<f64> {
     record.slice?;
-    history
-        .iter()
-        .find(|(unix, kind, _)| *unix >= record.unix && kind == "recovery")
+    removal_of(history, record.unix, &record.target)
+}
+
+fn removal_of(history: &[(f64, String, String)], since_unix: f64, worker: &str) -> Option<f64> {
+    let after = |at: f64| history.iter().filter(move |(unix, _, _)| *unix >= at);
+    after(since_unix)
+        .filter(|(_, kind, _)| kind == "recovery")
+        .find(|(at, _, _)| {
+            after(*at)
+                .filter(|(_, kind, _)| kind == "generation")
+                .find_map(|(_, _, detail)| parse_generation(detail))
+                .is_some_and(|(_, _, members)| !members.iter().any(|m| m == worker))
+        })
         .map(|(unix, _, _)| *unix)
+}
+
+/// The newest event that hit slice `k`.
+fn last_of_slice(events: &mut [EventRecord], k: usize) -> Option<&mut EventRecord> {
+    events.iter_mut().rev().find(|r| r.slice == Some(k))
 }
 
 /// What [`verify`] found.
@@ -1117,5 +1159,29 @@ pub fn print_events(run: &JobRun) {
             next.iter().sum::<f64>() / next.len().max(1) as f64,
             next.iter().copied().fold(0.0, f64::max),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(unix: f64, kind: &str, detail: &str) -> (f64, String, String) {
+        (unix, kind.into(), detail.into())
+    }
+
+    #[test]
+    fn a_worker_is_removed_by_the_recovery_whose_generation_leaves_it_out() {
+        // j.w2 is cut at 10.0; j.w1 was killed at 9.9 and its recovery, at 10.2, still counts
+        // j.w2 in (its lease has not run out); j.w2's own recovery comes at 13.0.
+        let history = [
+            event(10.2, "recovery", "generation 4: j.w1 left"),
+            event(10.4, "generation", "generation 4 from step 30 (j.w1 left): j.w0:[0] j.w2:[1,2] j.w3:[3]"),
+            event(13.0, "recovery", "generation 5: j.w2 named lost by j.w0 (timeout)"),
+            event(13.3, "generation", "generation 5 from step 38 (j.w2 named lost by j.w0): j.w0:[0,1] j.w3:[2,3]"),
+        ];
+        assert_eq!(removal_of(&history, 10.0, "j.w2"), Some(13.0));
+        assert_eq!(removal_of(&history, 9.9, "j.w1"), Some(10.2));
+        assert_eq!(removal_of(&history, 10.0, "j.w0"), None);
     }
 }

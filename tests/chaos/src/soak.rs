@@ -26,9 +26,10 @@ pub struct Options {
     pub first: u64,
     /// See `first`.
     pub gap: u64,
-    /// Steps to give each failure when `steps` is 0. A failure is over in ~5 s (a cut heals after
-    /// 5-9 s, then its worker rejoins) while steps go on: ~10 steps a failure were measured at
-    /// ~0.45 s a step (debug build), so give 16 there and ~48 at the release build's ~0.15 s.
+    /// Steps to give each failure when `steps` is 0. One after another, a failure is over in
+    /// ~5 s (a cut heals after 5-9 s, then its worker rejoins) while steps go on: ~10 steps a
+    /// failure were measured at ~0.45 s a step (debug build), so give 16 there and ~48 at the
+    /// release build's ~0.15 s. Overlapping, one starts every ~2 s: ~13 steps of a release build.
     pub steps_per_failure: u64,
     /// The retention rule, `checkpoint.keep`.
     pub keep: u32,
@@ -36,6 +37,9 @@ pub struct Options {
     pub seq_len: u64,
     /// How long each job may take (`None`: the harness's default for its steps and failures).
     pub time_limit: Option<Duration>,
+    /// Failures overlap ([`JobSpec::overlap`]): a slice fails while another rejoins, the leader
+    /// dies or the store fails meanwhile. A thousand failures one after another take hours.
+    pub overlap: bool,
 }
 
 impl Options {
@@ -59,6 +63,7 @@ impl Options {
             time_limit: self.time_limit,
             store,
             keep: Some(self.keep),
+            overlap: self.overlap,
             ..JobSpec::new(name, self.steps(), self.seq_len)
         }
     }

@@ -35,6 +35,7 @@ fn a_soak_of_every_kind_of_failure_recovers_each_loses_nothing_and_keeps_what_th
         seq_len: 128,
         // Past it the harness stops the job and fails, so the test cannot hang.
         time_limit: Some(Duration::from_secs(480)),
+        overlap: true,
     };
     let soak = soak::run(&mut harness, &options).unwrap();
     soak.print();
