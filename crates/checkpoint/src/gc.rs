@@ -4,7 +4,8 @@
 //! running and the time, so the rules are tested without a store: keep the last K commits and
 //! every Nth step, always the newest commit; expire other commits; collect directories that
 //! were never committed (a failed or killed save) unless their save is active or was touched
-//! less than `min_orphan_age` ago.
+//! less than `min_orphan_age` ago; the caller's own abandoned saves ([`Retention::own_saves`]) at
+//! once.
 //!
 //! A save is named by its step *and* its id: one attempt (a process, a coordinator's
 //! generation) writes many steps under the same save id, so an id alone would protect every
@@ -32,11 +33,24 @@ pub struct Retention {
     /// Apply the rules within this line of checkpoints only ([`crate::lineage`]), never expiring
     /// another line's: a run keeps its own last K. `None`: every commit under the root.
     pub line: Option<String>,
+    /// Save ids starting with this are the caller's own, and every one of them still running is
+    /// in `active` (a coordinator's job: `<line>.<attempt>g`). An uncommitted directory of its
+    /// own below the newest commit is an abandoned save (an upload that failed, a generation that
+    /// ended) and goes at once, whatever its age: on a small disk, failed saves piling up for
+    /// `min_orphan_age` filled it, and then no checkpoint could commit again. `None`: the age
+    /// guard for every directory.
+    pub own_saves: Option<String>,
 }
 
 impl Default for Retention {
     fn default() -> Self {
-        Self { keep_last: 3, keep_every: 0, min_orphan_age: Duration::from_secs(3600), line: None }
+        Self {
+            keep_last: 3,
+            keep_every: 0,
+            min_orphan_age: Duration::from_secs(3600),
+            line: None,
+            own_saves: None,
+        }
     }
 }
 
@@ -115,10 +129,13 @@ pub fn plan_gc(
     }
     let committed_dirs: BTreeSet<String> = committed.iter().map(CommitRecord::dir).collect();
     let min_age = i64::try_from(retention.min_orphan_age.as_secs()).unwrap_or(i64::MAX);
+    let newest_commit = committed.iter().map(|c| c.step).max();
     for s in stored {
         let young = now_unix.saturating_sub(s.newest_write_unix) < min_age;
         let running = active.contains(&(s.step, s.save_id.clone()));
-        if !committed_dirs.contains(&s.dir) && !s.marked && !running && !young {
+        let abandoned = retention.own_saves.as_deref().is_some_and(|own| s.save_id.starts_with(own))
+            && newest_commit.is_some_and(|newest| s.step < newest);
+        if !committed_dirs.contains(&s.dir) && !s.marked && !running && (abandoned || !young) {
             plan.orphans.push(s.dir.clone());
         }
     }
@@ -292,7 +309,7 @@ mod tests {
     #[test]
     fn keeps_the_last_k_and_every_nth() {
         let committed: Vec<_> = [100, 200, 300, 400, 500, 600].map(commit).to_vec();
-        let r = Retention { keep_last: 2, keep_every: 300, min_orphan_age: Duration::ZERO, line: None };
+        let r = Retention { keep_last: 2, keep_every: 300, min_orphan_age: Duration::ZERO, line: None, own_saves: None };
         let plan = plan_gc(&committed, &[], &r, &BTreeSet::new(), NOW);
         assert_eq!(steps(&plan.keep), vec![600, 500, 300]);
         assert_eq!(steps(&plan.expire), vec![400, 200, 100]);
@@ -301,7 +318,7 @@ mod tests {
     #[test]
     fn never_expires_the_newest() {
         let committed: Vec<_> = [1, 2, 3].map(commit).to_vec();
-        let r = Retention { keep_last: 0, keep_every: 0, min_orphan_age: Duration::ZERO, line: None };
+        let r = Retention { keep_last: 0, keep_every: 0, min_orphan_age: Duration::ZERO, line: None, own_saves: None };
         let plan = plan_gc(&committed, &[], &r, &BTreeSet::new(), NOW);
         assert_eq!(steps(&plan.keep), vec![3]);
         assert_eq!(steps(&plan.expire), vec![2, 1]);
@@ -317,6 +334,7 @@ mod tests {
             keep_every: 0,
             min_orphan_age: Duration::ZERO,
             line: Some("r2".into()),
+            own_saves: None,
         };
         let plan = plan_gc(&committed, &[], &r, &BTreeSet::new(), NOW);
         assert_eq!(steps(&plan.expire), vec![10], "only the line's own older commits expire");
@@ -330,7 +348,7 @@ mod tests {
         let committed = vec![commit(100)];
         let saves = vec![stored(100, 0), stored(200, 0), stored(300, 0), stored(400, NOW - 10)];
         let r =
-            Retention { keep_last: 1, keep_every: 0, min_orphan_age: Duration::from_secs(60), line: None };
+            Retention { keep_last: 1, keep_every: 0, min_orphan_age: Duration::from_secs(60), line: None, own_saves: None };
         let active = BTreeSet::from([(300, "s300".to_string())]);
         let plan = plan_gc(&committed, &saves, &r, &active, NOW);
         assert_eq!(plan.orphans, vec![crate::layout::dir_name(200, "s200")]);
@@ -349,7 +367,7 @@ mod tests {
             dir: crate::layout::dir_name(70, "r1.s0a0b0c0dg1"),
             ..running
         };
-        let r = Retention { keep_last: 3, keep_every: 0, min_orphan_age: Duration::ZERO, line: None };
+        let r = Retention { keep_last: 3, keep_every: 0, min_orphan_age: Duration::ZERO, line: None, own_saves: None };
         let active = BTreeSet::from([(70, "r1.s0a0b0c0dg1".to_string())]);
         let plan = plan_gc(&committed, &[running], &r, &active, NOW);
         assert_eq!(steps(&plan.keep), vec![60, 50, 40]);
@@ -358,10 +376,35 @@ mod tests {
     }
 
     #[test]
+    fn the_callers_own_abandoned_saves_go_at_once_and_no_one_elses() {
+        let own = "r1.s0a0b0c0dg";
+        let save = |step: u64, id: &str| StoredSave {
+            save_id: id.into(),
+            dir: crate::layout::dir_name(step, id),
+            ..stored(step, NOW - 1)
+        };
+        let committed = vec![CommitRecord { save_id: format!("{own}3"), ..commit(100) }];
+        let saves = vec![
+            save(80, &format!("{own}2")),  // failed in an earlier generation: abandoned
+            save(90, &format!("{own}3")),  // this generation's, failed: abandoned
+            save(95, &format!("{own}3")),  // running
+            save(110, &format!("{own}3")), // above the newest commit: may still be running
+            save(90, "r1.s1f1f1f1fg1"),    // another submission's: only the age guard
+        ];
+        let r = Retention { min_orphan_age: Duration::from_secs(60), own_saves: Some(own.into()), ..Default::default() };
+        let active = BTreeSet::from([(95, format!("{own}3"))]);
+        let plan = plan_gc(&committed, &saves, &r, &active, NOW);
+        assert_eq!(plan.orphans, vec![saves[0].dir.clone(), saves[1].dir.clone()]);
+        // Without `own_saves` they wait for the age guard like any other.
+        let guarded = plan_gc(&committed, &saves, &Retention { own_saves: None, ..r }, &active, NOW);
+        assert!(guarded.orphans.is_empty(), "{:?}", guarded.orphans);
+    }
+
+    #[test]
     fn a_directory_with_a_commit_marker_is_never_an_orphan() {
         // Committed by another submission: this job's log does not know it, its marker does.
         let saves = vec![StoredSave { marked: true, ..stored(50, 0) }, stored(60, 0)];
-        let r = Retention { keep_last: 1, keep_every: 0, min_orphan_age: Duration::ZERO, line: None };
+        let r = Retention { keep_last: 1, keep_every: 0, min_orphan_age: Duration::ZERO, line: None, own_saves: None };
         let plan = plan_gc(&[commit(100)], &saves, &r, &BTreeSet::new(), NOW);
         assert_eq!(plan.orphans, vec![crate::layout::dir_name(60, "s60")]);
     }

@@ -105,8 +105,27 @@ pub struct JobLive {
     pub step_reports: BTreeMap<u64, BTreeMap<String, StepReportData>>,
     /// When the leader first saw every step committed (the final checkpoint is awaited).
     pub finished_since: Option<Instant>,
+    /// The last step this leader committed, and when.
+    pub last_commit: Option<(u64, Instant)>,
+    /// How long a step takes, from this leader's commits ([`JobLive::committed`]).
+    pub step_time: Option<Duration>,
     /// The job's retention runs.
     pub retention: RetentionLive,
+}
+
+impl JobLive {
+    /// Notes that this leader committed `step` at `now`. The step time is a decaying maximum of
+    /// the time per step between commits, so a burst of queued reports after an election does
+    /// not make a long step look short.
+    pub fn committed(&mut self, step: u64, now: Instant) {
+        if let Some((before, at)) = self.last_commit
+            && step > before
+        {
+            let per_step = now.saturating_duration_since(at) / u32::try_from(step - before).unwrap_or(u32::MAX);
+            self.step_time = Some(per_step.max(self.step_time.unwrap_or_default() / 2));
+        }
+        self.last_commit = Some((step, now));
+    }
 }
 
 /// The leader's memory of a job's retention: after every commit, and whenever the catalog
@@ -353,7 +372,11 @@ pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timin
                 let reason = format!("{} workers answered the quiesce", candidates.len());
                 return Some(Decision::Form(plan_generation(job, live, &candidates, removed, reason)));
             }
-            if waited < timing.lease {
+            // A survivor still heartbeating may be inside a device call that is not interrupted and
+            // answers once its step ends: a model whose step takes longer than the lease must not
+            // lose every survivor, and the state they hold, to a quiesce.
+            let patience = (timing.lease + live.step_time.unwrap_or_default() * 2).min(timing.abandon_after);
+            if waited < patience {
                 return None;
             }
             let names = silent.iter().map(|w| w.as_str()).collect::<Vec<_>>().join(", ");
@@ -367,11 +390,14 @@ pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timin
 }
 
 /// The job's retention rule. Scoped through its catalog, not a line: the catalog holds only the
-/// line's checkpoints (up to the one resumed from, and the job's own saves).
+/// line's checkpoints (up to the one resumed from, and the job's own saves). The job's own saves
+/// (`<line>.<attempt>g<generation>`) are its to collect once abandoned: the leader passes every
+/// one still running.
 pub fn retention(job: &Job) -> checkpoint::Retention {
     checkpoint::Retention {
         keep_last: job.shape.keep_last as usize,
         keep_every: job.shape.keep_every,
+        own_saves: Some(checkpoint::lineage::save_id(&job.line, &format!("{}g", job.attempt))),
         ..Default::default()
     }
 }
@@ -738,6 +764,46 @@ mod tests {
         };
         assert!(reason.contains(&format!("no answer to the quiesce from {b}")), "{reason}");
         assert_eq!(removed, vec![b]);
+    }
+
+    #[test]
+    fn a_survivor_in_a_long_step_gets_the_step_time_to_answer_the_quiesce() {
+        let start = Instant::now();
+        let now = start + Duration::from_secs(45);
+        let (mut job, mut live) = running(2, 5, now);
+        let [a, b] = [0, 1].map(|i| job.members[i].worker_id.clone());
+        // Steps committed 20 s apart, then 25 s apart: a model whose steps outlast the lease.
+        live.committed(4, start);
+        live.committed(5, start + Duration::from_secs(20));
+        live.committed(6, now);
+        assert_eq!(live.step_time, Some(Duration::from_secs(25)));
+        begin(&mut job, &mut live, now);
+        live.workers.get_mut(&a).unwrap().generation = 2;
+        // b heartbeats from inside its step and answers at its end, well past a lease.
+        let at = |after: Duration| {
+            let mut l = live.clone();
+            for w in l.workers.values_mut() {
+                w.last_seen = now + after;
+            }
+            l
+        };
+        let past_lease = Duration::from_secs(30);
+        assert_eq!(decide_generation(now + past_lease, &job, &at(past_lease), &TIMING), None);
+        let mut answered = at(past_lease);
+        answered.workers.get_mut(&b).unwrap().generation = 2;
+        let Some(Decision::Form(plan)) = decide_generation(now + past_lease, &job, &answered, &TIMING) else {
+            panic!("b answered: the generation forms with both")
+        };
+        assert_eq!(plan.members.len(), 2);
+        // One that never answers is dropped after the lease and two steps' time.
+        let gone = TIMING.lease + Duration::from_secs(50);
+        let Some(Decision::Begin { removed, .. }) = decide_generation(now + gone, &job, &at(gone), &TIMING) else {
+            panic!()
+        };
+        assert_eq!(removed, vec![b]);
+        // A burst of queued reports after an election does not make the steps look short.
+        live.committed(16, now + Duration::from_secs(1));
+        assert_eq!(live.step_time, Some(Duration::from_millis(12_500)));
     }
 
     #[test]

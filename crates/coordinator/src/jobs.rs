@@ -309,8 +309,10 @@ pub async fn report_checkpoint(
             .await
             .map_err(|_| JobError::FinalizeTimeout(FINALIZE_TIMEOUT))??;
         ctx.leader.with(|m| {
+            // Saves at or below a committed step never complete (a failed upload, a generation
+            // that ended): forgotten, so retention collects their directories.
             if let Some(saves) = m.saves.get_mut(&job.id) {
-                saves.remove(&key);
+                saves.retain(|(pending, _), _| *pending > key.0);
             }
             // The leader loop applies retention (and, after the final one, completes the job).
             m.jobs.entry(job.id.clone()).or_default().retention.wanted = true;

@@ -272,6 +272,7 @@ async fn tick_job(ctx: &Arc<Ctx>, job_id: &str, now: Instant) -> Result<(), NotS
             ctx.leader.with(|m| {
                 if let Some(live) = m.jobs.get_mut(job_id) {
                     live.step_reports.retain(|&s, _| s > step);
+                    live.committed(step, Instant::now());
                 }
             });
             if ctx.shared.read(|s| s.jobs.get(job_id).is_some_and(|j| j.state.is_terminal())) {

@@ -640,7 +640,7 @@ fn job(home: &Path, gb: f64) -> Result<()> {
         &spec,
         format!(
             "name: heal\nmodel: {{ hf: {} }}\nmesh: {{ dcn: 2, ici: {{ fsdp: 1, tp: 1 }} }}\n\
-             batch: {{ global: 2, micro: 1 }}\nseq_len: 32\nsteps: 100000\nseed: 1\n\
+             batch: {{ global: 2, micro: 1 }}\nseq_len: 128\nsteps: 100000\nseed: 1\n\
              data: {{ kind: arithmetic }}\noutput: {}\n",
             dir.join("model").display(),
             run.display()
@@ -716,5 +716,10 @@ fn job(home: &Path, gb: f64) -> Result<()> {
             kill(pid);
         }
     }
-    outcome
+    // The scratch directory goes with this function: say why the job failed before it does.
+    outcome.with_context(|| {
+        let log = std::fs::read_to_string(dir.join("launch.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        format!("the job's launch.log ends:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+    })
 }

@@ -122,6 +122,7 @@ impl StoreCommit {
                 keep_every: spec.keep_every,
                 min_orphan_age: Duration::ZERO,
                 line: Some(line.to_string()),
+                own_saves: None,
             },
             runtime,
         }
