@@ -49,6 +49,9 @@ const WORKER_EXIT_WAIT: Duration = Duration::from_secs(30);
 const DISK_MIB: u64 = 256;
 /// How fast the slow disk writes.
 const SLOW_DISK_BYTES_PER_SECOND: u64 = 1 << 20;
+/// A disk or store fault ends no sooner than this many steps past a checkpoint's step after it
+/// began: that checkpoint's write has started by then.
+const FAULT_SPANS_STEPS: u64 = 2;
 
 /// Where the harness finds its tools and keeps its files.
 #[derive(Debug, Clone)]
@@ -615,6 +618,15 @@ impl Harness {
                         if let Some(record) = last_of_slice(&mut run.events, k) {
                             record.join_started = Some(now);
                         }
+                    }
+                    Sequel::EndFault(kind)
+                        if run.events.iter().rev().find(|r| r.kind == kind).is_some_and(|r| {
+                            status.step < r.at_step + spec.checkpoint_every + FAULT_SPANS_STEPS
+                        }) =>
+                    {
+                        // A fault spans a checkpoint write: while other failures hold training
+                        // up, none may be due before the fault's time is over.
+                        still.push((due, sequel));
                     }
                     Sequel::EndFault(kind) => {
                         self.end_fault(kind)?;
