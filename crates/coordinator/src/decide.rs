@@ -254,7 +254,10 @@ fn lost_reason(now: Instant, worker: Option<&WorkerLive>, lease: Duration) -> Op
 pub fn stalled_on(now: Instant, job: &Job, live: &JobLive, timing: &Timing) -> BTreeMap<String, String> {
     let mut suspects = BTreeMap::new();
     let finished = job.committed_step >= job.shape.total_steps;
-    if job.state != JobState::Running || finished || job.members.len() < 2 || timing.suspect_after >= timing.lease
+    if job.state != JobState::Running
+        || finished
+        || job.members.len() < 2
+        || timing.suspect_after >= timing.lease
     {
         return suspects;
     }
@@ -265,8 +268,12 @@ pub fn stalled_on(now: Instant, job: &Job, live: &JobLive, timing: &Timing) -> B
         if silence(silent) <= timing.suspect_after || silent.last_seen <= silent.joined {
             continue;
         }
-        let others: Option<Vec<&WorkerLive>> =
-            job.members.iter().filter(|m| m.worker_id != member.worker_id).map(|m| of(&m.worker_id)).collect();
+        let others: Option<Vec<&WorkerLive>> = job
+            .members
+            .iter()
+            .filter(|m| m.worker_id != member.worker_id)
+            .map(|m| of(&m.worker_id))
+            .collect();
         let Some(others) = others else { continue };
         let waiting = others.iter().all(|w| {
             silence(w) <= timing.suspect_after
@@ -277,7 +284,7 @@ pub fn stalled_on(now: Instant, job: &Job, live: &JobLive, timing: &Timing) -> B
             suspects.insert(
                 member.worker_id.clone(),
                 format!(
-                    "silent for {:.1} s while the other {} member(s) wait at step {} or before",
+                    "stalled the others (silent for {:.1} s while the other {} member(s) wait at step {} or before)",
                     silence(silent).as_secs_f64(),
                     others.len(),
                     silent.steps_done + 1
@@ -725,7 +732,8 @@ mod tests {
             panic!("a new generation without b")
         };
         assert!(reason.contains(&b) && reason.contains("silent for 1.6 s"), "{reason}");
-        assert!(reason.contains("wait at step 6"), "{reason}");
+        assert!(reason.contains("wait at step 6") && reason.contains("stalled the others"), "{reason}");
+        assert_eq!(crate::metrics::recovery_cause(&reason), "stalled");
         assert_eq!(removed, vec![b.clone()]);
     }
 

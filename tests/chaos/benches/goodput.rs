@@ -46,8 +46,11 @@ fn main() -> anyhow::Result<()> {
     let mut rows = Vec::new();
     let mut recoveries = String::new();
     // CHAOS_ELASTIC_ONLY=1: podctl's policy alone (a quicker look at its recoveries).
-    let policies: &[Policy] =
-        if env("CHAOS_ELASTIC_ONLY", 0) == 1 { &[Policy::Elastic] } else { &[Policy::Elastic, Policy::RestartAll] };
+    let policies: &[Policy] = if env("CHAOS_ELASTIC_ONLY", 0) == 1 {
+        &[Policy::Elastic]
+    } else {
+        &[Policy::Elastic, Policy::RestartAll]
+    };
     for &policy in policies {
         let name = if policy == Policy::Elastic { "elastic" } else { "restart" };
         let run = harness.run_job(&spec(name), &events, policy)?;

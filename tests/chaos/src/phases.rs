@@ -193,7 +193,8 @@ pub fn analyse(failures: &[Failure], history: &[(f64, String, String)], trained:
                 }
             } else {
                 let removed = events("recovery").find(|&(unix, g)| unix >= t0 && g > f.generation);
-                let formed = removed.and_then(|(at, g)| events("generation").find(|&(u, h)| u >= at && h >= g));
+                let formed =
+                    removed.and_then(|(at, g)| events("generation").find(|&(u, h)| u >= at && h >= g));
                 let first = formed.and_then(|(_, g)| {
                     recovered_in = g;
                     steps.iter().find(|t| t.generation >= g).map(|t| t.unix)
@@ -251,7 +252,8 @@ fn parse_step_line(line: &str) -> Option<Trained> {
     if !after.split(' ').nth(1).is_some_and(|w| w == "loss") {
         return None;
     }
-    let generation = after.split_once("generation=")?.1.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()?;
+    let generation =
+        after.split_once("generation=")?.1.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()?;
     Some(Trained { unix: unix_of_rfc3339(stamp)?, step, generation })
 }
 
