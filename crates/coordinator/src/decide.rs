@@ -250,7 +250,8 @@ fn lost_reason(now: Instant, worker: Option<&WorkerLive>, lease: Duration) -> Op
 /// whole lease to re-form without it (a network cut drops packets without a reset, so no peer's
 /// connection breaks to name it). A member this leader has not yet heard from (a new leader)
 /// keeps its full lease, and a silent member the others are past (only its session to the
-/// leader broke) is not suspected.
+/// leader broke, or its heartbeats are late while it trains) is not suspected. The reason says
+/// `lease expired early`: metrics and the run record count it as the lease expiry it is.
 pub fn stalled_on(now: Instant, job: &Job, live: &JobLive, timing: &Timing) -> BTreeMap<String, String> {
     let mut suspects = BTreeMap::new();
     let finished = job.committed_step >= job.shape.total_steps;
@@ -284,7 +285,7 @@ pub fn stalled_on(now: Instant, job: &Job, live: &JobLive, timing: &Timing) -> B
             suspects.insert(
                 member.worker_id.clone(),
                 format!(
-                    "stalled the others (silent for {:.1} s while the other {} member(s) wait at step {} or before)",
+                    "lease expired early (silent for {:.1} s while the other {} member(s) wait on it at step {} or before)",
                     silence(silent).as_secs_f64(),
                     others.len(),
                     silent.steps_done + 1
@@ -732,8 +733,9 @@ mod tests {
             panic!("a new generation without b")
         };
         assert!(reason.contains(&b) && reason.contains("silent for 1.6 s"), "{reason}");
-        assert!(reason.contains("wait at step 6") && reason.contains("stalled the others"), "{reason}");
-        assert_eq!(crate::metrics::recovery_cause(&reason), "stalled");
+        assert!(reason.contains("wait on it at step 6"), "{reason}");
+        // Counted as what it is, a lease cut short (metrics, run record).
+        assert_eq!(crate::metrics::recovery_cause(&reason), "lease_expired");
         assert_eq!(removed, vec![b.clone()]);
     }
 

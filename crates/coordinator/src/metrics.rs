@@ -63,8 +63,6 @@ pub fn recovery_cause(reason: &str) -> &'static str {
         "preemption"
     } else if reason.contains("lease expired") {
         "lease_expired"
-    } else if reason.contains("stalled the others") {
-        "stalled"
     } else if reason.contains("failed") {
         "failure"
     } else if reason.contains("named lost") {
@@ -87,7 +85,7 @@ pub struct Counters {
     tokens: Family<JobLabels, Counter>,
     /// Step times (the slowest member's).
     step_seconds: Histograms,
-    /// Generation changes begun, by cause (`preemption`, `lease_expired`, `stalled`, `failure`, ...).
+    /// Generation changes begun, by cause (`preemption`, `lease_expired`, `failure`, ...).
     recoveries: Family<CauseLabels, Counter>,
     /// Workers removed whose lease had expired.
     lease_expiries: Family<JobLabels, Counter>,
@@ -576,11 +574,5 @@ mod tests {
         assert_eq!(recovery_cause("replacement w4 joined"), "replacement");
         assert_eq!(recovery_cause("no answer to the quiesce from w2"), "quiesce_timeout");
         assert_eq!(recovery_cause("w3 lease expired (silent for 3.2 s)"), "lease_expired");
-        assert_eq!(
-            recovery_cause(
-                "w3 stalled the others (silent for 1.6 s while the other 3 member(s) wait at step 9 or before)"
-            ),
-            "stalled"
-        );
     }
 }
