@@ -242,7 +242,7 @@ fn lost_reason(now: Instant, worker: Option<&WorkerLive>, lease: Duration) -> Op
 }
 
 /// The members of a running generation the others are stuck on, with why: a member silent for
-/// longer than `suspect_after` (but not yet a lease) while every other member is heard from (its
+/// longer than `suspect_after` (shorter than the lease) while every other member is heard from (its
 /// heartbeats come at least every heartbeat interval, even while it waits in the all-reduce) and
 /// none is more than one step past the silent one's last `steps_done`. A ring cannot finish a
 /// second step without a member, so survivors that are alive and not past it are waiting on it:
