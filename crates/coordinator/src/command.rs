@@ -88,6 +88,10 @@ struct NodeArgs {
     /// Worker heartbeat interval, milliseconds.
     #[arg(long, default_value_t = 1000)]
     heartbeat_ms: u64,
+    /// A member silent this long while the rest of its generation waits on it is lost before
+    /// its lease, milliseconds (default: 1.5 heartbeats; at or above the lease: off).
+    #[arg(long)]
+    suspect_ms: Option<u64>,
     /// Write each job's run record into its output directory.
     #[arg(long)]
     record_runs: bool,
@@ -274,6 +278,8 @@ fn config(args: NodeArgs) -> anyhow::Result<Config> {
     config.metrics_listen = args.metrics_listen;
     config.timeouts.lease = Duration::from_millis(args.lease_ms);
     config.timeouts.heartbeat = Duration::from_millis(args.heartbeat_ms);
+    config.timeouts.suspect_after =
+        Duration::from_millis(args.suspect_ms.unwrap_or(args.heartbeat_ms.saturating_mul(3) / 2));
     Ok(config)
 }
 

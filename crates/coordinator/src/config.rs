@@ -49,6 +49,10 @@ pub struct Timeouts {
     pub heartbeat: Duration,
     /// Silence longer than this loses a worker.
     pub lease: Duration,
+    /// Silence longer than this loses a member the rest of its generation waits on
+    /// (`decide::stalled_on`): they are heard from and none is past its step. Not above the
+    /// lease; at or above it turns the rule off.
+    pub suspect_after: Duration,
     /// How often the Raft leader heartbeats its followers.
     pub raft_heartbeat: Duration,
     /// A follower that hears no leader for a random time in `election_min..election_max`
@@ -77,6 +81,7 @@ impl Default for Timeouts {
         Self {
             heartbeat: Duration::from_secs(1),
             lease: Duration::from_secs(3),
+            suspect_after: Duration::from_millis(1500),
             raft_heartbeat: Duration::from_millis(120),
             election_min: Duration::from_millis(600),
             election_max: Duration::from_millis(1000),

@@ -148,6 +148,10 @@ pub struct RetentionLive {
 pub struct Timing {
     /// Silence longer than this loses a worker; a quiesce unanswered this long drops the silent.
     pub lease: Duration,
+    /// Silence longer than this loses a member the rest of its generation is stuck on
+    /// ([`stalled_on`]): shorter than the lease, because the survivors' heartbeats say the job
+    /// cannot go on without it.
+    pub suspect_after: Duration,
     /// A pending job starts with fewer than `dp_size` workers after waiting this long.
     pub formation_wait: Duration,
     /// A recovering job with no live worker for this long fails.
@@ -256,14 +260,72 @@ fn lost_reason(now: Instant, worker: Option<&WorkerLive>, lease: Duration) -> Op
     }
 }
 
+/// The members of a running generation the others are stuck on, with why: a member silent for
+/// longer than `suspect_after` (shorter than the lease) while every other member is heard from (its
+/// heartbeats come at least every heartbeat interval, even while it waits in the all-reduce) and
+/// none is more than one step past the silent one's last `steps_done`. A ring cannot finish a
+/// second step without a member, so survivors that are alive and not past it are waiting on it:
+/// their heartbeats are the report that their collective stalls, and the leader need not wait a
+/// whole lease to re-form without it (a network cut drops packets without a reset, so no peer's
+/// connection breaks to name it). A member this leader has not yet heard from (a new leader)
+/// keeps its full lease, and a silent member the others are past (only its session to the
+/// leader broke, or its heartbeats are late while it trains) is not suspected. The reason says
+/// `lease expired early`: metrics and the run record count it as the lease expiry it is.
+pub fn stalled_on(now: Instant, job: &Job, live: &JobLive, timing: &Timing) -> BTreeMap<String, String> {
+    let mut suspects = BTreeMap::new();
+    let finished = job.committed_step >= job.shape.total_steps;
+    if job.state != JobState::Running
+        || finished
+        || job.members.len() < 2
+        || timing.suspect_after >= timing.lease
+    {
+        return suspects;
+    }
+    let silence = |w: &WorkerLive| now.saturating_duration_since(w.last_seen);
+    let of = |id: &String| live.workers.get(id).filter(|w| w.out.is_none());
+    for member in &job.members {
+        let Some(silent) = of(&member.worker_id) else { continue };
+        if silence(silent) <= timing.suspect_after || silent.last_seen <= silent.joined {
+            continue;
+        }
+        let others: Option<Vec<&WorkerLive>> = job
+            .members
+            .iter()
+            .filter(|m| m.worker_id != member.worker_id)
+            .map(|m| of(&m.worker_id))
+            .collect();
+        let Some(others) = others else { continue };
+        let waiting = others.iter().all(|w| {
+            silence(w) <= timing.suspect_after
+                && w.generation == job.generation
+                && w.steps_done <= silent.steps_done + 1
+        });
+        if waiting {
+            suspects.insert(
+                member.worker_id.clone(),
+                format!(
+                    "lease expired early (silent for {:.1} s while the other {} member(s) wait on it at step {} or before)",
+                    silence(silent).as_secs_f64(),
+                    others.len(),
+                    silent.steps_done + 1
+                ),
+            );
+        }
+    }
+    suspects
+}
+
 /// Decides whether the job's generation must change, may be formed, or the job must fail.
 pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timing) -> Option<Decision> {
     if job.state.is_terminal() {
         return None;
     }
     let mut candidates = Vec::new();
-    let mut lost = BTreeMap::new();
+    let mut lost = stalled_on(now, job, live, timing);
     for (id, _) in job.active_workers() {
+        if lost.contains_key(id) {
+            continue;
+        }
         match lost_reason(now, live.workers.get(id), timing.lease) {
             None => candidates.push(id.clone()),
             Some(reason) => {
@@ -601,6 +663,7 @@ mod tests {
 
     const TIMING: Timing = Timing {
         lease: Duration::from_secs(3),
+        suspect_after: Duration::from_millis(1500),
         formation_wait: Duration::from_secs(30),
         abandon_after: Duration::from_secs(600),
         final_checkpoint_wait: Duration::from_secs(60),
@@ -667,6 +730,84 @@ mod tests {
         assert_eq!(plan.members.len(), 1);
         assert_eq!(plan.members[0].virtual_ranks, vec![0, 1]);
         assert!(plan.reason.contains("1 of 2 workers"), "{}", plan.reason);
+    }
+
+    #[test]
+    fn a_member_the_others_wait_on_is_lost_before_its_lease() {
+        let now = Instant::now();
+        let (job, mut live) = running(3, 5, now);
+        let [a, b, c] = [0, 1, 2].map(|i| job.members[i].worker_id.clone());
+        // This leader has heard from b before: it joined earlier than its last heartbeat.
+        live.workers.get_mut(&b).unwrap().joined = now - Duration::from_secs(10);
+        // b is cut off after step 5; a and c finish step 6 at most and wait, heartbeating.
+        let at = |after: Duration| {
+            let mut l = live.clone();
+            for w in [&a, &c] {
+                let w = l.workers.get_mut(w).unwrap();
+                w.last_seen = now + after;
+                w.steps_done = 6;
+            }
+            l
+        };
+        let early = now + Duration::from_millis(1400);
+        assert_eq!(decide_generation(early, &job, &at(Duration::from_millis(1400)), &TIMING), None);
+        let later = now + Duration::from_millis(1600);
+        let waiting = at(Duration::from_millis(1600));
+        assert_eq!(stalled_on(later, &job, &waiting, &TIMING).keys().collect::<Vec<_>>(), vec![&b]);
+        let Some(Decision::Begin { reason, removed }) = decide_generation(later, &job, &waiting, &TIMING)
+        else {
+            panic!("a new generation without b")
+        };
+        assert!(reason.contains(&b) && reason.contains("silent for 1.6 s"), "{reason}");
+        assert!(reason.contains("wait on it at step 6"), "{reason}");
+        // Counted as what it is, a lease cut short (metrics, run record).
+        assert_eq!(crate::metrics::recovery_cause(&reason), "lease_expired");
+        assert_eq!(removed, vec![b.clone()]);
+    }
+
+    #[test]
+    fn a_silent_member_keeps_its_lease_unless_the_others_are_stuck_on_it() {
+        let now = Instant::now();
+        let (job, mut live) = running(3, 5, now);
+        let [a, b, c] = [0, 1, 2].map(|i| job.members[i].worker_id.clone());
+        live.workers.get_mut(&b).unwrap().joined = now - Duration::from_secs(10);
+        let later = now + Duration::from_secs(2);
+        let heard = |l: &mut JobLive, w: &String, steps: u64| {
+            let w = l.workers.get_mut(w).unwrap();
+            w.last_seen = later;
+            w.steps_done = steps;
+        };
+        // The others went on past b's step: only b's session to the leader broke.
+        let mut past = live.clone();
+        heard(&mut past, &a, 8);
+        heard(&mut past, &c, 8);
+        assert_eq!(decide_generation(later, &job, &past, &TIMING), None);
+        // c is silent too: nobody is known to wait, so the lease decides.
+        let mut two_silent = live.clone();
+        heard(&mut two_silent, &a, 6);
+        assert_eq!(decide_generation(later, &job, &two_silent, &TIMING), None);
+        // A new leader has not heard from b yet: b gets its full lease.
+        let mut unheard = live.clone();
+        unheard.workers.get_mut(&b).unwrap().joined = now;
+        heard(&mut unheard, &a, 6);
+        heard(&mut unheard, &c, 6);
+        assert_eq!(decide_generation(later, &job, &unheard, &TIMING), None);
+        // A suspicion as long as the lease turns the rule off.
+        let mut waiting = live.clone();
+        heard(&mut waiting, &a, 6);
+        heard(&mut waiting, &c, 6);
+        let off = Timing { suspect_after: TIMING.lease, ..TIMING };
+        assert_eq!(decide_generation(later, &job, &waiting, &off), None);
+        assert!(decide_generation(later, &job, &waiting, &TIMING).is_some());
+        // Past the lease the lease decides, as before.
+        let lease = now + TIMING.lease + Duration::from_millis(100);
+        heard(&mut past, &a, 9);
+        past.workers.get_mut(&a).unwrap().last_seen = lease;
+        past.workers.get_mut(&c).unwrap().last_seen = lease;
+        let Some(Decision::Begin { reason, .. }) = decide_generation(lease, &job, &past, &TIMING) else {
+            panic!()
+        };
+        assert!(reason.contains("lease expired"), "{reason}");
     }
 
     #[test]

@@ -240,6 +240,8 @@ fn timing(ctx: &Ctx) -> Timing {
     let t = &ctx.config.timeouts;
     Timing {
         lease: t.lease,
+        // A live worker may be a heartbeat interval silent while it waits in the all-reduce.
+        suspect_after: t.suspect_after.max(t.heartbeat * 3 / 2),
         formation_wait: t.formation_wait,
         abandon_after: t.abandon_after,
         final_checkpoint_wait: t.final_checkpoint,

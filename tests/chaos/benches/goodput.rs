@@ -2,12 +2,13 @@
 //! same schedule, for the policy of XPK and JobSet (every failure restarts every worker from the
 //! last committed checkpoint), side by side. Goodput is the uninterrupted run's time for the
 //! job's steps over the time the run under failures took for them (first to last committed
-//! step). Needs root (network namespaces).
+//! step). Beside it, the phases of the elastic run's recoveries and the seconds each cost
+//! ([`podctl_chaos::phases`]). Needs root (network namespaces).
 //!
 //! `cargo bench -p podctl-chaos --bench goodput` (env: CHAOS_SEED, CHAOS_EVERY_SECONDS,
-//! CHAOS_DURATION_SECONDS, CHAOS_STEPS).
+//! CHAOS_DURATION_SECONDS, CHAOS_STEPS, CHAOS_ELASTIC_ONLY=1, CHAOS_KEEP=1).
 
-use podctl_chaos::{Harness, JobSpec, Policy, Setup, build_binaries, print_events, schedule, verify};
+use podctl_chaos::{Harness, JobSpec, Policy, Setup, build_binaries, phases, print_events, schedule, verify};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -43,11 +44,22 @@ fn main() -> anyhow::Result<()> {
     let calm = harness.run_job(&spec("calm"), &[], Policy::Elastic)?;
     let events = schedule::by_time(seed, every, duration, 4);
     let mut rows = Vec::new();
-    for policy in [Policy::Elastic, Policy::RestartAll] {
+    let mut recoveries = String::new();
+    // CHAOS_ELASTIC_ONLY=1: podctl's policy alone (a quicker look at its recoveries).
+    let policies: &[Policy] = if env("CHAOS_ELASTIC_ONLY", 0) == 1 {
+        &[Policy::Elastic]
+    } else {
+        &[Policy::Elastic, Policy::RestartAll]
+    };
+    for &policy in policies {
         let name = if policy == Policy::Elastic { "elastic" } else { "restart" };
         let run = harness.run_job(&spec(name), &events, policy)?;
         print_events(&run);
         let verified = verify(&harness, &calm, &run)?;
+        if policy == Policy::Elastic {
+            let (of_run, step) = phases::of_run(&run, &dir);
+            recoveries = phases::render(&of_run, step, run.wall_seconds, calm.wall_seconds);
+        }
         let lost: u64 = run.events.iter().filter_map(|e| e.steps_lost).sum();
         rows.push((name, run.events.len(), run.wall_seconds, lost, verified.checkpoints_equal));
     }
@@ -61,6 +73,13 @@ fn main() -> anyhow::Result<()> {
             100.0 * calm.wall_seconds / wall
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    // Where podctl elastic's missing percent goes.
+    print!("{recoveries}");
+    // CHAOS_KEEP=1 keeps the logs (workers', nodes') for a look.
+    if env("CHAOS_KEEP", 0) == 1 {
+        println!("logs kept in {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     Ok(())
 }

@@ -22,6 +22,7 @@
 
 pub mod disk;
 pub mod net;
+pub mod phases;
 pub mod procs;
 pub mod schedule;
 pub mod soak;
