@@ -121,7 +121,8 @@ impl JobLive {
         if let Some((before, at)) = self.last_commit
             && step > before
         {
-            let per_step = now.saturating_duration_since(at) / u32::try_from(step - before).unwrap_or(u32::MAX);
+            let per_step =
+                now.saturating_duration_since(at) / u32::try_from(step - before).unwrap_or(u32::MAX);
             self.step_time = Some(per_step.max(self.step_time.unwrap_or_default() / 2));
         }
         self.last_commit = Some((step, now));
@@ -938,7 +939,8 @@ mod tests {
         assert_eq!(plan.members.len(), 2);
         // One that never answers is dropped after the lease and two steps' time.
         let gone = TIMING.lease + Duration::from_secs(50);
-        let Some(Decision::Begin { removed, .. }) = decide_generation(now + gone, &job, &at(gone), &TIMING) else {
+        let Some(Decision::Begin { removed, .. }) = decide_generation(now + gone, &job, &at(gone), &TIMING)
+        else {
             panic!()
         };
         assert_eq!(removed, vec![b]);

@@ -676,12 +676,12 @@ impl Harness {
                             && self.coordinators.all_alive()
                     }
                     kind if kind.hits_storage() => {
-                        !open.iter().any(|r| r.kind.hits_storage()) && !pending(&|s| matches!(s, Sequel::EndFault(_)))
+                        !open.iter().any(|r| r.kind.hits_storage())
+                            && !pending(&|s| matches!(s, Sequel::EndFault(_)))
                     }
                     _ => {
                         let k = event.slice;
-                        let slice_lane =
-                            |s: &Sequel| matches!(s, Sequel::Replace(j) | Sequel::Heal(j) | Sequel::Reboot(j) if *j == k);
+                        let slice_lane = |s: &Sequel| matches!(s, Sequel::Replace(j) | Sequel::Heal(j) | Sequel::Reboot(j) if *j == k);
                         whole(k)
                             && !pending(&slice_lane)
                             && !open.iter().any(|r| r.slice == Some(k))
@@ -1191,7 +1191,11 @@ mod tests {
             event(10.2, "recovery", "generation 4: j.w1 left"),
             event(10.4, "generation", "generation 4 from step 30 (j.w1 left): j.w0:[0] j.w2:[1,2] j.w3:[3]"),
             event(13.0, "recovery", "generation 5: j.w2 named lost by j.w0 (timeout)"),
-            event(13.3, "generation", "generation 5 from step 38 (j.w2 named lost by j.w0): j.w0:[0,1] j.w3:[2,3]"),
+            event(
+                13.3,
+                "generation",
+                "generation 5 from step 38 (j.w2 named lost by j.w0): j.w0:[0,1] j.w3:[2,3]",
+            ),
         ];
         assert_eq!(removal_of(&history, 10.0, "j.w2"), Some(13.0));
         assert_eq!(removal_of(&history, 9.9, "j.w1"), Some(10.2));

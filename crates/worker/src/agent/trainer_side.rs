@@ -33,7 +33,9 @@ use tokio::sync::{mpsc, watch};
 /// commit in a burst once a leader answers. Bounded, well under the coordinator's
 /// `MAX_STEPS_AHEAD` (64), which the leader refuses beyond; a new generation started meanwhile
 /// carries the steps finished and not committed (`decide::plan_generation`), so nothing is lost.
-pub(super) const REPORTS_IN_FLIGHT: usize = 32;
+const REPORTS_IN_FLIGHT: usize = 32;
+// An election of ~2.5 s at 0.1-0.4 s steps is 7-25 steps; the leader refuses beyond 64.
+const _: () = assert!(REPORTS_IN_FLIGHT >= 8 && REPORTS_IN_FLIGHT < 64);
 /// Forming the ring waits this long for every member: members catch up (or restore) first.
 const FORM_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -495,34 +497,4 @@ pub(super) fn log(logs: &mpsc::Sender<LogLine>, line: LogLine, level: &str, mess
 /// The first 12 hex digits of an identity, for logs.
 fn short(id: &str) -> &str {
     &id[..12.min(id.len())]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn report(step: u64) -> StepReport {
-        StepReport { job_id: "j".into(), worker_id: "j.w1".into(), generation: 1, step, ..Default::default() }
-    }
-
-    /// While no leader takes a report (an election), the trainer's step reports queue instead of
-    /// holding up the next step: `REPORTS_IN_FLIGHT` steps (one in the session's hands, the rest
-    /// queued), enough for an election of a few seconds at sub-second steps, and within the
-    /// 64 steps (`coordinator::decide::MAX_STEPS_AHEAD`) a leader accepts ahead of the commit.
-    #[test]
-    fn the_trainer_runs_ahead_of_reports_no_leader_has_taken() {
-        let (reports, mut session) = mpsc::channel(REPORTS_IN_FLIGHT - 1);
-        // The session holds step 1's report, unanswered.
-        reports.try_send(report(1)).unwrap();
-        assert_eq!(session.try_recv().unwrap().step, 1);
-        for step in 2..=REPORTS_IN_FLIGHT as u64 {
-            reports.try_send(report(step)).unwrap_or_else(|e| panic!("step {step} waited: {e}"));
-        }
-        assert!(reports.try_send(report(REPORTS_IN_FLIGHT as u64 + 1)).is_err(), "bounded");
-        // An election of ~2.5 s at 0.36 s steps is 7 steps; the leader refuses beyond 64.
-        assert!((8..64).contains(&REPORTS_IN_FLIGHT), "{REPORTS_IN_FLIGHT}");
-        // They go to the new leader in order.
-        let sent: Vec<u64> = std::iter::from_fn(|| session.try_recv().ok()).map(|r| r.step).collect();
-        assert_eq!(sent, (2..=REPORTS_IN_FLIGHT as u64).collect::<Vec<_>>());
-    }
 }
