@@ -309,13 +309,8 @@ mod tests {
     #[test]
     fn keeps_the_last_k_and_every_nth() {
         let committed: Vec<_> = [100, 200, 300, 400, 500, 600].map(commit).to_vec();
-        let r = Retention {
-            keep_last: 2,
-            keep_every: 300,
-            min_orphan_age: Duration::ZERO,
-            line: None,
-            own_saves: None,
-        };
+        let r =
+            Retention { keep_last: 2, keep_every: 300, min_orphan_age: Duration::ZERO, ..Default::default() };
         let plan = plan_gc(&committed, &[], &r, &BTreeSet::new(), NOW);
         assert_eq!(steps(&plan.keep), vec![600, 500, 300]);
         assert_eq!(steps(&plan.expire), vec![400, 200, 100]);
@@ -324,13 +319,7 @@ mod tests {
     #[test]
     fn never_expires_the_newest() {
         let committed: Vec<_> = [1, 2, 3].map(commit).to_vec();
-        let r = Retention {
-            keep_last: 0,
-            keep_every: 0,
-            min_orphan_age: Duration::ZERO,
-            line: None,
-            own_saves: None,
-        };
+        let r = Retention { keep_last: 0, min_orphan_age: Duration::ZERO, ..Default::default() };
         let plan = plan_gc(&committed, &[], &r, &BTreeSet::new(), NOW);
         assert_eq!(steps(&plan.keep), vec![3]);
         assert_eq!(steps(&plan.expire), vec![2, 1]);
@@ -359,13 +348,7 @@ mod tests {
     fn orphans_are_collected_unless_active_or_young() {
         let committed = vec![commit(100)];
         let saves = vec![stored(100, 0), stored(200, 0), stored(300, 0), stored(400, NOW - 10)];
-        let r = Retention {
-            keep_last: 1,
-            keep_every: 0,
-            min_orphan_age: Duration::from_secs(60),
-            line: None,
-            own_saves: None,
-        };
+        let r = Retention { keep_last: 1, min_orphan_age: Duration::from_secs(60), ..Default::default() };
         let active = BTreeSet::from([(300, "s300".to_string())]);
         let plan = plan_gc(&committed, &saves, &r, &active, NOW);
         assert_eq!(plan.orphans, vec![crate::layout::dir_name(200, "s200")]);
@@ -384,13 +367,7 @@ mod tests {
             dir: crate::layout::dir_name(70, "r1.s0a0b0c0dg1"),
             ..running
         };
-        let r = Retention {
-            keep_last: 3,
-            keep_every: 0,
-            min_orphan_age: Duration::ZERO,
-            line: None,
-            own_saves: None,
-        };
+        let r = Retention { keep_last: 3, min_orphan_age: Duration::ZERO, ..Default::default() };
         let active = BTreeSet::from([(70, "r1.s0a0b0c0dg1".to_string())]);
         let plan = plan_gc(&committed, &[running], &r, &active, NOW);
         assert_eq!(steps(&plan.keep), vec![60, 50, 40]);
@@ -431,13 +408,7 @@ mod tests {
     fn a_directory_with_a_commit_marker_is_never_an_orphan() {
         // Committed by another submission: this job's log does not know it, its marker does.
         let saves = vec![StoredSave { marked: true, ..stored(50, 0) }, stored(60, 0)];
-        let r = Retention {
-            keep_last: 1,
-            keep_every: 0,
-            min_orphan_age: Duration::ZERO,
-            line: None,
-            own_saves: None,
-        };
+        let r = Retention { keep_last: 1, min_orphan_age: Duration::ZERO, ..Default::default() };
         let plan = plan_gc(&[commit(100)], &saves, &r, &BTreeSet::new(), NOW);
         assert_eq!(plan.orphans, vec![crate::layout::dir_name(60, "s60")]);
     }

@@ -96,13 +96,7 @@ async fn gcs_reads_ranged_reads_lists_and_deletes_through_fake_gcs_server() {
     assert!(plan.fetched_bytes() < checkpoint.manifest().data_bytes() / 4);
     checkpoint.execute(&plan).await.unwrap();
 
-    let retention = Retention {
-        keep_last: 1,
-        keep_every: 0,
-        min_orphan_age: Duration::ZERO,
-        line: None,
-        own_saves: None,
-    };
+    let retention = Retention { keep_last: 1, min_orphan_age: Duration::ZERO, ..Default::default() };
     let report = gc(&storage, &log, &retention, &[]).await.unwrap();
     assert_eq!(report.plan.expire, vec![c1]);
     let left = checkpoint::list(&storage, &log).await.unwrap();

@@ -144,13 +144,7 @@ async fn killed_writer_leaves_nothing_committed(path: &str) {
     let whole: Vec<Sharding> = previous.arrays.iter().map(|a| Sharding::replicated(a.shape.len())).collect();
     assert_restores(&found, &previous, &fulls, &ici(&[("x", 1)]), &whole).await;
 
-    let retention = Retention {
-        keep_last: 1,
-        keep_every: 0,
-        min_orphan_age: Duration::ZERO,
-        line: None,
-        own_saves: None,
-    };
+    let retention = Retention { keep_last: 1, min_orphan_age: Duration::ZERO, ..Default::default() };
     let report = gc(&storage, &log, &retention, &[]).await.unwrap();
     assert_eq!(report.plan.orphans, vec!["000000000200-killed".to_string()]);
     assert!(!killed_dir.exists(), "gc removed the orphan, staging files included");

@@ -85,13 +85,8 @@ async fn retention_keeps_last_k_every_nth_and_collects_orphans() {
         let buffers = host_buffers(&spec, &fulls(&spec), 0);
         checkpoint::save_host(&storage, &spec, 0, buffers, &small_chunks()).await.unwrap();
     }
-    let retention = Retention {
-        keep_last: 2,
-        keep_every: 200,
-        min_orphan_age: Duration::ZERO,
-        line: None,
-        own_saves: None,
-    };
+    let retention =
+        Retention { keep_last: 2, keep_every: 200, min_orphan_age: Duration::ZERO, ..Default::default() };
     let report = gc(&storage, &log, &retention, &[(700, "running".to_string())]).await.unwrap();
     let kept: Vec<u64> = report.plan.keep.iter().map(|c| c.step).collect();
     assert_eq!(kept, vec![500, 400, 200]);
@@ -107,13 +102,7 @@ async fn retention_keeps_last_k_every_nth_and_collects_orphans() {
     assert_eq!(listed, vec![200, 400, 500]);
 
     // Keeping nothing still keeps the newest.
-    let none = Retention {
-        keep_last: 0,
-        keep_every: 0,
-        min_orphan_age: Duration::ZERO,
-        line: None,
-        own_saves: None,
-    };
+    let none = Retention { keep_last: 0, min_orphan_age: Duration::ZERO, ..Default::default() };
     gc(&storage, &log, &none, &[(700, "running".to_string())]).await.unwrap();
     let listed: Vec<u64> = log.list().await.unwrap().iter().map(|c| c.step).collect();
     assert_eq!(listed, vec![500]);

@@ -40,13 +40,7 @@ async fn s3_multipart_save_commit_restore_and_gc_through_moto() {
     listed.sort_by_key(|c| c.step);
     assert_eq!(listed, vec![c1.clone(), c2.clone()]);
 
-    let retention = Retention {
-        keep_last: 1,
-        keep_every: 0,
-        min_orphan_age: Duration::ZERO,
-        line: None,
-        own_saves: None,
-    };
+    let retention = Retention { keep_last: 1, min_orphan_age: Duration::ZERO, ..Default::default() };
     let report = gc(&storage, &log, &retention, &[]).await.unwrap();
     assert_eq!(report.plan.expire, vec![c1]);
     let left = checkpoint::list(&storage, &log).await.unwrap();
