@@ -249,7 +249,7 @@ fn parse_step_line(line: &str) -> Option<Trained> {
     let (stamp, rest) = line.split_once(' ')?;
     let (_, after) = rest.split_once(": step ")?;
     let step = after.split(' ').next()?.parse().ok()?;
-    if !after.split(' ').nth(1).is_some_and(|w| w == "loss") {
+    if after.split(' ').nth(1).is_none_or(|w| w != "loss") {
         return None;
     }
     let generation =
