@@ -4,8 +4,8 @@
 //! running and the time, so the rules are tested without a store: keep the last K commits and
 //! every Nth step, always the newest commit; expire other commits; collect directories that
 //! were never committed (a failed or killed save) unless their save is active or was touched
-//! less than `min_orphan_age` ago; the caller's own abandoned saves ([`Retention::own_saves`]) at
-//! once.
+//! less than `min_orphan_age` ago; the caller's saves of a generation that ended
+//! ([`Retention::own_saves`]) at once.
 //!
 //! A save is named by its step *and* its id: one attempt (a process, a coordinator's
 //! generation) writes many steps under the same save id, so an id alone would protect every
@@ -33,13 +33,35 @@ pub struct Retention {
     /// Apply the rules within this line of checkpoints only ([`crate::lineage`]), never expiring
     /// another line's: a run keeps its own last K. `None`: every commit under the root.
     pub line: Option<String>,
-    /// Save ids starting with this are the caller's own, and every one of them still running is
-    /// in `active` (a coordinator's job: `<line>.<attempt>g`). An uncommitted directory of its
-    /// own below the newest commit is an abandoned save (an upload that failed, a generation that
-    /// ended) and goes at once, whatever its age: on a small disk, failed saves piling up for
+    /// The caller's own saves, by generation: those of a generation that ended are abandoned
+    /// and go at once, whatever their age. On a small disk, failed saves piling up for
     /// `min_orphan_age` filled it, and then no checkpoint could commit again. `None`: the age
     /// guard for every directory.
-    pub own_saves: Option<String>,
+    pub own_saves: Option<OwnSaves>,
+}
+
+/// A coordinator job's saves: ids `<prefix><generation>` (`<line>.<attempt>g<generation>`).
+///
+/// Only a save of an ended generation is certain to be abandoned: the coordinator refuses every
+/// report of an ended generation, so it never commits. One of the generation now running may
+/// still commit below the newest commit (its reports went to a leader that died and reach the
+/// next one after a later save's), so it keeps the age guard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnSaves {
+    /// What every one of the caller's save ids starts with, before the generation.
+    pub prefix: String,
+    /// The generation running now.
+    pub generation: u64,
+}
+
+impl OwnSaves {
+    /// Whether `save_id` is the caller's, from a generation before the running one.
+    pub fn ended(&self, save_id: &str) -> bool {
+        save_id
+            .strip_prefix(&self.prefix)
+            .and_then(|generation| generation.parse::<u64>().ok())
+            .is_some_and(|generation| generation < self.generation)
+    }
 }
 
 impl Default for Retention {
@@ -129,12 +151,10 @@ pub fn plan_gc(
     }
     let committed_dirs: BTreeSet<String> = committed.iter().map(CommitRecord::dir).collect();
     let min_age = i64::try_from(retention.min_orphan_age.as_secs()).unwrap_or(i64::MAX);
-    let newest_commit = committed.iter().map(|c| c.step).max();
     for s in stored {
         let young = now_unix.saturating_sub(s.newest_write_unix) < min_age;
         let running = active.contains(&(s.step, s.save_id.clone()));
-        let abandoned = retention.own_saves.as_deref().is_some_and(|own| s.save_id.starts_with(own))
-            && newest_commit.is_some_and(|newest| s.step < newest);
+        let abandoned = retention.own_saves.as_ref().is_some_and(|own| own.ended(&s.save_id));
         if !committed_dirs.contains(&s.dir) && !s.marked && !running && (abandoned || !young) {
             plan.orphans.push(s.dir.clone());
         }
@@ -376,7 +396,7 @@ mod tests {
     }
 
     #[test]
-    fn the_callers_own_abandoned_saves_go_at_once_and_no_one_elses() {
+    fn the_callers_saves_of_an_ended_generation_go_at_once_and_no_one_elses() {
         let own = "r1.s0a0b0c0dg";
         let save = |step: u64, id: &str| StoredSave {
             save_id: id.into(),
@@ -385,20 +405,25 @@ mod tests {
         };
         let committed = vec![CommitRecord { save_id: format!("{own}3"), ..commit(100) }];
         let saves = vec![
-            save(80, &format!("{own}2")),  // failed in an earlier generation: abandoned
-            save(90, &format!("{own}3")),  // this generation's, failed: abandoned
+            save(80, &format!("{own}2")),  // an ended generation's: abandoned
+            save(120, &format!("{own}1")), // above the newest commit, still of an ended one
+            save(90, &format!("{own}3")),  // this generation's below the commit: may still commit
             save(95, &format!("{own}3")),  // running
-            save(110, &format!("{own}3")), // above the newest commit: may still be running
+            save(90, &format!("{own}31")), // a later generation's (a prefix is not a number)
             save(90, "r1.s1f1f1f1fg1"),    // another submission's: only the age guard
         ];
         let r = Retention {
             min_orphan_age: Duration::from_secs(60),
-            own_saves: Some(own.into()),
+            own_saves: Some(OwnSaves { prefix: own.into(), generation: 3 }),
             ..Default::default()
         };
         let active = BTreeSet::from([(95, format!("{own}3"))]);
         let plan = plan_gc(&committed, &saves, &r, &active, NOW);
         assert_eq!(plan.orphans, vec![saves[0].dir.clone(), saves[1].dir.clone()]);
+        // Once old enough, this generation's failed save goes too; the running one never.
+        let later = plan_gc(&committed, &saves, &r, &active, NOW + 61);
+        assert_eq!(later.orphans.len(), 5, "{:?}", later.orphans);
+        assert!(!later.orphans.contains(&saves[3].dir));
         // Without `own_saves` they wait for the age guard like any other.
         let guarded = plan_gc(&committed, &saves, &Retention { own_saves: None, ..r }, &active, NOW);
         assert!(guarded.orphans.is_empty(), "{:?}", guarded.orphans);

@@ -48,7 +48,7 @@ pub mod topology;
 
 pub use commit::{CommitLog, CommitRecord, StoreCommitLog, committed_newest_first, finalize};
 pub use error::{CheckpointError, Result};
-pub use gc::{ActiveSave, GcReport, Listing, Retention, gc, list, remove};
+pub use gc::{ActiveSave, GcReport, Listing, OwnSaves, Retention, gc, list, remove};
 pub use manifest::{DataPosition, Limits, Manifest};
 pub use restore::{Checkpoint, ReadOptions, RestoredShard, VerifyReport, newest_verified};
 pub use save::{HostReport, HostUpload, SaveOptions, SaveProgress, SaveSpec, ShardBuffer, save_host};

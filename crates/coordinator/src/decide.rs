@@ -453,14 +453,16 @@ pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timin
 }
 
 /// The job's retention rule. Scoped through its catalog, not a line: the catalog holds only the
-/// line's checkpoints (up to the one resumed from, and the job's own saves). The job's own saves
-/// (`<line>.<attempt>g<generation>`) are its to collect once abandoned: the leader passes every
-/// one still running.
+/// line's checkpoints (up to the one resumed from, and the job's own saves). The job's saves of
+/// an ended generation (`<line>.<attempt>g<generation>`) never commit: collected at once.
 pub fn retention(job: &Job) -> checkpoint::Retention {
     checkpoint::Retention {
         keep_last: job.shape.keep_last as usize,
         keep_every: job.shape.keep_every,
-        own_saves: Some(checkpoint::lineage::save_id(&job.line, &format!("{}g", job.attempt))),
+        own_saves: Some(checkpoint::OwnSaves {
+            prefix: checkpoint::lineage::save_id(&job.line, &format!("{}g", job.attempt)),
+            generation: job.generation,
+        }),
         ..Default::default()
     }
 }

@@ -309,10 +309,11 @@ pub async fn report_checkpoint(
             .await
             .map_err(|_| JobError::FinalizeTimeout(FINALIZE_TIMEOUT))??;
         ctx.leader.with(|m| {
-            // Saves at or below a committed step never complete (a failed upload, a generation
-            // that ended): forgotten, so retention collects their directories.
+            // Only this save: an earlier one may still complete (its reports went to a leader
+            // that died and reach this one after a later save's). An ended generation's saves
+            // are forgotten when the next one begins.
             if let Some(saves) = m.saves.get_mut(&job.id) {
-                saves.retain(|(pending, _), _| *pending > key.0);
+                saves.remove(&key);
             }
             // The leader loop applies retention (and, after the final one, completes the job).
             m.jobs.entry(job.id.clone()).or_default().retention.wanted = true;
