@@ -28,6 +28,7 @@ async fn the_cluster_survives_a_leader_sigkill_and_a_full_restart() {
         heartbeat: Duration::from_secs(1),
         total_steps: 60,
         checkpoint_every: 10,
+        late_saves: Vec::new(),
     };
     let workers: Vec<_> = ["a", "b", "c"]
         .into_iter()

@@ -58,6 +58,7 @@ fn opts() -> SimOptions {
         heartbeat: Duration::from_millis(200),
         total_steps: 100_000,
         checkpoint_every: 0,
+        late_saves: Vec::new(),
     }
 }
 

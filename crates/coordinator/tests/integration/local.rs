@@ -103,6 +103,64 @@ async fn a_job_runs_to_the_end_with_checkpoints_kv_logs_and_a_run_record() {
     node.stop().await.unwrap();
 }
 
+/// CI saw a leader kill lose checkpoint 20: its reports reached the new leader after step 25's
+/// save committed, and retention had taken its directory for an abandoned save's in between (or
+/// the leader had forgotten the parts reported before).
+#[tokio::test]
+async fn a_save_whose_report_comes_after_a_later_commit_still_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, addr) = embedded(dir.path(), None, true).await;
+    let admin = client(vec![addr.clone()], ADMIN, None);
+    // Every checkpoint kept, so each can be verified at the end.
+    let every_kept = spec("late", 2, 24, Some(4), dir.path()).replace("keep: 2", "keep: 10");
+    let submitted = admin.submit(&submit_request(every_kept)).await.unwrap();
+    let job = submitted.job_id.clone();
+    let wc = admin.with_token(&submitted.job_token).unwrap();
+    // Both members report their part of step 4's save after steps 8 and 12 committed (its
+    // directory is nobody's pending save meanwhile); a reports its part of step 8's after 12 and
+    // 16 did, b at once (b's part is pending meanwhile).
+    let [four_a, four_b, eight_a] = [(); 3].map(|()| sim::LateSave::default());
+    let lates = [vec![(4, four_a.clone()), (8, eight_a.clone())], vec![(4, four_b.clone())]];
+    let workers = ["a", "b"].into_iter().zip(lates).map(|(name, late_saves)| {
+        let opts = SimOptions { late_saves, ..SimOptions::quick(24, 4) };
+        tokio::spawn(sim::run(wc.clone(), job.clone(), name.into(), opts))
+    });
+    for worker in workers.collect::<Vec<_>>() {
+        let report = tokio::time::timeout(Duration::from_secs(60), worker).await.unwrap().unwrap();
+        assert!(report.stop_reason.contains("Completed"), "{report:?}");
+    }
+    let answer = |cell: &sim::LateSave| cell.lock().unwrap().clone();
+    let four = [answer(&four_a), answer(&four_b)];
+    assert!(four.contains(&Some(Ok(true))), "one of the late reports committed step 4: {four:?}");
+    assert_eq!(answer(&eight_a), Some(Ok(true)), "a's late report committed step 8");
+    let run = dir.path().join("run");
+    let events = std::fs::read_to_string(run.join("events.jsonl")).unwrap();
+    let commits: Vec<&str> = events.lines().filter(|l| l.contains("\"checkpoint\"")).collect();
+    let committed_at = |step: u64| commits.iter().position(|l| l.contains(&format!("/{step:012}-")));
+    let at = |step| committed_at(step).unwrap_or_else(|| panic!("step {step} committed: {commits:#?}"));
+    assert!(at(4) > at(12) && at(8) > at(16), "the late saves committed after later ones: {commits:#?}");
+    // Each committed checkpoint is whole: none lost a member's part to retention.
+    let kept = admin.checkpoints(&job).await.unwrap();
+    assert_eq!(kept.iter().map(|c| c.step).collect::<Vec<_>>(), [4, 8, 12, 16, 20, 24], "{kept:?}");
+    let storage = checkpoint::Storage::open(
+        &format!("file://{}", dir.path().join("checkpoints").display()),
+        &Default::default(),
+    )
+    .unwrap();
+    let commits =
+        checkpoint::committed_newest_first(&checkpoint::StoreCommitLog::new(storage.clone())).await.unwrap();
+    assert_eq!(commits.len(), 6, "{commits:?}");
+    for commit in &commits {
+        let opened = checkpoint::Checkpoint::open(&storage, commit, &Default::default()).await;
+        let verified = match opened {
+            Ok(c) => c.verify().await.map(drop),
+            Err(e) => Err(e),
+        };
+        assert!(verified.is_ok(), "checkpoint {}: {verified:?}", commit.step);
+    }
+    node.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_lost_worker_is_replaced_and_no_step_is_lost_or_repeated() {
     let dir = tempfile::tempdir().unwrap();

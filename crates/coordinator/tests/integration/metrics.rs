@@ -62,6 +62,7 @@ async fn metrics_move_with_steps_checkpoints_and_a_lost_worker() {
         heartbeat: Duration::from_millis(200),
         total_steps: 400,
         checkpoint_every: 5,
+        late_saves: Vec::new(),
     };
     let a = tokio::spawn(sim::run(wc.clone(), job.clone(), "a".into(), opts.clone()));
     let b = tokio::spawn(sim::run(wc.clone(), job.clone(), "b".into(), opts));

@@ -13,6 +13,7 @@ use proto::v1::{
 };
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// How a simulated worker behaves.
@@ -22,7 +23,14 @@ pub struct SimOptions {
     pub heartbeat: Duration,
     pub total_steps: u64,
     pub checkpoint_every: u64,
+    /// Saves of these steps whose part this worker writes at once but reports only once two
+    /// later checkpoints are committed, as reports sent to a leader that died reach the next one
+    /// after later saves'; whether the report committed the save goes into the cell.
+    pub late_saves: Vec<(u64, LateSave)>,
 }
+
+/// Whether a late save's report committed it (`None` until it was answered).
+pub type LateSave = Arc<Mutex<Option<Result<bool, String>>>>;
 
 impl SimOptions {
     /// Steps of 30 ms, heartbeats every 200 ms.
@@ -32,6 +40,7 @@ impl SimOptions {
             heartbeat: Duration::from_millis(200),
             total_steps,
             checkpoint_every,
+            late_saves: Vec::new(),
         }
     }
 }
@@ -105,6 +114,12 @@ async fn save(
     worker_id: &str,
     step: u64,
 ) -> Result<v1::CheckpointAck, ClientError> {
+    let report = write_part(a, step).await;
+    report_part(client, a, worker_id, step, report).await
+}
+
+/// Writes this host's part of the save of `step`.
+async fn write_part(a: &Assignment, step: u64) -> (SaveSpec, checkpoint::HostReport) {
     let spec = save_spec(a, step);
     let host = a.slice as usize;
     let storage = Storage::open(&a.checkpoint_uri, &Default::default()).unwrap();
@@ -121,6 +136,17 @@ async fn save(
         .collect();
     let report =
         checkpoint::save_host(&storage, &spec, host, buffers, &SaveOptions::default()).await.unwrap();
+    (spec, report)
+}
+
+/// Reports a written part of the save of `step`.
+async fn report_part(
+    client: &Client,
+    a: &Assignment,
+    worker_id: &str,
+    step: u64,
+    (spec, report): (SaveSpec, checkpoint::HostReport),
+) -> Result<v1::CheckpointAck, ClientError> {
     client
         .report_checkpoint(CheckpointReport {
             job_id: a.job_id.clone(),
@@ -132,6 +158,22 @@ async fn save(
             save_spec: Some(client::checkpoint::save_spec_to_wire(&spec)),
         })
         .await
+}
+
+/// Writes this host's part of the save of `step` now and reports it once the job has committed
+/// two later checkpoints: the retention run after the first has ended by then.
+async fn save_late(client: Client, a: Assignment, worker_id: String, step: u64, every: u64, cell: LateSave) {
+    let part = write_part(&a, step).await;
+    loop {
+        let later =
+            client.checkpoints(&a.job_id).await.is_ok_and(|c| c.iter().any(|c| c.step > step + every));
+        if later {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let answer = report_part(&client, &a, &worker_id, step, part).await;
+    *cell.lock().unwrap() = Some(answer.map(|ack| ack.committed).map_err(|e| e.to_string()));
 }
 
 fn step_work(client: Client, a: Assignment, worker_id: String, step: u64, opts: SimOptions) -> WorkFuture {
@@ -161,6 +203,17 @@ fn step_work(client: Client, a: Assignment, worker_id: String, step: u64, opts: 
                         && opts.checkpoint_every > 0
                         && step.is_multiple_of(opts.checkpoint_every) =>
                 {
+                    if let Some((_, cell)) = opts.late_saves.iter().find(|(late, _)| *late == step) {
+                        tokio::spawn(save_late(
+                            client.clone(),
+                            a.clone(),
+                            worker_id.clone(),
+                            step,
+                            opts.checkpoint_every,
+                            cell.clone(),
+                        ));
+                        return Work::Step(step, ack, None);
+                    }
                     let ckpt = save(&client, &a, &worker_id, step).await;
                     return Work::Step(step, ack, Some(ckpt));
                 }
