@@ -144,14 +144,16 @@ impl TrainerSide {
         }
         let request = peer::Request { job: a.job_id.clone(), step, worker: self.worker_id.clone() };
         // What the pull adds to this process at its peak: the state, and nothing else worth
-        // counting (the bound `benches/heal.rs` checks).
+        // counting (`benches/heal.rs` prints it beside the state's size).
         let before = memory::resident_and_reset_peak();
         self.holds_state = false;
         let trainer = &mut loaded.trainer;
         let (arrays, pulled) =
             peer::pull(addr, &request, trainer.slice(), trainer.state_specs(), PEER_STATE_WAIT, &cancel)?;
-        trainer.set_state(arrays).map_err(AssignmentError::doing("placing the peer's state"))?;
+        // Read before `set_state`, which adds the gradient accumulator (the parameters' size)
+        // every member holds to train: that is the step's memory, not the pull's.
         let peak = memory::peak();
+        trainer.set_state(arrays).map_err(AssignmentError::doing("placing the peer's state"))?;
         self.holds_state = true;
         self.steps_done = step;
         self.metrics.peer_catchups_total.add(1.0);
