@@ -18,10 +18,12 @@ use crate::trainer::Trainer;
 use checkpoint::{SaveOptions, Storage, StoreOptions};
 use client::{Client, LogLine};
 use collective::{AbortHandle, Endpoint};
+use fault::Classify;
 use job::JobSpec;
 use proto::v1::{self, Assignment, StepReport, WorkerEvent, worker_event};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, watch};
@@ -38,6 +40,8 @@ const REPORTS_IN_FLIGHT: usize = 32;
 const _: () = assert!(REPORTS_IN_FLIGHT >= 8 && REPORTS_IN_FLIGHT < 64);
 /// Forming the ring waits this long for every member: members catch up (or restore) first.
 const FORM_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a worker tries again to fetch the job's bundle from a store that fails.
+const BUNDLE_FETCH_WAIT: Duration = Duration::from_secs(300);
 
 /// The rendezvous key under which a worker announces its state server.
 pub(super) fn state_key(worker_id: &str) -> String {
@@ -413,19 +417,43 @@ impl TrainerSide {
         if dir.join(bundle::MANIFEST_FILE).exists() {
             return Ok(dir);
         }
-        let fetch = async {
+        let fetch = || async {
             let storage = Storage::open(bundle_uri, &StoreOptions::default())?;
             checkpoint::mirror::download_dir(&storage, "", &dir, bundle::MANIFEST_FILE).await
         };
-        match self.runtime.block_on(fetch) {
-            Ok(copied) => {
-                self.log("info", format!("fetched the bundle from {} ({} bytes)", bundle_uri, copied.bytes));
-                Ok(dir)
-            }
-            // Another worker of this host fetched it meanwhile.
-            Err(_) if dir.join(bundle::MANIFEST_FILE).exists() => Ok(dir),
-            Err(source) => {
-                Err(AssignmentError::FetchBundle { uri: bundle_uri.to_string(), source: Box::new(source) })
+        let deadline = Instant::now() + BUNDLE_FETCH_WAIT;
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            match self.runtime.block_on(fetch()) {
+                Ok(copied) => {
+                    self.log(
+                        "info",
+                        format!("fetched the bundle from {} ({} bytes)", bundle_uri, copied.bytes),
+                    );
+                    return Ok(dir);
+                }
+                // Another worker of this host fetched it meanwhile.
+                Err(_) if dir.join(bundle::MANIFEST_FILE).exists() => return Ok(dir),
+                // The store's retries are over in about a second; an outage lasts longer, and a
+                // worker that exits for it only comes back to the same store.
+                Err(source)
+                    if source.fault().retryable()
+                        && Instant::now() + backoff < deadline
+                        && !self.shared.stop.load(Ordering::SeqCst) =>
+                {
+                    self.log(
+                        "warn",
+                        format!("fetching the bundle from {bundle_uri} failed, trying again in {backoff:?}: {source}"),
+                    );
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                }
+                Err(source) => {
+                    return Err(AssignmentError::FetchBundle {
+                        uri: bundle_uri.to_string(),
+                        source: Box::new(source),
+                    });
+                }
             }
         }
     }
