@@ -213,12 +213,16 @@ pub async fn gc(
     let plan = plan_gc(&committed, &stored, retention, &active, now);
     let mut report = GcReport::default();
     for commit in &plan.expire {
-        log.remove(commit).await?;
+        // The log forgets a commit last: an expiry a failing store stops halfway stays in the
+        // log, so the next run plans it again (every delete is idempotent). Forgotten first, a
+        // commit whose marker then could not be deleted stayed committed for good: the soak's
+        // bucket kept 8 such beyond `keep`.
         let dir = commit.dir();
         storage.delete(&storage.key(&dir, COMMITTED)).await?;
         if let Some(save) = stored.iter().find(|s| s.dir == dir) {
             delete_save(storage, save, &mut report).await?;
         }
+        log.remove(commit).await?;
     }
     for dir in &plan.orphans {
         if let Some(save) = stored.iter().find(|s| &s.dir == dir) {

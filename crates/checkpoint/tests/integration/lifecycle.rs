@@ -9,6 +9,7 @@ use checkpoint::{
 };
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
+use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 fn open_dir() -> (tempfile::TempDir, Storage, StoreCommitLog) {
@@ -113,6 +114,76 @@ async fn retention_keeps_last_k_every_nth_and_collects_orphans() {
     let removed = checkpoint::remove(&storage, &log, 700, "running").await.unwrap();
     assert!(removed > 0);
     assert!(!dir.path().join("000000000700-running").exists());
+}
+
+/// A commit log apart from the markers, as the coordinator's Raft log is. Forgetting a commit
+/// notes whether its directory was still there, and fails while `failing_forgets` lasts.
+struct RaftLikeLog {
+    root: std::path::PathBuf,
+    commits: std::sync::Mutex<Vec<CommitRecord>>,
+    forgotten_before_deleted: std::sync::Mutex<Vec<u64>>,
+    failing_forgets: std::sync::atomic::AtomicUsize,
+}
+
+impl CommitLog for RaftLikeLog {
+    async fn record(&self, commit: &CommitRecord) -> checkpoint::Result<()> {
+        let mut commits = self.commits.lock().unwrap();
+        if !commits.contains(commit) {
+            commits.push(commit.clone());
+        }
+        Ok(())
+    }
+
+    async fn list(&self) -> checkpoint::Result<Vec<CommitRecord>> {
+        Ok(self.commits.lock().unwrap().clone())
+    }
+
+    async fn remove(&self, commit: &CommitRecord) -> checkpoint::Result<()> {
+        if self.root.join(commit.dir()).exists() {
+            self.forgotten_before_deleted.lock().unwrap().push(commit.step);
+        }
+        let failing = &self.failing_forgets;
+        if failing.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok() {
+            return Err(checkpoint::CheckpointError::CommitLog {
+                operation: "remove",
+                source: "no leader".into(),
+            });
+        }
+        self.commits.lock().unwrap().retain(|c| c != commit);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_checkpoint_leaves_the_log_last_so_a_failed_expiry_is_finished_later() {
+    let (dir, storage, _) = open_dir();
+    let log = RaftLikeLog {
+        root: dir.path().to_path_buf(),
+        commits: Default::default(),
+        forgotten_before_deleted: Default::default(),
+        failing_forgets: 1.into(),
+    };
+    for step in [100, 200, 300] {
+        let spec = save_spec(step, &format!("s{step}"), hsdp(), state(1));
+        save_and_commit(&storage, &log, &spec, &small_chunks()).await;
+    }
+    let retention = Retention { keep_last: 1, min_orphan_age: Duration::ZERO, ..Default::default() };
+    // The log fails to forget the first expired commit: the run stops with its data deleted
+    // and the commit still in the log.
+    let e = gc(&storage, &log, &retention, &[]).await.unwrap_err();
+    assert!(e.to_string().contains("no leader"), "{e}");
+    let listed = |log: &RaftLikeLog| log.commits.lock().unwrap().iter().map(|c| c.step).collect::<Vec<_>>();
+    assert_eq!(listed(&log), [100, 200, 300]);
+    // The next run finishes it: nothing committed is left beyond `keep`, no directory either.
+    gc(&storage, &log, &retention, &[]).await.unwrap();
+    assert_eq!(listed(&log), [300]);
+    let left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(left, ["000000000300-s300"]);
+    let early = log.forgotten_before_deleted.lock().unwrap().clone();
+    assert!(early.is_empty(), "commits forgotten while their directory was still there: {early:?}");
 }
 
 /// A change made to a manifest's JSON.
