@@ -459,10 +459,7 @@ pub fn retention(job: &Job) -> checkpoint::Retention {
     checkpoint::Retention {
         keep_last: job.shape.keep_last as usize,
         keep_every: job.shape.keep_every,
-        own_saves: Some(checkpoint::OwnSaves {
-            prefix: checkpoint::lineage::save_id(&job.line, &format!("{}g", job.attempt)),
-            generation: job.generation,
-        }),
+        own_saves: Some(checkpoint::OwnSaves { prefix: job.save_id_prefix(), generation: job.generation }),
         ..Default::default()
     }
 }

@@ -244,7 +244,12 @@ impl Job {
     /// The save id of the current generation's saves: `<line>.<attempt>g<generation>`, unique
     /// per submission and generation, so no committed directory is ever written twice.
     pub fn save_id(&self) -> String {
-        checkpoint::lineage::save_id(&self.line, &format!("{}g{}", self.attempt, self.generation))
+        format!("{}{}", self.save_id_prefix(), self.generation)
+    }
+
+    /// What every save id of this submission starts with, before its generation.
+    pub fn save_id_prefix(&self) -> String {
+        checkpoint::lineage::save_id(&self.line, &format!("{}g", self.attempt))
     }
 
     /// The newest committed checkpoint.
