@@ -111,6 +111,9 @@ pub struct JobLive {
     pub step_time: Option<Duration>,
     /// The job's retention runs.
     pub retention: RetentionLive,
+    /// Saves whose every part is in and whose commit is being written: the job does not
+    /// complete under them, or one would commit after it and outlive its retention run.
+    pub saves_finalizing: u32,
 }
 
 impl JobLive {
@@ -375,7 +378,7 @@ pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timin
                 // job completed sees its root as it stays; a store that keeps failing gets the
                 // same wait as a missing final checkpoint.
                 let total = job.shape.total_steps;
-                if !retention_pending(job, live) {
+                if live.saves_finalizing == 0 && !retention_pending(job, live) {
                     return Some(Decision::Complete {
                         reason: format!("all {total} steps and the final checkpoint committed"),
                     });
@@ -385,7 +388,11 @@ pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timin
                         "all {total} steps and the final checkpoint committed; retention did not finish \
                          in {:.0} s: {}",
                         waited.as_secs_f64(),
-                        live.retention.failed.as_deref().unwrap_or("still running")
+                        match (&live.retention.failed, live.saves_finalizing) {
+                            (Some(failed), _) => failed.clone(),
+                            (None, 0) => "still running".into(),
+                            (None, n) => format!("{n} saves still being committed"),
+                        }
                     ),
                 });
             }
@@ -454,20 +461,33 @@ pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timin
 
 /// The job's retention rule. Scoped through its catalog, not a line: the catalog holds only the
 /// line's checkpoints (up to the one resumed from, and the job's own saves). The job's saves of
-/// an ended generation (`<line>.<attempt>g<generation>`) never commit: collected at once.
-pub fn retention(job: &Job) -> checkpoint::Retention {
+/// an ended generation (`<line>.<attempt>g<generation>`) never commit: collected at once; so are
+/// all of its saves once it is `finished` (nothing of it can commit any more).
+pub fn retention(job: &Job, finished: bool) -> checkpoint::Retention {
     checkpoint::Retention {
         keep_last: job.shape.keep_last as usize,
         keep_every: job.shape.keep_every,
-        own_saves: Some(checkpoint::OwnSaves { prefix: job.save_id_prefix(), generation: job.generation }),
+        own_saves: Some(checkpoint::OwnSaves {
+            prefix: job.save_id_prefix(),
+            generation: job.generation + u64::from(finished),
+        }),
         ..Default::default()
     }
+}
+
+/// Whether nothing of the job can commit any more: every step and the final checkpoint are
+/// committed and no save is being committed. A member saves one checkpoint at a time and
+/// reported its final one, so no part of an earlier save is still being written.
+pub fn saves_finished(job: &Job, live: &JobLive) -> bool {
+    job.committed_step >= job.shape.total_steps
+        && job.checkpoints.iter().any(|c| c.record.step >= job.shape.total_steps)
+        && live.saves_finalizing == 0
 }
 
 /// Whether the job's catalog holds a commit its retention rule expires.
 pub fn catalog_exceeds_retention(job: &Job) -> bool {
     let committed: Vec<_> = job.checkpoints.iter().map(|c| c.record.clone()).collect();
-    let plan = checkpoint::gc::plan_gc(&committed, &[], &retention(job), &BTreeSet::new(), 0);
+    let plan = checkpoint::gc::plan_gc(&committed, &[], &retention(job, false), &BTreeSet::new(), 0);
     !plan.expire.is_empty()
 }
 
@@ -1154,6 +1174,12 @@ mod tests {
         live.retention.wanted = true;
         assert_eq!(decide_generation(now, &job, &live, &TIMING), None, "a run is wanted");
         live.retention.wanted = false;
+        // An earlier save still being committed would land after the job's last retention run.
+        live.saves_finalizing = 1;
+        assert!(!saves_finished(&job, &live));
+        assert_eq!(decide_generation(now, &job, &live, &TIMING), None, "a save is being committed");
+        live.saves_finalizing = 0;
+        assert!(saves_finished(&job, &live));
         let Some(Decision::Complete { reason }) = decide_generation(now, &job, &live, &TIMING) else {
             panic!()
         };
@@ -1170,6 +1196,22 @@ mod tests {
             panic!()
         };
         assert!(reason.contains("retention did not finish") && reason.contains("store down"), "{reason}");
+    }
+
+    #[test]
+    fn once_finished_the_jobs_saves_of_the_running_generation_are_abandoned_too() {
+        let now = Instant::now();
+        let (mut job, live) = running(1, 100, now);
+        let own = |generation: u64| format!("{}{generation}", job.save_id_prefix());
+        let (ended, running) = (own(job.generation - 1), own(job.generation));
+        let rule = |finished| retention(&job, finished).own_saves.unwrap();
+        assert!(rule(false).ended(&ended) && !rule(false).ended(&running));
+        assert!(rule(true).ended(&ended) && rule(true).ended(&running));
+        // Finished: every step and the final checkpoint committed, nothing being committed.
+        job.state = JobState::Running;
+        assert!(!saves_finished(&job, &live), "no final checkpoint yet");
+        saved(&mut job, 100, &running);
+        assert!(saves_finished(&job, &live));
     }
 
     #[test]

@@ -299,27 +299,40 @@ pub async fn report_checkpoint(
         }
         save.reports.insert(worker_id.clone(), report);
         let complete = job.members.iter().all(|m| save.reports.contains_key(&m.worker_id));
-        Ok(complete.then(|| save.clone()))
+        if !complete {
+            return Ok(None);
+        }
+        m.jobs.entry(job.id.clone()).or_default().saves_finalizing += 1;
+        Ok(Some((save.clone(), m.term)))
     })?;
-    let Some(save) = ready else { return Ok(None) };
+    let Some((save, term)) = ready else { return Ok(None) };
     // In its own task: a worker that goes away must not cancel the commit.
     let ctx = ctx.clone();
     let task = tokio::spawn(async move {
-        let dir = tokio::time::timeout(FINALIZE_TIMEOUT, finalize(&ctx, &job, save))
+        let finalized = tokio::time::timeout(FINALIZE_TIMEOUT, finalize(&ctx, &job, save))
             .await
-            .map_err(|_| JobError::FinalizeTimeout(FINALIZE_TIMEOUT))??;
+            .map_err(|_| JobError::FinalizeTimeout(FINALIZE_TIMEOUT))
+            .and_then(|r| r);
         ctx.leader.with(|m| {
+            if m.term != term {
+                return;
+            }
+            let live = m.jobs.entry(job.id.clone()).or_default();
+            live.saves_finalizing = live.saves_finalizing.saturating_sub(1);
+            if finalized.is_err() {
+                return;
+            }
+            // The leader loop applies retention (and, after the final one, completes the job).
+            live.retention.wanted = true;
             // Only this save: an earlier one may still complete (its reports went to a leader
             // that died and reach this one after a later save's). An ended generation's saves
             // are forgotten when the next one begins.
             if let Some(saves) = m.saves.get_mut(&job.id) {
                 saves.remove(&key);
             }
-            // The leader loop applies retention (and, after the final one, completes the job).
-            m.jobs.entry(job.id.clone()).or_default().retention.wanted = true;
         });
         ctx.leader.wake.notify_one();
-        Ok(Some(dir))
+        finalized.map(Some)
     });
     task.await.map_err(|e| JobError::Internal { what: "finalizing a checkpoint", detail: e.to_string() })?
 }
@@ -362,9 +375,16 @@ pub async fn apply_retention(ctx: &Arc<Ctx>, job: &Job) -> Result<checkpoint::Gc
         root: storage.url().to_string(),
         bytes: 0,
     };
-    let active: Vec<checkpoint::ActiveSave> =
-        ctx.leader.with(|m| m.saves.get(&job.id).map(|s| s.keys().cloned().collect()).unwrap_or_default());
-    let retention = decide::retention(job);
+    let (active, finished) = ctx.leader.with(|m| {
+        let finished = m.jobs.get(&job.id).is_some_and(|live| decide::saves_finished(job, live));
+        // Once finished, a save still listed here lacks a part that will never come.
+        let active: Vec<checkpoint::ActiveSave> = match m.saves.get(&job.id) {
+            Some(saves) if !finished => saves.keys().cloned().collect(),
+            _ => Vec::new(),
+        };
+        (active, finished)
+    });
+    let retention = decide::retention(job, finished);
     let gc = checkpoint::gc(&storage, &log, &retention, &active);
     match tokio::time::timeout(RETENTION_TIMEOUT, gc).await {
         Ok(Ok(report)) => Ok(report),

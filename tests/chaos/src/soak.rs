@@ -11,6 +11,10 @@ use crate::{Harness, JobRun, JobSpec, Policy, Store, Verified, print_events, ver
 use anyhow::Result;
 use std::time::Duration;
 
+/// Up to this many checkpoints the calm run keeps all of them (under the coordinator's limit
+/// of a job's catalog); past it, as many as the failing runs.
+const CALM_CHECKPOINTS_KEPT: u64 = 1000;
+
 /// What the soak runs.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -104,7 +108,13 @@ pub struct Soak {
 
 /// Runs the soak on `harness` (started with `storage_faults`).
 pub fn run(harness: &mut Harness, options: &Options) -> Result<Soak> {
-    let calm = harness.run_job(&options.spec("calm", Store::Disk), &[], Policy::Elastic)?;
+    // The calm run keeps every checkpoint it can: which ones a failing run keeps depends on
+    // which of its saves failed, and each needs a counterpart to be compared with.
+    let mut calm_spec = options.spec("calm", Store::RunDir);
+    if calm_spec.steps / calm_spec.checkpoint_every < CALM_CHECKPOINTS_KEPT {
+        calm_spec.keep = None;
+    }
+    let calm = harness.run_job(&calm_spec, &[], Policy::Elastic)?;
     println!("calm run: {} steps in {:.1}s", calm.steps, calm.wall_seconds);
     let calm_digest = harness.digest(&calm.checkpoints.last().map(|c| c.1.clone()).unwrap_or_default())?;
     let mut phases = Vec::new();
@@ -190,8 +200,8 @@ impl Soak {
             let committed = phase.committed();
             println!(
                 "{}: {} failures, {} steps in {:.1}s (calm {:.1}s); final state {} {} the calm run's; {} committed \
-                 checkpoints equal the calm run's at their steps; {} checkpoint uploads failed ({} for a full disk); \
-                 {} unexpected worker exits",
+                 checkpoints equal the calm run's at their steps ({} older than the calm run kept); {} checkpoint \
+                 uploads failed ({} for a full disk); {} unexpected worker exits",
                 run.name,
                 run.events.len(),
                 run.steps,
@@ -200,6 +210,7 @@ impl Soak {
                 phase.verified.final_digest,
                 if phase.verified.final_digest == self.calm_digest { "==" } else { "!=" },
                 phase.verified.checkpoints_equal,
+                phase.verified.checkpoints_unmatched,
                 run.failed_saves.0,
                 run.failed_saves.1,
                 run.unexpected_exits.len(),

@@ -61,6 +61,14 @@ fn a_soak_of_every_kind_of_failure_recovers_each_loses_nothing_and_keeps_what_th
         assert_eq!(phase.verified.final_digest, soak.calm_digest, "{}", phase.run.name);
         assert!(phase.run.unexpected_exits.is_empty(), "{:?}", phase.run.unexpected_exits);
         assert_eq!(phase.committed().len(), options.keep as usize, "{}: {:?}", phase.root, phase.listed);
+        // A finished job's failed saves can never commit: its last retention run collects them.
+        assert_eq!(
+            phase.listed.len(),
+            options.keep as usize,
+            "uncommitted left in {}: {:?}",
+            phase.root,
+            phase.listed
+        );
     }
     let disk = &soak.phases[0].run;
     assert!(
