@@ -36,7 +36,7 @@ impl CtrlC {
 }
 
 impl worker::Control for CtrlC {
-    fn interrupted(&self) -> bool {
+    fn interrupted(&self, _done: u64) -> bool {
         self.pressed.load(Ordering::SeqCst)
     }
 }

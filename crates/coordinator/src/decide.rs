@@ -173,6 +173,9 @@ pub enum Decision {
         reason: String,
         /// Workers to remove from the job.
         removed: Vec<String>,
+        /// The step boundary the members stop at; 0: at once, aborting the step in flight (a
+        /// member is lost, so the step cannot finish).
+        after_step: u64,
     },
     /// Commit `NewGeneration` and send the assignments.
     Form(GenerationPlan),
@@ -412,7 +415,11 @@ pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timin
         }
         JobState::Running => {
             if let Some((worker, reason)) = lost.iter().find(|(w, _)| job.member(w).is_some()) {
-                return Some(Decision::Begin { reason: format!("{worker} {reason}"), removed });
+                return Some(Decision::Begin {
+                    reason: format!("{worker} {reason}"),
+                    removed,
+                    after_step: 0,
+                });
             }
             // With a worker per rank nobody can take one back: spares wait (and this skips the
             // placement on every tick of a job with many spares).
@@ -421,7 +428,13 @@ pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timin
             }
             let placement = place(job.shape.dp_size, &job.members, &candidates);
             let joiner = placement.keys().find(|w| job.member(w).is_none());
-            joiner.map(|w| Decision::Begin { reason: format!("replacement {w} joined"), removed })
+            // Every member is alive: they finish the step in flight (its work is not thrown
+            // away) and stop together after it.
+            joiner.map(|w| Decision::Begin {
+                reason: format!("replacement {w} joined"),
+                removed,
+                after_step: step_in_flight(job, live),
+            })
         }
         JobState::Recovering => {
             let since = match live.recovering_since {
@@ -453,10 +466,23 @@ pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timin
             let mut removed = removed;
             removed.extend(silent.into_iter().cloned());
             removed.sort();
-            Some(Decision::Begin { reason: format!("no answer to the quiesce from {names}"), removed })
+            Some(Decision::Begin {
+                reason: format!("no answer to the quiesce from {names}"),
+                removed,
+                after_step: 0,
+            })
         }
         JobState::Completed | JobState::Failed | JobState::Stopped => None,
     }
+}
+
+/// The step the members of the running generation are in: one past the most any of them is
+/// known to have done (heartbeats, step reports, commits). Named as a quiesce's stop, it lets
+/// the step in flight finish; a member the news reached late is past it and stops at once.
+pub fn step_in_flight(job: &Job, live: &JobLive) -> u64 {
+    let heard = job.members.iter().filter_map(|m| live.workers.get(&m.worker_id)).map(|w| w.steps_done);
+    let reported = live.step_reports.keys().next_back().copied();
+    heard.chain(reported).fold(job.committed_step, u64::max) + 1
 }
 
 /// The job's retention rule. Scoped through its catalog, not a line: the catalog holds only the
@@ -774,7 +800,7 @@ mod tests {
         let later = now + Duration::from_millis(1600);
         let waiting = at(Duration::from_millis(1600));
         assert_eq!(stalled_on(later, &job, &waiting, &TIMING).keys().collect::<Vec<_>>(), vec![&b]);
-        let Some(Decision::Begin { reason, removed }) = decide_generation(later, &job, &waiting, &TIMING)
+        let Some(Decision::Begin { reason, removed, .. }) = decide_generation(later, &job, &waiting, &TIMING)
         else {
             panic!("a new generation without b")
         };
@@ -848,7 +874,7 @@ mod tests {
         for w in [&a, &c] {
             silent.workers.get_mut(w).unwrap().last_seen = later;
         }
-        let Some(Decision::Begin { reason, removed }) = decide_generation(later, &job, &silent, &TIMING)
+        let Some(Decision::Begin { reason, removed, .. }) = decide_generation(later, &job, &silent, &TIMING)
         else {
             panic!()
         };
@@ -865,7 +891,7 @@ mod tests {
         let mut suspected = live.clone();
         suspected.workers.get_mut(&a).unwrap().out =
             Some(Out::Suspected { by: c.clone(), reason: "peer reset".into() });
-        let Some(Decision::Begin { reason, removed }) = decide_generation(now, &job, &suspected, &TIMING)
+        let Some(Decision::Begin { reason, removed, .. }) = decide_generation(now, &job, &suspected, &TIMING)
         else {
             panic!()
         };
@@ -920,7 +946,8 @@ mod tests {
         for w in live.workers.values_mut() {
             w.last_seen = later;
         }
-        let Some(Decision::Begin { reason, removed }) = decide_generation(later, &job, &live, &TIMING) else {
+        let Some(Decision::Begin { reason, removed, .. }) = decide_generation(later, &job, &live, &TIMING)
+        else {
             panic!()
         };
         assert!(reason.contains(&format!("no answer to the quiesce from {b}")), "{reason}");
@@ -1044,10 +1071,16 @@ mod tests {
             virtual_ranks: vec![0, 1],
             resume: ResumePlan::Keep,
         }];
-        let Some(Decision::Begin { reason, .. }) = decide_generation(now, &job, &live, &TIMING) else {
+        let Some(Decision::Begin { reason, after_step, .. }) = decide_generation(now, &job, &live, &TIMING)
+        else {
             panic!()
         };
         assert!(reason.contains("joined"), "{reason}");
+        // Every member is alive: the step in flight (the 4th; 3 are committed) finishes first.
+        assert_eq!(after_step, 4);
+        // A member heard past the others (its report came in) moves the boundary with it.
+        live.step_reports.entry(5).or_default().insert(job.members[0].worker_id.clone(), Default::default());
+        assert_eq!(step_in_flight(&job, &live), 6);
     }
 
     #[test]
@@ -1056,10 +1089,12 @@ mod tests {
         let (job, mut live) = running(2, 4, now);
         let a = job.members[0].worker_id.clone();
         live.workers.get_mut(&a).unwrap().out = Some(Out::Failed("out of device memory".into()));
-        let Some(Decision::Begin { removed, .. }) = decide_generation(now, &job, &live, &TIMING) else {
+        let Some(Decision::Begin { removed, after_step, .. }) = decide_generation(now, &job, &live, &TIMING)
+        else {
             panic!("its own failure: the job goes on without it")
         };
         assert_eq!(removed, std::slice::from_ref(&a));
+        assert_eq!(after_step, 0, "a member is lost: the step in flight cannot finish");
         live.workers.get_mut(&a).unwrap().out = Some(Out::Unrunnable("step 3 has no target tokens".into()));
         let Some(Decision::Fail { reason }) = decide_generation(now, &job, &live, &TIMING) else {
             panic!("no member can run it: the job fails")

@@ -49,6 +49,7 @@ pub fn directive_in_force(job: &Job, worker_id: &str) -> Option<Directive> {
             directive: Some(directive::Directive::Quiesce(v1::Quiesce {
                 generation: job.generation,
                 reason: job.message.clone(),
+                after_step: job.quiesce_after,
             })),
         }),
         JobState::Running => job
@@ -286,13 +287,14 @@ async fn tick_job(ctx: &Arc<Ctx>, job_id: &str, now: Instant) -> Result<(), NotS
     let unix = unix_now();
     let command = match decision {
         None => return Ok(()),
-        Some(Decision::Begin { reason, removed }) => {
-            tracing::info!(job_id, generation = job.generation + 1, "new generation: {reason}");
+        Some(Decision::Begin { reason, removed, after_step }) => {
+            tracing::info!(job_id, generation = job.generation + 1, after_step, "new generation: {reason}");
             Command::BeginGeneration {
                 job_id: job.id.clone(),
                 generation: job.generation + 1,
                 reason,
                 removed,
+                after_step,
                 unix,
             }
         }

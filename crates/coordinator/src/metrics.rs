@@ -452,6 +452,7 @@ mod tests {
             generation: 2,
             reason: "w3 lease expired (silent for 3.2 s)".into(),
             removed: vec!["w3".into()],
+            after_step: 0,
             unix: 100.0,
         }
     }

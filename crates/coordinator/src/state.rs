@@ -228,6 +228,9 @@ pub struct Job {
     pub checkpoints: Vec<CheckpointEntry>,
     /// Recent events, oldest first.
     pub events: VecDeque<JobEvent>,
+    /// While recovering: the step boundary the members stop at (0: at once).
+    #[serde(default)]
+    pub quiesce_after: u64,
 }
 
 impl Job {
@@ -367,6 +370,9 @@ pub enum Command {
         reason: String,
         /// Workers removed from the job.
         removed: Vec<String>,
+        /// The step boundary the members stop at; 0: at once, aborting the step in flight.
+        #[serde(default)]
+        after_step: u64,
         /// When.
         unix: f64,
     },
@@ -588,7 +594,7 @@ impl ClusterState {
         match command {
             Command::SubmitJob(_) | Command::KvPut { .. } => Response::Applied,
             Command::RegisterWorker(register) => register_worker(job, register.record),
-            Command::BeginGeneration { generation, reason, removed, unix, .. } => {
+            Command::BeginGeneration { generation, reason, removed, after_step, unix, .. } => {
                 if generation != job.generation + 1 || job.state == JobState::Pending {
                     return refused(
                         Refusal::State,
@@ -600,6 +606,7 @@ impl ClusterState {
                 }
                 job.generation = generation;
                 job.state = JobState::Recovering;
+                job.quiesce_after = after_step;
                 job.mark_removed(&removed);
                 job.message = format!("recovering: {reason}");
                 job.event(unix, "recovery", format!("generation {generation}: {reason}"));
@@ -807,6 +814,7 @@ impl ClusterState {
             last_step: None,
             checkpoints: submit.catalog,
             events: VecDeque::new(),
+            quiesce_after: 0,
         };
         let detail = match submit.source.is_empty() {
             true => String::new(),
@@ -1171,6 +1179,7 @@ pub(crate) mod tests {
             generation: 2,
             reason: "lease expired".into(),
             removed: vec![b.clone()],
+            after_step: 0,
             unix: 5.0,
         };
         assert_eq!(state.apply(begin.clone()), Response::Applied);
@@ -1226,6 +1235,7 @@ pub(crate) mod tests {
             generation: 2,
             reason: "x".into(),
             removed: vec![b.clone()],
+            after_step: 0,
             unix: 5.0,
         });
         let response = state.apply(Command::NewGeneration {

@@ -87,15 +87,15 @@ pub trait Sink {
 
 /// Who may stop a run at a step boundary.
 pub trait Control {
-    /// Whether the run must stop before its next step.
-    fn interrupted(&self) -> bool;
+    /// Whether the run must stop at the boundary where `done` steps are done.
+    fn interrupted(&self, done: u64) -> bool;
 }
 
 /// A run no one stops between steps.
 pub struct Uninterrupted;
 
 impl Control for Uninterrupted {
-    fn interrupted(&self) -> bool {
+    fn interrupted(&self, _done: u64) -> bool {
         false
     }
 }
@@ -186,7 +186,7 @@ pub fn train<S: Steps + ?Sized>(
         if let Some(checkpoints) = checkpoints.as_deref_mut() {
             checkpoints.poll()?.iter().for_each(|e| sink.on_checkpoint(e));
         }
-        if control.interrupted() {
+        if control.interrupted(step) {
             run.ended = Ended::Interrupted;
             break;
         }
@@ -196,7 +196,7 @@ pub fn train<S: Steps + ?Sized>(
             Err(error) => {
                 // The state is still that of `step` steps: apply runs only after the reduction.
                 steps.discard()?;
-                run.ended = match control.interrupted() {
+                run.ended = match control.interrupted(step) {
                     true => Ended::Interrupted,
                     false => Ended::StepFailed { step, error },
                 };
@@ -504,7 +504,7 @@ mod tests {
     struct StopAfter(Rc<Cell<u64>>, u64);
 
     impl Control for StopAfter {
-        fn interrupted(&self) -> bool {
+        fn interrupted(&self, _done: u64) -> bool {
             self.0.get() >= self.1
         }
     }

@@ -125,8 +125,8 @@ pub(super) enum Obey {
     /// Nothing: an old or repeated directive, or an ack.
     Ignore,
     /// Move to `generation` and wait for its assignment; the run in flight stops at a step
-    /// boundary.
-    Quiesce(u64),
+    /// boundary: at once, or once `after_step` steps are done (0: at once).
+    Quiesce { generation: u64, after_step: u64 },
     /// Work in this generation; `interrupt` when a run of an older one is in flight.
     Assign { assignment: Box<Assignment>, interrupt: bool },
     /// Stop working for the job, or register again.
@@ -138,7 +138,9 @@ pub(super) enum Obey {
 /// every new session: it is forwarded once).
 pub(super) fn obey(d: directive::Directive, acting: u64, assigned: u64) -> Obey {
     match d {
-        directive::Directive::Quiesce(q) if q.generation > acting => Obey::Quiesce(q.generation),
+        directive::Directive::Quiesce(q) if q.generation > acting => {
+            Obey::Quiesce { generation: q.generation, after_step: q.after_step }
+        }
         directive::Directive::Assignment(a) if a.generation > assigned => {
             let interrupt = a.generation > acting;
             Obey::Assign { assignment: Box::new(a), interrupt }
@@ -351,9 +353,10 @@ mod tests {
 
     #[test]
     fn directives_are_obeyed_once_and_only_when_newer() {
-        let quiesce = |g| directive::Directive::Quiesce(Quiesce { generation: g, reason: "r".into() });
+        let quiesce =
+            |g| directive::Directive::Quiesce(Quiesce { generation: g, reason: "r".into(), after_step: 7 });
         assert_eq!(obey(quiesce(3), 3, 3), Obey::Ignore, "a quiesce to the generation in force");
-        assert_eq!(obey(quiesce(4), 3, 3), Obey::Quiesce(4));
+        assert_eq!(obey(quiesce(4), 3, 3), Obey::Quiesce { generation: 4, after_step: 7 });
         let assign = |g| directive::Directive::Assignment(assignment(g));
         assert_eq!(obey(assign(3), 2, 3), Obey::Ignore, "the repeat of the assignment forwarded");
         assert_eq!(

@@ -206,11 +206,22 @@ enum Leave {
     Rejoin(String),
 }
 
+/// A quiesce at a step boundary still ahead, and the trainer's last boundary.
+#[derive(Debug, Default)]
+struct Deferred {
+    /// Steps done at the trainer's last step boundary, while it trains.
+    training: Option<u64>,
+    /// The generation to move to, once this many steps are done.
+    quiesce: Option<(u64, u64)>,
+}
+
 /// What the two sides of one registration share.
 struct Shared {
     status: watch::Sender<Status>,
     /// The newest generation the leader asked to move to.
     quiesce: AtomicU64,
+    /// A quiesce that lets the steps up to a boundary finish, and where the trainer stands.
+    deferred: Mutex<Deferred>,
     stop: AtomicBool,
     /// Aborts the collective of the generation in flight.
     abort: Mutex<Option<AbortHandle>>,
@@ -223,6 +234,7 @@ impl Shared {
         Shared {
             status: watch::channel(status).0,
             quiesce: AtomicU64::new(0),
+            deferred: Mutex::new(Deferred::default()),
             stop: AtomicBool::new(false),
             abort: Mutex::new(None),
             fetch: Mutex::new(None),
@@ -239,6 +251,57 @@ impl Shared {
     fn quiesce(&self, generation: u64) {
         self.quiesce.fetch_max(generation, Ordering::SeqCst);
         self.interrupt();
+    }
+
+    /// Moves the trainer to `generation` once `after_step` steps are done (0: at once). Every
+    /// member stops at that boundary, so the step in flight finishes instead of being thrown
+    /// away. When the trainer is not training, or its step in flight goes past the boundary
+    /// (the news came late), it stops at once: the others stop there too, or they are past it
+    /// as well and stop at once alike.
+    fn quiesce_after(&self, generation: u64, after_step: u64) {
+        let mut deferred = self.deferred();
+        let now = match deferred.training {
+            Some(done) => after_step == 0 || done >= after_step,
+            None => true,
+        };
+        if now {
+            drop(deferred);
+            return self.quiesce(generation);
+        }
+        if deferred.quiesce.is_none_or(|(g, _)| g < generation) {
+            deferred.quiesce = Some((generation, after_step));
+        }
+    }
+
+    /// The trainer stands at a step boundary of `generation` with `done` steps done: whether it
+    /// must stop there. Under the same lock as [`Shared::quiesce_after`], so a deferred quiesce
+    /// is either seen here or sees this boundary.
+    fn at_boundary(&self, generation: u64, done: u64) -> bool {
+        let mut deferred = self.deferred();
+        deferred.training = Some(done);
+        if let Some((g, after_step)) = deferred.quiesce
+            && g > generation
+            && done >= after_step
+        {
+            deferred.quiesce = None;
+            self.quiesce.fetch_max(g, Ordering::SeqCst);
+        }
+        drop(deferred);
+        self.interrupted(generation)
+    }
+
+    /// The trainer left its steps (interrupted, finished or failed): a deferred quiesce not
+    /// reached holds from now on.
+    fn left_training(&self) {
+        let mut deferred = self.deferred();
+        deferred.training = None;
+        if let Some((generation, _)) = deferred.quiesce.take() {
+            self.quiesce.fetch_max(generation, Ordering::SeqCst);
+        }
+    }
+
+    fn deferred(&self) -> std::sync::MutexGuard<'_, Deferred> {
+        self.deferred.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn interrupt(&self) {
@@ -361,4 +424,42 @@ fn serve_metrics(
     let registry = crate::metrics::registry(metrics, config.job_id.clone(), worker);
     runtime.spawn(crate::metrics::serve(listener, registry));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quiesce_at_a_boundary_ahead_lets_the_steps_up_to_it_finish() {
+        let shared = Shared::new(Status::default());
+        assert!(!shared.at_boundary(1, 5), "training generation 1 with 5 steps done");
+        shared.quiesce_after(2, 7);
+        assert!(!shared.interrupted(1), "the 6th step finishes");
+        assert!(!shared.at_boundary(1, 6), "and the 7th");
+        assert!(shared.at_boundary(1, 7), "stops with 7 done");
+        assert!(shared.interrupted(1), "and stays moved to generation 2");
+    }
+
+    #[test]
+    fn a_quiesce_that_comes_late_or_to_a_trainer_not_training_stops_at_once() {
+        // In flight: the 8th step, past the boundary the others stop at.
+        let late = Shared::new(Status::default());
+        assert!(!late.at_boundary(1, 7));
+        late.quiesce_after(2, 7);
+        assert!(late.interrupted(1), "aborts the step in flight");
+        let idle = Shared::new(Status::default());
+        idle.quiesce_after(2, 7);
+        assert!(idle.interrupted(1), "nothing to finish");
+        let now = Shared::new(Status::default());
+        assert!(!now.at_boundary(1, 3));
+        now.quiesce_after(2, 0);
+        assert!(now.interrupted(1), "0: at once");
+        // A run that ends before the boundary (a failed step) leaves the quiesce in force.
+        let ended = Shared::new(Status::default());
+        assert!(!ended.at_boundary(1, 3));
+        ended.quiesce_after(2, 7);
+        ended.left_training();
+        assert!(ended.interrupted(1));
+    }
 }

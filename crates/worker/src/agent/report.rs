@@ -22,8 +22,8 @@ pub(super) struct GenerationControl {
 }
 
 impl Control for GenerationControl {
-    fn interrupted(&self) -> bool {
-        self.shared.interrupted(self.generation)
+    fn interrupted(&self, done: u64) -> bool {
+        self.shared.at_boundary(self.generation, done)
     }
 }
 

@@ -163,9 +163,9 @@ impl SessionSide {
         let acting = self.shared.status.borrow().generation;
         match decide::obey(d, acting, *assigned) {
             Obey::Ignore => {}
-            Obey::Quiesce(generation) => {
-                tracing::info!(generation, "quiesce");
-                self.shared.quiesce(generation);
+            Obey::Quiesce { generation, after_step } => {
+                tracing::info!(generation, after_step, "quiesce");
+                self.shared.quiesce_after(generation, after_step);
                 let _ = control.send(Control::Quiesce(generation));
             }
             Obey::Assign { assignment, interrupt } => {

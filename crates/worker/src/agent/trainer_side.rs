@@ -350,8 +350,9 @@ impl TrainerSide {
         let mut checkpoints = self.checkpoints(a, spec)?;
         let control = GenerationControl { shared: self.shared.clone(), generation: a.generation };
         let mut sink = AgentSink { side: self };
-        let run = driver::train(&mut steps, &plan, checkpoints.as_mut(), &mut sink, &control)
-            .map_err(AssignmentError::doing("training"))?;
+        let run = driver::train(&mut steps, &plan, checkpoints.as_mut(), &mut sink, &control);
+        self.shared.left_training();
+        let run = run.map_err(AssignmentError::doing("training"))?;
         match run.ended {
             Ended::Finished => {
                 self.log("info", format!("finished the job's {} steps", spec.steps));
