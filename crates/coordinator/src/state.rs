@@ -973,11 +973,16 @@ pub(crate) mod tests {
         }
     }
 
-    fn member(worker_id: &str, ranks: Vec<u32>) -> MemberPlan {
+    pub(crate) fn member(worker_id: &str, ranks: Vec<u32>) -> MemberPlan {
         MemberPlan { worker_id: worker_id.into(), slice: 0, virtual_ranks: ranks, resume: ResumePlan::Fresh }
     }
 
-    fn form(state: &mut ClusterState, job_id: &str, generation: u64, members: Vec<MemberPlan>) -> Response {
+    pub(crate) fn form(
+        state: &mut ClusterState,
+        job_id: &str,
+        generation: u64,
+        members: Vec<MemberPlan>,
+    ) -> Response {
         state.apply(Command::NewGeneration {
             job_id: job_id.into(),
             generation,

@@ -46,6 +46,18 @@ fn worker_job(ctx: &Ctx, who: &super::Caller, worker_id: &str) -> Result<Job, St
 }
 
 /// Checks a report's job, worker and generation against the running generation.
+/// A step report: as [`check_report`], and while a quiesce lets the members finish the steps up
+/// to its boundary, the ending generation's reports of those steps too (they are carried into
+/// the next generation with their losses).
+fn check_step_report(job: &Job, worker_id: &str, generation: u64, step: u64) -> Result<(), Status> {
+    let finishing =
+        job.state == JobState::Recovering && generation + 1 == job.generation && step <= job.quiesce_after;
+    if finishing && job.member(worker_id).is_some() {
+        return Ok(());
+    }
+    check_report(job, worker_id, generation)
+}
+
 fn check_report(job: &Job, worker_id: &str, generation: u64) -> Result<(), Status> {
     if generation != job.generation {
         return Err(stale_generation(generation, job.generation));
@@ -387,7 +399,7 @@ impl Workers for WorkersService {
                 r.worker_id, r.job_id
             )));
         }
-        check_report(&job, &r.worker_id, r.generation)?;
+        check_step_report(&job, &r.worker_id, r.generation, r.step)?;
         if r.step == 0 {
             return Err(Status::invalid_argument(
                 "step 0 is not a step; report the step just applied (1-based)",
@@ -505,5 +517,38 @@ impl Workers for WorkersService {
             }
         }
         Ok(Response::new(PushLogsResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::tests::{form, member, register, submit};
+    use crate::state::{ClusterState, Command};
+
+    #[test]
+    fn the_steps_up_to_a_quiesces_boundary_are_reported_by_the_generation_that_ends() {
+        let mut state = ClusterState::default();
+        let job = submit(&mut state, 2, 10);
+        let (a, b) = (register(&mut state, &job, "a"), register(&mut state, &job, "b"));
+        form(&mut state, &job, 1, vec![member(&a, vec![0]), member(&b, vec![1])]);
+        let begin = |after_step| Command::BeginGeneration {
+            job_id: job.clone(),
+            generation: 2,
+            reason: "replacement joined".into(),
+            removed: vec![],
+            after_step,
+            unix: 1.0,
+        };
+        let mut finishing = state.clone();
+        finishing.apply(begin(4));
+        let j = &finishing.jobs[&job];
+        assert!(check_step_report(j, &a, 1, 4).is_ok(), "the boundary's step is finished");
+        assert!(check_step_report(j, &a, 1, 5).is_err(), "past the boundary");
+        assert!(check_step_report(j, &a, 1, 4).is_ok() && check_report(j, &a, 1).is_err(), "not a save");
+        assert!(check_step_report(j, "stranger", 1, 4).is_err());
+        // A quiesce at once (a member lost): nothing of the old generation counts any more.
+        state.apply(begin(0));
+        assert!(check_step_report(&state.jobs[&job], &a, 1, 1).is_err());
     }
 }
