@@ -86,7 +86,7 @@ struct NodeArgs {
     #[arg(long, default_value_t = 3000)]
     lease_ms: u64,
     /// Worker heartbeat interval, milliseconds.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 500)]
     heartbeat_ms: u64,
     /// A member silent this long while the rest of its generation waits on it is lost before
     /// its lease, milliseconds (default: 1.5 heartbeats; at or above the lease: off).

@@ -79,9 +79,12 @@ pub struct Timeouts {
 impl Default for Timeouts {
     fn default() -> Self {
         Self {
-            heartbeat: Duration::from_secs(1),
+            // Twice a second: survivors stuck on a cut member are heard from within
+            // `suspect_after`, so the cut is named in ~0.75 s rather than 1.5 s (a heartbeat is a
+            // few dozen bytes to the leader's memory, never the Raft log).
+            heartbeat: Duration::from_millis(500),
             lease: Duration::from_secs(3),
-            suspect_after: Duration::from_millis(1500),
+            suspect_after: Duration::from_millis(750),
             raft_heartbeat: Duration::from_millis(120),
             election_min: Duration::from_millis(600),
             election_max: Duration::from_millis(1000),

@@ -25,7 +25,7 @@ async fn the_cluster_survives_a_leader_sigkill_and_a_full_restart() {
     let wc = client(addrs.clone(), &submitted.job_token, Some(mtls.clone()));
     let opts = SimOptions {
         step_time: Duration::from_millis(40),
-        heartbeat: Duration::from_secs(1),
+        heartbeat: Duration::from_millis(500),
         total_steps: 60,
         checkpoint_every: 10,
         late_saves: Vec::new(),
