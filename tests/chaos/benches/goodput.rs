@@ -42,6 +42,7 @@ fn main() -> anyhow::Result<()> {
         "goodput: {steps} steps of ~{step_seconds:.2}s, a failure every ~{every:?} for {duration:?}, seed {seed}"
     );
     let calm = harness.run_job(&spec("calm"), &[], Policy::Elastic)?;
+    let mut run_dirs = vec![("calm (no failure)", calm.run_dir.clone())];
     let events = schedule::by_time(seed, every, duration, 4);
     let mut rows = Vec::new();
     let mut recoveries = String::new();
@@ -61,6 +62,10 @@ fn main() -> anyhow::Result<()> {
             recoveries = phases::render(&of_run, step, run.wall_seconds, calm.wall_seconds);
         }
         let lost: u64 = run.events.iter().filter_map(|e| e.steps_lost).sum();
+        run_dirs.push((
+            if policy == Policy::Elastic { "podctl elastic" } else { "restart all" },
+            run.run_dir.clone(),
+        ));
         rows.push((name, run.events.len(), run.wall_seconds, lost, verified.checkpoints_equal));
     }
     println!("uptime: {}", std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim());
@@ -75,6 +80,13 @@ fn main() -> anyhow::Result<()> {
     }
     // Where podctl elastic's missing percent goes.
     print!("{recoveries}");
+    // The wall ratio holds the machine's drift between runs: a shared VM's pace moves by several
+    // percent within minutes. Each run's own pace says how far.
+    println!("{:<28} {:>12} {:>26}", "run", "median step", "share of wall at that pace");
+    for (name, run_dir) in &run_dirs {
+        let (step, share) = phases::pace(run_dir);
+        println!("{name:<28} {step:>11.4}s {:>25.1}%", 100.0 * share);
+    }
     // CHAOS_KEEP=1 keeps the logs (workers', nodes') for a look.
     if env("CHAOS_KEEP", 0) == 1 {
         println!("logs kept in {}", dir.display());

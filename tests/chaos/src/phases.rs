@@ -155,6 +155,19 @@ pub fn step_seconds(trained: &[Trained]) -> f64 {
     gaps[gaps.len() / 2]
 }
 
+/// A run's own pace from its members' logs: the median seconds between steps, and the share of
+/// its wall (first to last step) its steps would take at that pace. A calm run's share is below
+/// 1 too (checkpoint commits, the machine's own jitter), so the goodput bench prints both runs'.
+pub fn pace(run_dir: &Path) -> (f64, f64) {
+    let trained = trained_steps(run_dir);
+    let steps = first_finished(&trained);
+    let step = step_seconds(&trained);
+    let (Some(first), Some(last)) = (steps.first(), steps.last()) else { return (step, 0.0) };
+    let wall = last.unix - first.unix;
+    let share = if wall > 0.0 { (last.step - first.step) as f64 * step / wall } else { 0.0 };
+    (step, share)
+}
+
 /// Each failure's phases and cost, from the job's events (Unix seconds, kind, detail) and the
 /// steps its members logged.
 pub fn analyse(failures: &[Failure], history: &[(f64, String, String)], trained: &[Trained]) -> Vec<Phases> {
@@ -389,6 +402,12 @@ pub fn render(phases: &[Phases], step: f64, wall: f64, calm_wall: f64) -> String
     for (label, seconds) in rows {
         out.push_str(&format!("{label:<52} {seconds:>7.2}s {:>7.2}%\n", percent(seconds)));
     }
+    out.push_str(&format!(
+        "the recoveries' phases explain {:.2}s, {:.2}% of the calm run: at most that much goodput lost \
+         to them\n",
+        total.total(),
+        100.0 * total.total() / calm_wall.max(1e-9)
+    ));
     out
 }
 
@@ -521,6 +540,26 @@ mod tests {
         let other = "2026-12-05T23:31:17.250000Z  INFO worker: checkpoint of step 10 committed";
         assert_eq!(parse_step_line(other), None);
         assert_eq!(parse_step_line("--- worker process 2 (slice1.p2)"), None);
+    }
+
+    #[test]
+    fn a_runs_pace_is_its_median_step_and_a_stall_lowers_its_share() {
+        let dir = tempfile_dir();
+        // Steps 1-9 every 0.25 s, then a 1 s stall before step 10, logged by two members.
+        let mut at = 17.0;
+        let mut log = String::new();
+        for step in 1..=10u64 {
+            at += if step == 10 { 1.0 } else { 0.25 };
+            log.push_str(&format!(
+                "2026-12-05T23:31:{at:09.6}Z  INFO w: step {step} loss 1.0 (0.25s) job=j step={step} generation=1\n"
+            ));
+        }
+        std::fs::write(dir.join("worker-0.log"), &log).unwrap();
+        std::fs::write(dir.join("worker-1.log"), &log).unwrap();
+        let (step, share) = pace(&dir);
+        assert!(close(step, 0.25), "{step}");
+        // 9 gaps at 0.25 s would take 2.25 s of the 3.0 s between the first and last step.
+        assert!(close(share, 0.75), "{share}");
     }
 
     #[test]
