@@ -21,11 +21,13 @@ fn a_job_survives_one_failure_of_every_kind_and_ends_bitwise_as_without() {
         storage_faults: false,
     };
     let mut harness = Harness::start(setup).unwrap();
-    // Each run takes ~20-45 s on 2 cores, a few minutes when the machine is overloaded; past the
+    // Each run takes ~25-60 s on 2 cores, a few minutes when the machine is overloaded; past the
     // limit the harness stops the job and fails, so the test cannot hang (it also has a nextest
-    // timeout, .config/nextest.toml).
+    // timeout, .config/nextest.toml). The cut comes at step ~52 and heals 5-9 s later; with 110
+    // steps of 0.14 s the job once ended before the healed worker was back (a cut is named in
+    // 0.75 s now), so the steps after it outlast a heal and a rejoin.
     let spec =
-        |name: &str| JobSpec { time_limit: Some(Duration::from_secs(420)), ..JobSpec::new(name, 110, 128) };
+        |name: &str| JobSpec { time_limit: Some(Duration::from_secs(420)), ..JobSpec::new(name, 150, 128) };
     let calm = harness.run_job(&spec("calm"), &[], Policy::Elastic).unwrap();
     let kinds = [Kind::Preempt, Kind::Kill, Kind::LeaderKill, Kind::Cut];
     let events = schedule::by_steps(2026, &kinds, 1, 4, 8, 12);
