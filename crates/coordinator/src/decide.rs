@@ -376,7 +376,7 @@ pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timin
         JobState::Running if job.committed_step >= job.shape.total_steps => {
             let waited =
                 live.finished_since.map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
-            if job.checkpoints.iter().any(|c| c.record.step >= job.shape.total_steps) {
+            if job.final_checkpoint_committed() {
                 // Done once retention has left exactly the retained set, so whoever sees the
                 // job completed sees its root as it stays; a store that keeps failing gets the
                 // same wait as a missing final checkpoint.
@@ -506,7 +506,7 @@ pub fn retention(job: &Job, finished: bool) -> checkpoint::Retention {
 /// reported its final one, so no part of an earlier save is still being written.
 pub fn saves_finished(job: &Job, live: &JobLive) -> bool {
     job.committed_step >= job.shape.total_steps
-        && job.checkpoints.iter().any(|c| c.record.step >= job.shape.total_steps)
+        && job.final_checkpoint_committed()
         && live.saves_finalizing == 0
 }
 

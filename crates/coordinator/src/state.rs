@@ -255,6 +255,11 @@ impl Job {
         checkpoint::lineage::save_id(&self.line, &format!("{}g", self.attempt))
     }
 
+    /// Whether a checkpoint of the final step is committed.
+    pub fn final_checkpoint_committed(&self) -> bool {
+        self.checkpoints.iter().any(|c| c.record.step >= self.shape.total_steps)
+    }
+
     /// The newest committed checkpoint.
     pub fn last_checkpoint(&self) -> Option<&CheckpointEntry> {
         self.checkpoints.iter().max_by_key(|c| (c.record.step, c.record.save_id.clone()))

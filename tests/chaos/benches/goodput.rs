@@ -53,7 +53,10 @@ fn main() -> anyhow::Result<()> {
         &[Policy::Elastic, Policy::RestartAll]
     };
     for &policy in policies {
-        let name = if policy == Policy::Elastic { "elastic" } else { "restart" };
+        let (name, label) = match policy {
+            Policy::Elastic => ("elastic", "podctl elastic"),
+            Policy::RestartAll => ("restart", "restart all from checkpoint"),
+        };
         let run = harness.run_job(&spec(name), &events, policy)?;
         print_events(&run);
         let verified = verify(&harness, &calm, &run)?;
@@ -62,17 +65,13 @@ fn main() -> anyhow::Result<()> {
             recoveries = phases::render(&of_run, step, run.wall_seconds, calm.wall_seconds);
         }
         let lost: u64 = run.events.iter().filter_map(|e| e.steps_lost).sum();
-        run_dirs.push((
-            if policy == Policy::Elastic { "podctl elastic" } else { "restart all" },
-            run.run_dir.clone(),
-        ));
-        rows.push((name, run.events.len(), run.wall_seconds, lost, verified.checkpoints_equal));
+        run_dirs.push((label, run.run_dir.clone()));
+        rows.push((label, run.events.len(), run.wall_seconds, lost, verified.checkpoints_equal));
     }
     println!("uptime: {}", std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim());
     println!("{:<28} {:>8} {:>10} {:>11} {:>9}", "policy", "failures", "wall", "steps lost", "goodput");
     println!("{:<28} {:>8} {:>9.1}s {:>11} {:>8.1}%", "calm (no failure)", 0, calm.wall_seconds, 0, 100.0);
-    for (name, failures, wall, lost, _) in &rows {
-        let label = if *name == "elastic" { "podctl elastic" } else { "restart all from checkpoint" };
+    for (label, failures, wall, lost, _) in &rows {
         println!(
             "{label:<28} {failures:>8} {wall:>9.1}s {lost:>11} {:>8.1}%",
             100.0 * calm.wall_seconds / wall

@@ -45,7 +45,6 @@ fn worker_job(ctx: &Ctx, who: &super::Caller, worker_id: &str) -> Result<Job, St
     Ok(job)
 }
 
-/// Checks a report's job, worker and generation against the running generation.
 /// A step report: as [`check_report`], and while a quiesce lets the members finish the steps up
 /// to its boundary, the ending generation's reports of those steps too (they are carried into
 /// the next generation with their losses).
@@ -58,6 +57,7 @@ fn check_step_report(job: &Job, worker_id: &str, generation: u64, step: u64) -> 
     check_report(job, worker_id, generation)
 }
 
+/// Checks a report's job, worker and generation against the running generation.
 fn check_report(job: &Job, worker_id: &str, generation: u64) -> Result<(), Status> {
     if generation != job.generation {
         return Err(stale_generation(generation, job.generation));
