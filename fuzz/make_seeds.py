@@ -129,30 +129,29 @@ rpc = {
     "kv-get": (15, msg((1, "j-1"), (2, "k"), (3, 100))),
     "raft": (16, msg((1, b'{"vote":{}}'))),
 }
-spec = {
-    "step": 2,
-    "save_id": "s1",
-    "topology": topology,
-    "arrays": [{"name": "w", "shape": [4, 4], "dtype": "float32", "sharding": [["fsdp"], []]}],
-    "bundle": "abcdef01",
-    "data_position": {"seed": 0, "step": 2},
-    "rng_state": [1, 2],
-    "metadata": {},
-}
-report = {
-    "host": 0,
-    "step": 2,
-    "save_id": "s1",
-    "chunk_size": 1024,
-    "object": {"name": "host-0.shards", "host": 0, "size": 64, "chunk_crc32c": [0]},
-    "shards": [
-        {"array": "w", "region": [[0, 2], [0, 4]], "offset": 0, "length": 32},
-        {"array": "w", "region": [[2, 4], [0, 4]], "offset": 32, "length": 32},
-    ],
-}
+# The report's parts as their protobuf messages (HostReport, SaveSpec): 4x4 float32 over fsdp=2.
+region = lambda rows: msg((2, msg((1, rows[0]), (2, rows[1]))), (2, msg((1, 0), (2, 4))))
+spec = msg(
+    (1, 2),
+    (2, "s1"),
+    (3, msg((1, 1), (2, msg((1, "fsdp"), (2, 2))), (3, 1))),
+    (4, msg((1, "w"), (2, 4), (2, 4), (3, 3), (4, msg((1, "fsdp"))), (4, b""))),
+    (5, "abcdef01"),
+    (6, msg((1, 0), (2, 2))),
+    (7, b"\x01\x02"),
+)
+report = msg(
+    (1, 0),
+    (2, 2),
+    (3, "s1"),
+    (4, 1024),
+    (5, msg((1, "host-0.shards"), (2, 0), (3, 64), (4, 0))),
+    (6, msg((1, "w")) + region((0, 2)) + msg((3, 0), (4, 32))),
+    (6, msg((1, "w")) + region((2, 4)) + msg((3, 32), (4, 32))),
+)
 rpc["checkpoint-report"] = (
     12,
-    msg((1, "j-1"), (2, "w-1"), (3, 1), (4, 2), (5, "s1"), (6, json.dumps(report)), (7, json.dumps(spec))),
+    msg((1, "j-1"), (2, "w-1"), (3, 1), (4, 2), (5, "s1"), (8, report), (9, spec)),
 )
 for name, (kind, body) in rpc.items():
     write("rpc_messages", name, bytes([kind]) + body)

@@ -17,5 +17,9 @@ echo "test: fail points (collective, checkpoint, coordinator)"
 # of compiling (3.5 min wall at load average 20 on 2 cores) and 70 s of tests.
 cargo nextest run --workspace --locked --no-fail-fast --test failpoints \
   --features podctl-collective/failpoints,podctl-checkpoint/failpoints,podctl-coordinator/failpoints
+echo "test: fuzz targets compile (fuzz/, run by scripts/fuzz.sh)"
+# Its own workspace, so the run above never builds it; a wire change once broke it unseen until
+# CI's fuzz run. Its target directory sits under target/, which CI removes before fuzzing.
+CARGO_TARGET_DIR=target/fuzz-check cargo check --quiet --locked --manifest-path fuzz/Cargo.toml --bins
 echo "test: exporter (pytest)"
 .venv/bin/python -m pytest -q models/tests

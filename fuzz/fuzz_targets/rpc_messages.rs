@@ -1,12 +1,14 @@
 //! Every request message the coordinator decodes (package `podctl.v1`): the first byte picks
 //! the type, the rest is its protobuf encoding. Decoded messages go on through the checks the
 //! coordinator applies to their untrusted contents: a submitted spec through the job parser, a
-//! checkpoint report's JSON through the checkpoint crate into the manifest the leader would
-//! write. A message that decodes must re-encode to bytes that decode again.
+//! checkpoint report's parts through the wire conversion and the checkpoint crate into the
+//! manifest the leader would write. A message that decodes must re-encode to bytes that decode
+//! again.
 #![no_main]
 
+use checkpoint::Limits;
 use checkpoint::commit::build_manifest;
-use checkpoint::{HostReport, Limits, SaveSpec};
+use client::checkpoint::{host_report_from_wire, save_spec_from_wire};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use proto::v1;
@@ -24,12 +26,13 @@ fn round_trip<M: Message + Default>(bytes: &[u8]) -> Option<M> {
 
 /// What the leader does with a `CheckpointReport` (grpc/workers.rs, then finalize).
 fn checkpoint_report(r: &v1::CheckpointReport) {
-    const MAX_REPORT_JSON: usize = 1 << 20; // as grpc/workers.rs
-    if r.host_report_json.len() > MAX_REPORT_JSON || r.save_spec_json.len() > MAX_REPORT_JSON {
+    const MAX_REPORT_PART: usize = 1 << 20; // as grpc/workers.rs
+    let (Some(report), Some(spec)) = (r.host_report.clone(), r.save_spec.clone()) else { return };
+    if report.encoded_len() > MAX_REPORT_PART || spec.encoded_len() > MAX_REPORT_PART {
         return;
     }
-    let Ok(report) = serde_json::from_slice::<HostReport>(&r.host_report_json) else { return };
-    let Ok(spec) = serde_json::from_slice::<SaveSpec>(&r.save_spec_json) else { return };
+    let Ok(report) = host_report_from_wire(report) else { return };
+    let Ok(spec) = save_spec_from_wire(spec) else { return };
     if let Ok(manifest) = build_manifest(&spec, &[report]) {
         let _ = manifest.check("fuzz/manifest.json", &Limits::default());
     }
