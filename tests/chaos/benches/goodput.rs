@@ -62,7 +62,8 @@ fn main() -> anyhow::Result<()> {
         let verified = verify(&harness, &calm, &run)?;
         if policy == Policy::Elastic {
             let (of_run, step) = phases::of_run(&run, &dir);
-            recoveries = phases::render(&of_run, step, run.wall_seconds, calm.wall_seconds);
+            let excess = [&run.run_dir, &calm.run_dir].map(|d| phases::excess(&phases::trained_steps(d)));
+            recoveries = phases::render(&of_run, step, run.wall_seconds, calm.wall_seconds, excess);
         }
         let lost: u64 = run.events.iter().filter_map(|e| e.steps_lost).sum();
         run_dirs.push((label, run.run_dir.clone()));
@@ -81,10 +82,22 @@ fn main() -> anyhow::Result<()> {
     print!("{recoveries}");
     // The wall ratio holds the machine's drift between runs: a shared VM's pace moves by several
     // percent within minutes. Each run's own pace says how far.
-    println!("{:<28} {:>12} {:>26}", "run", "median step", "share of wall at that pace");
+    // Beyond the median: each generation's first steps (settling) and the rest (steady), signed.
+    println!(
+        "{:<28} {:>12} {:>26} {:>24} {:>22}",
+        "run", "median step", "share of wall at that pace", "settling (generations)", "steady (per step)"
+    );
     for (name, run_dir) in &run_dirs {
         let (step, share) = phases::pace(run_dir);
-        println!("{name:<28} {step:>11.4}s {:>25.1}%", 100.0 * share);
+        let e = phases::excess(&phases::trained_steps(run_dir));
+        println!(
+            "{name:<28} {step:>11.4}s {:>25.1}% {:>14.2}s ({:>3}) {:>11.2}s ({:>+6.1}ms)",
+            100.0 * share,
+            e.settling,
+            e.generations,
+            e.steady,
+            1e3 * e.steady / e.steady_steps.max(1) as f64
+        );
     }
     // CHAOS_KEEP=1 keeps the logs (workers', nodes') for a look.
     if env("CHAOS_KEEP", 0) == 1 {

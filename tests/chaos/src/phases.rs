@@ -19,9 +19,12 @@
 //! and the formation into the step in flight (its work is lost), detection, forming the
 //! generation and resuming (ring, state, and whatever the first step took beyond a normal
 //! one); for a leader kill it is what training waited on the leader; a join's pause minus a
-//! step is the join's. What these do not explain of the wall time the run took beyond the calm
-//! run's went elsewhere: slower steps while survivors carry a lost slice's ranks, the commits
-//! of the last steps, noise.
+//! step is the join's. Past the phases, what steps took beyond the run's median step
+//! ([`excess`]): each new generation's first steps (a joiner's first executions, a fresh ring)
+//! apart from the steady rest (slower steps while survivors carry a lost slice's ranks, the
+//! machine's jitter), each against the calm run's. What none of these explain of the wall time
+//! the run took beyond the calm run's went elsewhere: the commits of the last steps, the
+//! machine's drift in pace between the runs, noise.
 //!
 //! Times come from the coordinator's job events and the workers' and nodes' own log lines
 //! (microsecond time stamps), so they do not depend on how often the harness polls; only the
@@ -153,6 +156,51 @@ pub fn step_seconds(trained: &[Trained]) -> f64 {
     }
     gaps.sort_by(f64::total_cmp);
     gaps[gaps.len() / 2]
+}
+
+/// How many steps at a generation's start count as its settling: a joiner's first executions,
+/// a ring's fresh connections and whatever else a new generation pays once.
+pub const SETTLING_STEPS: usize = 10;
+
+/// What a run's steps took beyond its median step, signed so that jitter cancels: the first
+/// [`SETTLING_STEPS`] of each generation apart from the rest. A step's time is the gap from the
+/// step before it in the same generation (the gap across a generation change is a phase's).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Excess {
+    /// The generations seen.
+    pub generations: usize,
+    /// Seconds beyond the median over the settling steps of every generation.
+    pub settling: f64,
+    /// Those steps.
+    pub settling_steps: usize,
+    /// Seconds beyond the median over every other step.
+    pub steady: f64,
+    /// Those steps.
+    pub steady_steps: usize,
+}
+
+/// The excess of a run's steps over its median step, settling apart from steady.
+pub fn excess(trained: &[Trained]) -> Excess {
+    let step = step_seconds(trained);
+    let mut by_generation: BTreeMap<u64, Vec<Trained>> = BTreeMap::new();
+    for t in first_finished(trained) {
+        by_generation.entry(t.generation).or_default().push(t);
+    }
+    let mut excess = Excess { generations: by_generation.len(), ..Excess::default() };
+    for mut of in by_generation.into_values() {
+        of.sort_by_key(|t| t.step);
+        let gaps = of.windows(2).filter(|w| w[1].step == w[0].step + 1).map(|w| w[1].unix - w[0].unix - step);
+        for (i, beyond) in gaps.enumerate() {
+            if i < SETTLING_STEPS {
+                excess.settling += beyond;
+                excess.settling_steps += 1;
+            } else {
+                excess.steady += beyond;
+                excess.steady_steps += 1;
+            }
+        }
+    }
+    excess
 }
 
 /// A run's own pace from its members' logs: the median seconds between steps, and the share of
@@ -351,8 +399,9 @@ fn mean(values: impl Iterator<Item = Option<f64>>) -> String {
 }
 
 /// The table of phases, per failure kind (means, seconds from the failure), and where the
-/// seconds the run took beyond `calm_wall` went.
-pub fn render(phases: &[Phases], step: f64, wall: f64, calm_wall: f64) -> String {
+/// seconds the run took beyond `calm_wall` went; `excess` is the run's [`excess`] and the calm
+/// run's, whose one generation's settling (the job's start) the run had too.
+pub fn render(phases: &[Phases], step: f64, wall: f64, calm_wall: f64, excess: [Excess; 2]) -> String {
     let mut out = String::new();
     out.push_str(&format!(
         "phases of a recovery (mean seconds from the failure; a normal step {step:.3}s)\n\
@@ -397,8 +446,15 @@ pub fn render(phases: &[Phases], step: f64, wall: f64, calm_wall: f64) -> String
         ("resuming (formed -> first step, beyond a step)", total.resume),
         ("training stalled without a leader", total.leader),
         ("taking the joiner in (pause beyond a step)", total.join),
-        ("elsewhere (slower steps, commits, noise)", missing - total.total()),
     ];
+    let [run, calm] = excess;
+    let settling = run.settling - calm.settling;
+    let steady = run.steady - calm.steady * run.steady_steps as f64 / calm.steady_steps.max(1) as f64;
+    let rows = rows.into_iter().chain([
+        ("settling: a new generation's first 10 steps, beyond", settling),
+        ("steady steps beyond the median, beyond the calm run's", steady),
+        ("elsewhere (commits, the pace's drift, noise)", missing - total.total() - settling - steady),
+    ]);
     for (label, seconds) in rows {
         out.push_str(&format!("{label:<52} {seconds:>7.2}s {:>7.2}%\n", percent(seconds)));
     }
@@ -499,11 +555,24 @@ mod tests {
         // Step 22 at 109.9, then the first after the stall at 111.9 (within 10 ms): 1.6 s lost.
         assert!((l.cost.leader - 1.6).abs() < 0.02, "{:?}", l.cost);
 
-        let table = render(&phases, 0.4, 120.0, 118.0);
+        let no_excess = [Excess::default(); 2];
+        let table = render(&phases, 0.4, 120.0, 118.0, no_excess);
         assert!(table.contains("SIGKILL"), "{table}");
         assert!(table.contains("2.0s missing"), "{table}");
         // 2.0 s missing, 1.5 of it in the kill's phases: 0.5 elsewhere.
         assert!(table.lines().any(|l| l.starts_with("elsewhere") && l.contains("0.50s")), "{table}");
+        // Of those, 0.2 s in new generations' first steps (the calm run's start had 0.1 s of its
+        // own) and 0.1 s in steady steps beyond the calm run's rate (its 0.1 s over 200 steps
+        // would be 0.2 s over the run's 400): 0.2 elsewhere.
+        let run =
+            Excess { generations: 3, settling: 0.3, settling_steps: 30, steady: 0.3, steady_steps: 400 };
+        let calm =
+            Excess { generations: 1, settling: 0.1, settling_steps: 10, steady: 0.1, steady_steps: 200 };
+        let table = render(&phases, 0.4, 120.0, 118.0, [run, calm]);
+        let row = |name: &str| table.lines().find(|l| l.starts_with(name)).unwrap_or_default().to_string();
+        assert!(row("settling").contains("0.20s"), "{table}");
+        assert!(row("steady").contains("0.10s"), "{table}");
+        assert!(row("elsewhere").contains("0.20s"), "{table}");
     }
 
     fn phases_failure(kind: Kind, unix: f64, generation: u64) -> Failure {
@@ -560,6 +629,29 @@ mod tests {
         assert!(close(step, 0.25), "{step}");
         // 9 gaps at 0.25 s would take 2.25 s of the 3.0 s between the first and last step.
         assert!(close(share, 0.75), "{share}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_generations_first_steps_settle_apart_from_the_rest() {
+        // Two generations of 0.4 s steps; the second's first 3 steps take 0.6 s each, and one
+        // later step of the first takes 0.5 s.
+        let mut steps = Vec::new();
+        run(&mut steps, 1, 1, 30, 0.0);
+        let mut at = 20.0;
+        for step in 31..=60u64 {
+            at += if step <= 33 { 0.6 } else { 0.4 };
+            steps.push(Trained { unix: at, step, generation: 2 });
+        }
+        for t in steps.iter_mut().filter(|t| t.generation == 1 && t.step >= 20) {
+            t.unix += 0.1;
+        }
+        let e = excess(&steps);
+        // 29 gaps in each generation, 10 of them settling: step 31 follows a step of the other
+        // generation, so its gap is no step of either; steps 32 and 33 are 0.2 s over each.
+        assert_eq!((e.generations, e.settling_steps, e.steady_steps), (2, 20, 38));
+        assert!(close(e.settling, 0.4), "{e:?}");
+        assert!(close(e.steady, 0.1), "{e:?}");
     }
 
     #[test]
