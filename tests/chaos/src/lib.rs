@@ -248,7 +248,7 @@ pub struct EventRecord {
 }
 
 /// One job run, as measured.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct JobRun {
     /// The job's name and id.
     pub name: String,

@@ -12,9 +12,15 @@ use anyhow::{Context, Result, bail};
 use nix::sched::{CloneFlags, unshare};
 use std::net::Ipv4Addr;
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Where every slice namespace's name starts, followed by the harness's pid.
+/// Where every slice namespace's name starts, followed by the harness's pid, the network's
+/// number in the process (two harnesses may run side by side, each on its own thread) and the
+/// slice.
 const PREFIX: &str = "podctl-chaos-";
+
+/// Networks this process created.
+static CREATED: AtomicUsize = AtomicUsize::new(0);
 
 /// The hub namespace and the slices' namespaces.
 pub struct Network {
@@ -61,8 +67,9 @@ impl Network {
         ip(&["addr", "add", &format!("{}/24", Self::HUB), "dev", "br0"])?;
         ip(&["link", "set", "br0", "up"])?;
         let mut network = Network { slices: Vec::new() };
+        let number = CREATED.fetch_add(1, Ordering::SeqCst);
         for k in 0..slices {
-            let name = format!("{PREFIX}{}-{k}", std::process::id());
+            let name = format!("{PREFIX}{}-{number}-{k}", std::process::id());
             ip(&["netns", "add", &name])?;
             network.slices.push(name.clone());
             let port = format!("s{k}");

@@ -4,6 +4,7 @@
 
 use crate::net::Network;
 use anyhow::{Context, Result, bail};
+use nix::sched::{CpuSet, sched_setaffinity};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use std::io::{BufRead, BufReader};
@@ -21,6 +22,15 @@ const NODE_START: Duration = Duration::from_secs(60);
 pub fn signal(pid: u32, signal: Signal) -> Result<()> {
     let raw = i32::try_from(pid).with_context(|| format!("pid {pid} is out of range"))?;
     kill(Pid::from_raw(raw), signal).with_context(|| format!("kill -{signal} {pid}"))
+}
+
+/// Pins the calling thread, and every thread and process it starts afterwards, to one CPU: two
+/// harnesses side by side (the goodput bench's calm and failing runs) then share only what the
+/// machine shares between its CPUs, and its drift in pace reaches both alike.
+pub fn pin_to_cpu(cpu: usize) -> Result<()> {
+    let mut set = CpuSet::new();
+    set.set(cpu).with_context(|| format!("CPU {cpu} is out of range"))?;
+    sched_setaffinity(Pid::from_raw(0), &set).with_context(|| format!("pinning to CPU {cpu}"))
 }
 
 /// One coordinator node.
