@@ -26,6 +26,10 @@ pub const MAX_STEPS_AHEAD: u64 = 64;
 pub enum Out {
     /// It said it is leaving (SIGTERM).
     Preempted(String),
+    /// It said it is leaving (SIGTERM) with time to finish its step in flight, and goes on
+    /// training until told where to stop: the generation it leaves ends after that step, so
+    /// nobody's work on it is thrown away.
+    Leaving(String),
     /// It said it cannot go on.
     Failed(String),
     /// It said the job's own inputs cannot run (its bundle, its spec, its model, a step with
@@ -256,6 +260,7 @@ fn lost_reason(now: Instant, worker: Option<&WorkerLive>, lease: Duration) -> Op
     let Some(worker) = worker else { return Some("unknown to the leader".into()) };
     match &worker.out {
         Some(Out::Preempted(reason)) => Some(format!("preempted ({reason})")),
+        Some(Out::Leaving(reason)) => Some(format!("preempted ({reason}) after its step in flight")),
         Some(Out::Failed(reason)) => Some(format!("failed ({reason})")),
         Some(Out::Unrunnable(reason)) => Some(format!("cannot run the job ({reason})")),
         Some(Out::Suspected { by, reason }) => Some(format!("named lost by {by} ({reason})")),
@@ -415,10 +420,16 @@ pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timin
         }
         JobState::Running => {
             if let Some((worker, reason)) = lost.iter().find(|(w, _)| job.member(w).is_some()) {
+                // Members that leave with their step in flight finishing stop with the others
+                // after it; any other loss means that step cannot finish.
+                let leaving = |w: &String| {
+                    matches!(live.workers.get(w).and_then(|l| l.out.as_ref()), Some(Out::Leaving(_)))
+                };
+                let all_leaving = lost.keys().filter(|w| job.member(w).is_some()).all(leaving);
                 return Some(Decision::Begin {
                     reason: format!("{worker} {reason}"),
                     removed,
-                    after_step: 0,
+                    after_step: if all_leaving { step_in_flight(job, live) } else { 0 },
                 });
             }
             // With a worker per rank nobody can take one back: spares wait (and this skips the
@@ -474,6 +485,14 @@ pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timin
         }
         JobState::Completed | JobState::Failed | JobState::Stopped => None,
     }
+}
+
+/// Whether a member preempted with `deadline` left before it is killed finishes its step in
+/// flight first (it offered to): with a step known and time for two more and a second to spare,
+/// so that a slow step still ends before the kill. Otherwise it stops at once and the step in
+/// flight is lost, as with a kill.
+pub fn finishes_step_before_leaving(deadline: Duration, step_time: Option<Duration>) -> bool {
+    step_time.is_some_and(|step| deadline >= step * 2 + Duration::from_secs(1))
 }
 
 /// The step the members of the running generation are in: one past the most any of them is
@@ -1081,6 +1100,39 @@ mod tests {
         // A member heard past the others (its report came in) moves the boundary with it.
         live.step_reports.entry(5).or_default().insert(job.members[0].worker_id.clone(), Default::default());
         assert_eq!(step_in_flight(&job, &live), 6);
+    }
+
+    #[test]
+    fn a_member_leaving_after_its_step_in_flight_ends_the_generation_after_that_step() {
+        let now = Instant::now();
+        let (job, mut live) = running(3, 4, now);
+        let [a, b, c] = [0, 1, 2].map(|i| job.members[i].worker_id.clone());
+        live.workers.get_mut(&c).unwrap().out = Some(Out::Leaving("SIGTERM".into()));
+        let Some(Decision::Begin { reason, removed, after_step }) =
+            decide_generation(now, &job, &live, &TIMING)
+        else {
+            panic!()
+        };
+        assert!(reason.contains("after its step in flight"), "{reason}");
+        // 4 steps done: every member, the leaver too, finishes the 5th and stops.
+        assert_eq!((removed, after_step), (vec![c.clone()], 5));
+        // Another member lost at the same time: the step in flight cannot finish.
+        live.workers.get_mut(&b).unwrap().out = Some(Out::Preempted("SIGTERM".into()));
+        let Some(Decision::Begin { removed, after_step, .. }) = decide_generation(now, &job, &live, &TIMING)
+        else {
+            panic!()
+        };
+        assert_eq!((removed, after_step), (vec![b, c], 0));
+        assert!(live.workers[&a].out.is_none());
+    }
+
+    #[test]
+    fn a_preempted_member_finishes_its_step_only_with_time_for_two_more() {
+        let s = Duration::from_secs;
+        assert!(finishes_step_before_leaving(s(30), Some(s(5))));
+        assert!(finishes_step_before_leaving(s(11), Some(s(5))));
+        assert!(!finishes_step_before_leaving(s(10), Some(s(5))), "a second to spare");
+        assert!(!finishes_step_before_leaving(s(30), None), "no step measured yet");
     }
 
     #[test]

@@ -26,7 +26,17 @@ pub fn unix_now() -> f64 {
 /// The directive in force for a worker: what a worker that reconnects or lags is told.
 pub fn directive_in_force(job: &Job, worker_id: &str) -> Option<Directive> {
     let stop = |reason: String, removed: bool| {
-        Some(Directive { directive: Some(directive::Directive::Stop(v1::StopWork { reason, removed })) })
+        // A member of the ending generation removed while the others finish the step in flight
+        // (it leaves with that step finishing: `Out::Leaving`) finishes it too; nobody else's
+        // ring waits on any other removed worker.
+        let after_step = if removed && job.state == JobState::Recovering && job.member(worker_id).is_some() {
+            job.quiesce_after
+        } else {
+            0
+        };
+        Some(Directive {
+            directive: Some(directive::Directive::Stop(v1::StopWork { reason, removed, after_step })),
+        })
     };
     if job.state.is_terminal() {
         return stop(format!("job {} is {:?}: {}", job.id, job.state, job.message), false);

@@ -1229,7 +1229,37 @@ pub(crate) mod tests {
             other => panic!("{other:?}"),
         };
         assert!(stop(&b).removed, "{:?}", stop(&b));
+        assert_eq!(stop(&b).after_step, 0, "its generation ended at once");
         assert!(!stop("nobody").removed);
+    }
+
+    #[test]
+    fn a_member_leaving_after_its_step_in_flight_is_told_the_boundary_the_others_stop_at() {
+        let mut state = ClusterState::default();
+        let job = submit(&mut state, 3, 10);
+        let [a, b, c] = ["a", "b", "c"].map(|host| register(&mut state, &job, host));
+        form(&mut state, &job, 1, vec![member(&a, vec![0]), member(&b, vec![1]), member(&c, vec![2])]);
+        let begin = |generation, removed: &String, after_step| Command::BeginGeneration {
+            job_id: job.clone(),
+            generation,
+            reason: "preempted (SIGTERM) after its step in flight".into(),
+            removed: vec![removed.clone()],
+            after_step,
+            unix: 5.0,
+        };
+        let stop = |state: &ClusterState, worker: &str| match crate::leader::directive_in_force(
+            &state.jobs[&job],
+            worker,
+        ) {
+            Some(proto::v1::Directive { directive: Some(proto::v1::directive::Directive::Stop(s)) }) => s,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(state.apply(begin(2, &c, 4)), Response::Applied);
+        assert!(stop(&state, &c).removed);
+        assert_eq!(stop(&state, &c).after_step, 4, "it finishes step 4 with a and b");
+        // Another loss meanwhile ends the next generation at once: so does the leaver.
+        assert_eq!(state.apply(begin(3, &b, 0)), Response::Applied);
+        assert_eq!((stop(&state, &c).after_step, stop(&state, &b).after_step), (0, 0));
     }
 
     #[test]

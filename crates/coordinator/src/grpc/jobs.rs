@@ -38,7 +38,7 @@ fn health(
     let Some(w) = live else { return ("unknown".into(), 0.0) };
     let age = now.saturating_duration_since(w.last_seen);
     let health = match &w.out {
-        Some(Out::Preempted(_)) => "preempted",
+        Some(Out::Preempted(_) | Out::Leaving(_)) => "preempted",
         Some(_) => "lost",
         None if age > lease => "lost",
         None if age > heartbeat * 2 => "late",

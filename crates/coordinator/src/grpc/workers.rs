@@ -5,7 +5,7 @@
 
 use super::{caller, find_job, require_client_cert, stale_generation};
 use crate::ctx::Ctx;
-use crate::decide::{Cause, MAX_STEPS_AHEAD, Out, StepReportData};
+use crate::decide::{Cause, MAX_STEPS_AHEAD, Out, StepReportData, finishes_step_before_leaving};
 use crate::jobs::SaveReport;
 use crate::leader::{directive_in_force, record_step_report, unix_now};
 use crate::logs::LogRecord;
@@ -160,10 +160,14 @@ impl WorkersService {
             }
             Some(worker_event::Event::Preempted(p)) => {
                 let job = job.ok_or_else(gone)?;
-                tracing::info!(worker_id, "preempted: {}", p.reason);
+                let deadline = std::time::Duration::from_millis(p.deadline_ms);
                 ctx.leader.with(|m| {
-                    if let Some(w) = m.job_mut(&job, now).workers.get_mut(worker_id) {
-                        w.out = Some(Out::Preempted(p.reason.clone()));
+                    let live = m.job_mut(&job, now);
+                    let finishes = p.finishes_step && finishes_step_before_leaving(deadline, live.step_time);
+                    tracing::info!(worker_id, finishes_step = finishes, "preempted: {}", p.reason);
+                    if let Some(w) = live.workers.get_mut(worker_id) {
+                        let reason = p.reason.clone();
+                        w.out = Some(if finishes { Out::Leaving(reason) } else { Out::Preempted(reason) });
                     }
                 });
                 ctx.leader.wake.notify_one();

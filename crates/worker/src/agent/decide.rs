@@ -153,6 +153,27 @@ pub(super) fn obey(d: directive::Directive, acting: u64, assigned: u64) -> Obey 
     }
 }
 
+/// When a worker that gave notice of leaving (SIGTERM) stops, as the leader's answer says.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Departure {
+    /// Now, aborting the step in flight.
+    AtOnce,
+    /// Once this many steps are done, where the others stop too.
+    AfterStep(u64),
+}
+
+/// The leader's answer to a preemption notice in `d`, if it is one: a stop (with the boundary the
+/// others stop at, when it lets the step in flight finish) or a quiesce.
+pub(super) fn departure(d: &directive::Directive) -> Option<Departure> {
+    match d {
+        directive::Directive::Stop(stop) if stop.after_step > 0 => {
+            Some(Departure::AfterStep(stop.after_step))
+        }
+        directive::Directive::Stop(_) | directive::Directive::Quiesce(_) => Some(Departure::AtOnce),
+        directive::Directive::Assignment(_) | directive::Directive::Ack(_) => None,
+    }
+}
+
 /// What the trainer side does with a message from the session.
 #[derive(Debug, PartialEq)]
 pub(super) enum Next {
@@ -367,9 +388,23 @@ mod tests {
             obey(assign(5), 4, 4),
             Obey::Assign { assignment: Box::new(assignment(5)), interrupt: true }
         );
-        let stop = |removed| directive::Directive::Stop(StopWork { reason: "why".into(), removed });
+        let stop =
+            |removed| directive::Directive::Stop(StopWork { reason: "why".into(), removed, after_step: 0 });
         assert_eq!(obey(stop(true), 1, 1), Obey::Stop(Leave::Rejoin("why".into())));
         assert_eq!(obey(stop(false), 1, 1), Obey::Stop(Leave::Exit(AgentExit::Stopped("why".into()))));
+    }
+
+    #[test]
+    fn a_leaving_worker_finishes_its_step_only_when_the_leader_names_the_boundary() {
+        let stop = |after_step| {
+            directive::Directive::Stop(StopWork { reason: "r".into(), removed: true, after_step })
+        };
+        assert_eq!(departure(&stop(12)), Some(Departure::AfterStep(12)));
+        assert_eq!(departure(&stop(0)), Some(Departure::AtOnce));
+        let quiesce =
+            directive::Directive::Quiesce(Quiesce { generation: 5, reason: "r".into(), after_step: 9 });
+        assert_eq!(departure(&quiesce), Some(Departure::AtOnce), "a quiesce is not an answer to the notice");
+        assert_eq!(departure(&directive::Directive::Assignment(assignment(4))), None);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The session side: one session with whichever coordinator node leads, heartbeats up,
 //! directives down, step reports in order, log lines in batches.
 
-use super::decide::{self, Obey};
+use super::decide::{self, Departure, Obey};
 use super::{AgentExit, Control, Leave, Shared, Status};
 use client::{Client, LogLine, Session};
 use proto::v1::{self, Directive, Heartbeat, StepReport, WorkerEvent, directive, worker_event};
@@ -35,14 +35,21 @@ fn heartbeat(worker_id: &str, status: &Status, seq: u64) -> WorkerEvent {
     }
 }
 
-/// The notice a worker sends on shutdown (SIGTERM): it leaves, and is killed `deadline` after.
-fn preemption_notice(worker_id: &str, status: &Status, deadline: Duration) -> WorkerEvent {
+/// The notice a worker sends on shutdown (SIGTERM): it leaves, and is killed `deadline` after;
+/// `finishes_step` when it trains on until the leader names the boundary to stop at.
+fn preemption_notice(
+    worker_id: &str,
+    status: &Status,
+    deadline: Duration,
+    finishes_step: bool,
+) -> WorkerEvent {
     WorkerEvent {
         event: Some(worker_event::Event::Preempted(v1::Preempted {
             worker_id: worker_id.into(),
             generation: status.generation,
             reason: "SIGTERM".into(),
             deadline_ms: deadline.as_millis() as u64,
+            finishes_step,
         })),
     }
 }
@@ -190,31 +197,54 @@ impl SessionSide {
     }
 
     /// Tells the leader at once that this worker leaves, so it re-forms the job without waiting
-    /// for the lease.
+    /// for the lease. A worker inside its steps trains on meanwhile: when the leader has the
+    /// others stop after the step in flight (the deadline leaves time for it), this worker
+    /// finishes that step too, so nobody's work on it is lost; otherwise it stops at once.
     async fn preempted(&self, session: &mut Session) {
-        self.shared.stop();
+        // A second before the kill, it stops whatever it is doing.
+        let leave_by =
+            tokio::time::Instant::now() + self.preemption_deadline.saturating_sub(Duration::from_secs(1));
         let status = self.shared.status.borrow().clone();
-        tracing::warn!(step = status.steps_done, deadline = ?self.preemption_deadline, "SIGTERM: leaving the job");
-        let notice = preemption_notice(&self.worker_id, &status, self.preemption_deadline);
+        let finishes = status.phase == "training";
+        if !finishes {
+            self.shared.stop();
+        }
+        tracing::warn!(
+            step = status.steps_done,
+            deadline = ?self.preemption_deadline,
+            finishes_step = finishes,
+            "SIGTERM: leaving the job"
+        );
+        let notice = preemption_notice(&self.worker_id, &status, self.preemption_deadline, finishes);
+        let mut departure = Departure::AtOnce;
         if session.events.send(notice).await.is_ok() {
             // Dropping the session resets its stream, possibly before the notice is on the
             // wire: hold it until the leader answers with a stop or ends the session.
             let answered = tokio::time::timeout(PREEMPTION_NOTICE_WAIT, async {
                 while let Ok(Some(d)) = session.directives.message().await {
-                    if matches!(
-                        d.directive,
-                        Some(directive::Directive::Stop(_) | directive::Directive::Quiesce(_))
-                    ) {
-                        return;
+                    if let Some(departure) = d.directive.as_ref().and_then(decide::departure) {
+                        return departure;
                     }
                 }
+                Departure::AtOnce
             });
-            if answered.await.is_err() {
-                tracing::warn!(
+            match answered.await {
+                Ok(answer) => departure = answer,
+                Err(_) => tracing::warn!(
                     "the leader did not answer the preemption notice within {PREEMPTION_NOTICE_WAIT:?}"
-                );
+                ),
             }
         }
+        if let (Departure::AfterStep(after_step), true) = (departure, finishes) {
+            tracing::info!(after_step, "finishing the step in flight before leaving");
+            self.shared.quiesce_after(status.generation + 1, after_step);
+            let mut trainer = self.shared.status.subscribe();
+            let stopped = trainer.wait_for(|s| s.phase != "training");
+            if tokio::time::timeout_at(leave_by, stopped).await.is_err() {
+                tracing::warn!(after_step, "the step in flight did not finish before the deadline");
+            }
+        }
+        self.shared.stop();
     }
 
     /// Reports steps in order; a report is repeated until the step is committed or the job has
@@ -294,8 +324,9 @@ mod tests {
     #[test]
     fn the_preemption_notice_reports_the_configured_deadline() {
         let status = Status { generation: 4, steps_done: 9, phase: "training" };
-        let notice = preemption_notice("job.w2", &status, Duration::from_secs(15));
+        let notice = preemption_notice("job.w2", &status, Duration::from_secs(15), true);
         let Some(worker_event::Event::Preempted(p)) = notice.event else { panic!("{notice:?}") };
         assert_eq!((p.worker_id.as_str(), p.generation, p.deadline_ms), ("job.w2", 4, 15_000));
+        assert!(p.finishes_step);
     }
 }
