@@ -18,7 +18,10 @@
 //! time of the run). For a failure of a slice the stall is split at the failure, the detection
 //! and the formation into the step in flight (its work is lost), detection, forming the
 //! generation and resuming (ring, state, and whatever the first step took beyond a normal
-//! one); for a leader kill it is what training waited on the leader; a join's pause minus a
+//! one); when the ending generation still finished a step after the failure (a preempted
+//! member finishing its step in flight with the others), nothing was in flight to lose and the
+//! detection overlapped training: the stall runs from that step; for a leader kill it is what
+//! training waited on the leader; a join's pause minus a
 //! step is the join's. Past the phases, what steps took beyond the run's median step
 //! ([`excess`]): each new generation's first steps (a joiner's first executions, a fresh ring)
 //! apart from the steady rest (slower steps while survivors carry a lost slice's ranks, the
@@ -263,7 +266,15 @@ pub fn analyse(failures: &[Failure], history: &[(f64, String, String)], trained:
                 phases.detected = since(t0, removed.map(|(u, _)| u));
                 phases.formed = since(t0, formed.map(|(u, _)| u));
                 phases.first_step = since(t0, first);
-                if let (Some(previous), Some((removed, _)), Some((formed, _)), Some(first)) =
+                // A step of the ending generation finished after the failure: the members went
+                // on until a named boundary (a preempted member finishing its step in flight),
+                // so nothing was in flight to lose and the removal cost nothing.
+                let last_of_ending = formed.and_then(|(_, g)| steps.iter().rev().find(|t| t.generation < g));
+                let finished_after = last_of_ending.filter(|t| t.unix > t0);
+                if let (Some(last), Some((formed, _)), Some(first)) = (finished_after, formed, first) {
+                    phases.cost.formation = (formed - last.unix).max(0.0);
+                    phases.cost.resume = first - last.unix.max(formed) - step;
+                } else if let (Some(previous), Some((removed, _)), Some((formed, _)), Some(first)) =
                     (previous, removed, formed, first)
                 {
                     phases.cost.in_flight = t0 - previous.unix;
@@ -585,6 +596,26 @@ mod tests {
             join_started: None,
             member_again: None,
         }
+    }
+
+    #[test]
+    fn a_member_that_finishes_its_step_before_leaving_loses_nothing_in_flight() {
+        // Steps every 0.4 s to step 10 at 103.6 in g1; SIGTERM at 103.7, the member removed at
+        // 103.71 with the others told to finish step 11, which they do at 104.0; g2 forms at
+        // 104.05 and trains step 12 at 104.5.
+        let mut steps = Vec::new();
+        run(&mut steps, 1, 1, 11, 100.0);
+        run(&mut steps, 2, 12, 20, 104.5);
+        let events = history(&[
+            (103.71, "recovery", "generation 2: j.w2 preempted (SIGTERM) after its step in flight"),
+            (104.05, "generation", "generation 2 from step 11 (3 workers answered the quiesce): a:[0, 1]"),
+        ]);
+        let p = &analyse(&[phases_failure(Kind::Preempt, 103.7, 1)], &events, &steps)[0];
+        assert!(close(p.detected.unwrap(), 0.01) && close(p.formed.unwrap(), 0.35), "{p:?}");
+        let c = p.cost;
+        assert!(close(c.in_flight, 0.0) && close(c.detection, 0.0), "{c:?}");
+        // From step 11 (104.0) to the formation 0.05 s, then step 12 0.45 s later: 0.05 beyond a step.
+        assert!(close(c.formation, 0.05) && close(c.resume, 0.05), "{c:?}");
     }
 
     #[test]
