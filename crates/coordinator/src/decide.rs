@@ -466,6 +466,33 @@ pub fn decide_generation(now: Instant, job: &Job, live: &JobLive, timing: &Timin
                 let reason = format!("{} workers answered the quiesce", candidates.len());
                 return Some(Decision::Form(plan_generation(job, live, &candidates, removed, reason)));
             }
+            // A named boundary may never come: a member nobody knew was lost (cut off, not yet
+            // named) holds the step in flight, and the others wait in its all-reduce,
+            // heartbeating. Once the step had time to finish, they are asked again to stop at
+            // once (they answer then, with their state), and only those not heard from go.
+            // Dropping them all instead, as below, threw every replica away for a checkpoint.
+            if job.quiesce_after > 0 {
+                let step_window = live.step_time.unwrap_or_default() * 2 + timing.suspect_after;
+                if waited < step_window {
+                    return None;
+                }
+                let unheard = silent.iter().copied().filter(|w| {
+                    live.workers
+                        .get(*w)
+                        .is_none_or(|l| now.saturating_duration_since(l.last_seen) > timing.suspect_after)
+                });
+                let mut removed = removed;
+                removed.extend(unheard.cloned());
+                removed.sort();
+                let names = silent.iter().map(|w| w.as_str()).collect::<Vec<_>>().join(", ");
+                return Some(Decision::Begin {
+                    reason: format!(
+                        "the step in flight did not finish (no answer from {names}); stopping at once"
+                    ),
+                    removed,
+                    after_step: 0,
+                });
+            }
             // A survivor still heartbeating may be inside a device call that is not interrupted and
             // answers once its step ends: a model whose step takes longer than the lease must not
             // lose every survivor, and the state they hold, to a quiesce.
@@ -1124,6 +1151,43 @@ mod tests {
         };
         assert_eq!((removed, after_step), (vec![b, c], 0));
         assert!(live.workers[&a].out.is_none());
+    }
+
+    #[test]
+    fn a_boundary_that_never_comes_is_given_up_for_a_stop_at_once_keeping_every_member_heard_from() {
+        // Three members at step 4, a replacement joins: they are to finish step 5. But c was cut
+        // off a moment before, unnoticed: a and b wait in the all-reduce on it, heartbeating.
+        let now = Instant::now();
+        let (mut job, mut live) = running(3, 4, now);
+        let [a, b, c] = [0, 1, 2].map(|i| job.members[i].worker_id.clone());
+        live.step_time = Some(Duration::from_millis(250));
+        begin(&mut job, &mut live, now);
+        job.quiesce_after = 5;
+        let heard = |live: &mut JobLive, at: Instant| {
+            for w in [&a, &b] {
+                live.workers.get_mut(w).unwrap().last_seen = at;
+            }
+        };
+        // The window: two steps and the suspicion's silence.
+        let early = now + Duration::from_millis(1900);
+        heard(&mut live, early);
+        assert_eq!(decide_generation(early, &job, &live, &TIMING), None, "the step may still finish");
+        let later = now + Duration::from_millis(2000);
+        heard(&mut live, later);
+        let Some(Decision::Begin { reason, removed, after_step }) =
+            decide_generation(later, &job, &live, &TIMING)
+        else {
+            panic!()
+        };
+        assert!(reason.contains("did not finish"), "{reason}");
+        // a and b stop at once and keep their state; c, silent, goes.
+        assert_eq!((removed, after_step), (vec![c.clone()], 0));
+        // Asked at once already, the usual patience holds.
+        begin(&mut job, &mut live, later);
+        job.quiesce_after = 0;
+        let soon = later + Duration::from_secs(1);
+        heard(&mut live, soon);
+        assert_eq!(decide_generation(soon, &job, &live, &TIMING), None);
     }
 
     #[test]
