@@ -552,7 +552,8 @@ mod tests {
             };
             let saver = FakeSaver { log: log.clone(), total: self.total, upload: self.upload };
             let mut checkpoints =
-                Checkpoints::new(self.every, Box::new(saver), Box::new(FakeCommit(log.clone())));
+                Checkpoints::new(self.every, Box::new(saver), Box::new(FakeCommit(log.clone())))
+                    .without_final_backoff();
             if self.saved_at_start {
                 checkpoints.mark_saved(self.start);
             }
@@ -729,6 +730,27 @@ mod tests {
         let error = trained.expect_err("a failed final save is the run's error");
         assert!(error.to_string().contains("refused the upload"), "{error}");
         assert_eq!(log.commits, [(4, false), (8, false)]);
+    }
+
+    #[test]
+    fn a_failed_final_upload_is_tried_again_until_it_goes_through() {
+        let failures = Rc::new(Cell::new(0u32));
+        let counted = failures.clone();
+        // The final save's upload fails twice (a store's throttling), then goes through.
+        let flaky = move |step| match step {
+            10 if counted.get() < 2 => {
+                counted.set(counted.get() + 1);
+                Upload::Fails
+            }
+            _ => Upload::Takes(0),
+        };
+        let (trained, events, log) = Run { upload: Box::new(flaky), ..Run::new(10, 4) }.go();
+        trained.expect("the third attempt commits the run's end");
+        assert_eq!(failures.get(), 2);
+        assert_eq!(log.commits, [(4, false), (8, false), (10, true)]);
+        let tried_again =
+            events.checkpoints.iter().filter(|e| matches!(e, CheckpointEvent::Failed { step: 10, .. }));
+        assert_eq!(tried_again.count(), 2, "each failed attempt is said");
     }
 
     #[test]

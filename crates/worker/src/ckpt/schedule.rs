@@ -155,6 +155,13 @@ impl Commit for StoreCommit {
     }
 }
 
+/// The final save commits the run's end, and a store's throttling or errors can outlast one
+/// upload's own retries (a soak once lost a run's final checkpoint to 0.85 s of them): it is
+/// tried this many times, waiting [`FINAL_SAVE_BACKOFF`] times the attempts so far in between.
+pub const FINAL_SAVE_ATTEMPTS: u32 = 5;
+/// See [`FINAL_SAVE_ATTEMPTS`]: 20 s of waiting in all, within the leader's wait for it.
+const FINAL_SAVE_BACKOFF: Duration = Duration::from_secs(2);
+
 /// A run's saves: when they are due, the one uploading (the only place that knows a save is
 /// in flight), and what becomes of each. `S` is the state saved: a [`Trainer`]'s on a worker.
 pub struct Checkpoints<S: ?Sized = Trainer> {
@@ -164,12 +171,27 @@ pub struct Checkpoints<S: ?Sized = Trainer> {
     pending: Option<PendingSave>,
     /// The newest step this run's root holds a save of: the final save is not repeated.
     saved: Option<u64>,
+    final_backoff: Duration,
 }
 
 impl<S: ?Sized> Checkpoints<S> {
     /// Saves through `saver` every `every` steps, finished ones handed to `commit`.
     pub fn new(every: u64, saver: Box<dyn Saver<S>>, commit: Box<dyn Commit>) -> Self {
-        Self { saver, commit, every: every.max(1), pending: None, saved: None }
+        Self {
+            saver,
+            commit,
+            every: every.max(1),
+            pending: None,
+            saved: None,
+            final_backoff: FINAL_SAVE_BACKOFF,
+        }
+    }
+
+    /// The same with no wait between the final save's attempts (the driver's tests).
+    #[cfg(test)]
+    pub(crate) fn without_final_backoff(mut self) -> Self {
+        self.final_backoff = Duration::ZERO;
+        self
     }
 
     /// Records that the root already holds the state after `step` steps (the run resumed from
@@ -223,18 +245,29 @@ impl<S: ?Sized> Checkpoints<S> {
 
     /// At the end of the run, after `step` steps: waits for the upload in flight, then saves the
     /// state and waits for it to be handed on, unless the root holds that step already. The
-    /// final save must succeed: the run's end is committed by it.
+    /// final save must succeed: the run's end is committed by it, so a failed upload is tried
+    /// again ([`FINAL_SAVE_ATTEMPTS`]).
     pub fn finish(&mut self, state: &S, step: u64) -> Result<Vec<CheckpointEvent>, WorkerError> {
         let mut events = Vec::new();
         if let Some(pending) = self.pending.take() {
             let running = pending.step();
             events.push(self.hand_on(running, pending.wait(), false)?);
         }
-        if self.saved != Some(step) {
+        let mut attempt = 1;
+        while self.saved != Some(step) {
             let pending = self.saver.start(state, step)?;
             events.push(started(&pending));
-            let saved = pending.wait()?;
-            events.push(self.hand_on(step, Ok(saved), true)?);
+            match pending.wait() {
+                Ok(saved) => events.push(self.hand_on(step, Ok(saved), true)?),
+                Err(e) if attempt < FINAL_SAVE_ATTEMPTS => {
+                    let reason =
+                        format!("{e}; the final save is tried again ({attempt} of {FINAL_SAVE_ATTEMPTS})");
+                    events.push(CheckpointEvent::Failed { step, reason });
+                    std::thread::sleep(self.final_backoff * attempt);
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(events)
     }
