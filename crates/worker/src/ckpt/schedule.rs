@@ -158,7 +158,7 @@ impl Commit for StoreCommit {
 /// The final save commits the run's end, and a store's throttling or errors can outlast one
 /// upload's own retries (a soak once lost a run's final checkpoint to 0.85 s of them): it is
 /// tried this many times, waiting [`FINAL_SAVE_BACKOFF`] times the attempts so far in between.
-pub const FINAL_SAVE_ATTEMPTS: u32 = 5;
+const FINAL_SAVE_ATTEMPTS: u32 = 5;
 /// See [`FINAL_SAVE_ATTEMPTS`]: 20 s of waiting in all, within the leader's wait for it.
 const FINAL_SAVE_BACKOFF: Duration = Duration::from_secs(2);
 
