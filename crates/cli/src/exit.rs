@@ -96,20 +96,25 @@ impl Classified {
 
 /// A coordinator's answer, by its gRPC code.
 fn of_client(error: &ClientError) -> Exit {
-    match error {
-        ClientError::Unavailable { .. } => Exit::Unreachable,
-        _ => match error.code() as i32 {
-            code::UNAVAILABLE | code::DEADLINE_EXCEEDED | code::UNAUTHENTICATED | code::PERMISSION_DENIED => {
-                Exit::Unreachable
-            }
-            code::INVALID_ARGUMENT
-            | code::NOT_FOUND
-            | code::ALREADY_EXISTS
-            | code::FAILED_PRECONDITION
-            | code::OUT_OF_RANGE => Exit::Usage,
-            _ => Exit::Failed,
-        },
+    if unreachable(error) {
+        return Exit::Unreachable;
     }
+    match error.code() as i32 {
+        code::UNAUTHENTICATED | code::PERMISSION_DENIED => Exit::Unreachable,
+        code::INVALID_ARGUMENT
+        | code::NOT_FOUND
+        | code::ALREADY_EXISTS
+        | code::FAILED_PRECONDITION
+        | code::OUT_OF_RANGE => Exit::Usage,
+        _ => Exit::Failed,
+    }
+}
+
+/// Whether no coordinator answered `error`'s call, so that asking again later may succeed (an
+/// election, a cluster without its quorum for a while), as opposed to a refusal.
+pub fn unreachable(error: &ClientError) -> bool {
+    // `ClientError::Unavailable`, nobody answering, has the code `UNAVAILABLE`.
+    matches!(error.code() as i32, code::UNAVAILABLE | code::DEADLINE_EXCEEDED)
 }
 
 /// What a typed error in `error`'s chain says, if any does.

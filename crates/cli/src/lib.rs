@@ -21,6 +21,7 @@ mod launch;
 mod local;
 mod logs;
 mod models;
+mod outage;
 mod plan;
 mod progress;
 mod single;

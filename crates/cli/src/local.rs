@@ -8,6 +8,7 @@
 
 use crate::connect::ConnectArgs;
 use crate::embedded::{NodeSettings, StartNode};
+use crate::outage::{self, Outage};
 use crate::progress::human_rate;
 use anyhow::{Context, Result, bail};
 use bundle::Bundle;
@@ -515,6 +516,7 @@ async fn follow(
     let mut events_after = 0f64;
     // The step the job starts at (a resumed job's is its checkpoint's), then the last printed.
     let mut last_printed: Option<u64> = None;
+    let mut outage = Outage::new(outage::PATIENCE);
     loop {
         let mut interrupted = false;
         tokio::select! {
@@ -525,7 +527,36 @@ async fn follow(
             }
             _ = tokio::time::sleep(POLL) => {}
         }
-        let status = client.get_job(job_id).await?;
+        let status = match client.get_job(job_id).await {
+            Ok(status) => {
+                if let Some(lasted) = outage.answered(Instant::now()) {
+                    bar.suspend(|| {
+                        eprintln!("the coordinators answer again after {:.1}s", lasted.as_secs_f64())
+                    });
+                }
+                status
+            }
+            Err(e) => match outage.failed(&e, Instant::now()) {
+                outage::Next::Retry { first } if !interrupted => {
+                    if first {
+                        bar.suspend(|| eprintln!("{}", outage::began(&e)));
+                    }
+                    if let Some(workers) = workers.as_deref_mut() {
+                        tokio::task::block_in_place(|| workers.supervise(&bar))?;
+                    }
+                    continue;
+                }
+                _ if !crate::exit::unreachable(&e) => return Err(e.into()),
+                _ => {
+                    let lasted = outage.lasted(Instant::now());
+                    return Err(anyhow::Error::new(e).context(format!(
+                        "following job {job_id}: no coordinator answered for {:.0}s (`podctl status {job_id}` \
+                         shows the job once they do)",
+                        lasted.as_secs_f64()
+                    )));
+                }
+            },
+        };
         if interrupted {
             let Some(stop) = &stop else {
                 bar.finish_and_clear();

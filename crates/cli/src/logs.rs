@@ -6,6 +6,7 @@
 //! nothing is missing; lines already printed are recognised by their worker's count and skipped.
 
 use crate::connect::ConnectArgs;
+use crate::outage::{self, Outage};
 use crate::status::clock;
 use anyhow::Context;
 use clap::Args;
@@ -93,11 +94,17 @@ pub fn run(args: &LogsArgs, runtime: &tokio::runtime::Handle) -> anyhow::Result<
             // When the job was seen to have ended, and the last line came.
             let mut ended = false;
             let mut last_line = tokio::time::Instant::now();
+            // Following, an election or a cluster without its quorum for a while is waited out.
+            let mut outage = Outage::new(if args.follow { outage::PATIENCE } else { Duration::ZERO });
+            let begins = |e: &client::ClientError| eprintln!("{}", outage::began(e));
             loop {
-                let mut stream = client
-                    .logs(&args.job, args.follow, args.slice, tail)
-                    .await
-                    .with_context(|| format!("logs of {}", args.job))?;
+                let mut stream = outage::patiently(
+                    &mut outage,
+                    || client.logs(&args.job, args.follow, args.slice, tail),
+                    begins,
+                )
+                .await
+                .with_context(|| format!("logs of {}", args.job))?;
                 let mut poll = tokio::time::interval(ENDED_POLL);
                 loop {
                     tokio::select! {

@@ -7,6 +7,7 @@
 //! prints one plain line per update; `--json` prints one object, or one line per update.
 
 use crate::connect::{ConnectArgs, Connection};
+use crate::outage::{self, Outage};
 use anyhow::Context;
 use clap::Args;
 use client::{Client, ClusterInfo, JobState, JobStatus};
@@ -102,9 +103,14 @@ pub fn run(args: &StatusArgs, runtime: &tokio::runtime::Handle) -> anyhow::Resul
 }
 
 async fn watch_job(client: &Client, job: &str, interval_ms: u32, out: &mut Output) -> anyhow::Result<()> {
+    // Through an election or a cluster without its quorum for a while, the job runs on: so does
+    // the watch.
+    let mut outage = Outage::new(outage::PATIENCE);
+    let begins = |e: &client::ClientError| eprintln!("{}", outage::began(e));
     loop {
         let cluster = client.cluster_info().await.ok();
-        let mut stream = client.watch_job(job, interval_ms).await?;
+        let mut stream =
+            outage::patiently(&mut outage, || client.watch_job(job, interval_ms), begins).await?;
         // The stream ends when the job does, or when the leader changes: then watch again.
         while let Ok(Some(status)) = stream.next().await {
             out.job(&status, cluster.as_ref())?;
@@ -112,7 +118,7 @@ async fn watch_job(client: &Client, job: &str, interval_ms: u32, out: &mut Outpu
                 return Ok(());
             }
         }
-        let status = client.get_job(job).await?;
+        let status = outage::patiently(&mut outage, || client.get_job(job), begins).await?;
         if status.is_terminal() {
             return out.job(&status, cluster.as_ref());
         }

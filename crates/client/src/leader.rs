@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::watch;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
@@ -54,6 +55,8 @@ struct Inner {
     nodes: Mutex<Vec<(String, Channel)>>,
     /// Index into `nodes` of the node to try first.
     leader: Mutex<usize>,
+    /// Counts [`Client::suspect_leader`]'s moves, for calls held by the node it left.
+    suspected: watch::Sender<u64>,
 }
 
 /// A handle to the cluster; cheap to clone.
@@ -106,7 +109,9 @@ impl Client {
         for addr in &config.addresses {
             nodes.push((addr.clone(), Self::dial(&config, addr)?));
         }
-        Ok(Self { inner: Arc::new(Inner { config, nodes: Mutex::new(nodes), leader: Mutex::new(0) }), auth })
+        let inner =
+            Inner { config, nodes: Mutex::new(nodes), leader: Mutex::new(0), suspected: watch::channel(0).0 };
+        Ok(Self { inner: Arc::new(inner), auth })
     }
 
     fn dial(config: &ClientConfig, addr: &str) -> Result<Channel, ClientError> {
@@ -154,6 +159,21 @@ impl Client {
         if *leader == from {
             *leader = (from + 1) % n;
         }
+    }
+
+    /// Changes each time [`Client::suspect_leader`] leaves a node: a call that node holds may
+    /// get no answer until its timeout (it hangs with its connections open), so its caller can
+    /// ask again where the client is now.
+    pub fn suspicions(&self) -> watch::Receiver<u64> {
+        self.inner.suspected.subscribe()
+    }
+
+    /// Moves off the node believed to lead: its session went silent, so it may hang with its
+    /// connections open. The next call asks another node, which redirects back if it still leads.
+    pub fn suspect_leader(&self) {
+        let (index, _) = self.current();
+        self.rotate(index);
+        self.inner.suspected.send_modify(|n| *n += 1);
     }
 
     pub(crate) fn request<T>(&self, message: T, timeout: Option<Duration>) -> Request<T> {
@@ -270,6 +290,20 @@ mod tests {
         assert_eq!(status.code(), Code::Unavailable, "{status:?}");
         assert!(retry_safe(&status), "nobody listens, so nothing was sent: {status:?}");
         assert!(!retry_safe(&Status::deadline_exceeded("no answer within 10s")));
+    }
+
+    #[tokio::test]
+    async fn a_suspected_leader_is_asked_last() {
+        let config = ClientConfig::new(vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()], "t", None);
+        let client = Client::new(config).unwrap();
+        let suspicions = client.suspicions();
+        client.follow("127.0.0.1:2").unwrap();
+        assert!(!suspicions.has_changed().unwrap(), "a redirect is no suspicion");
+        client.suspect_leader();
+        assert!(suspicions.has_changed().unwrap(), "calls held by the node left are told");
+        assert_eq!(client.leader_address(), "127.0.0.1:1");
+        client.suspect_leader();
+        assert_eq!(client.leader_address(), "127.0.0.1:2", "with every node suspected, round they go");
     }
 
     #[test]

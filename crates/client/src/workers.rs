@@ -37,9 +37,12 @@ impl Client {
         .await
     }
 
-    /// Opens a session with the leader; `first` (a heartbeat) names the worker.
-    pub async fn session(&self, first: WorkerEvent) -> Result<Session, ClientError> {
-        let t = self.timeout();
+    /// Opens a session with the leader; `first` (a heartbeat) names the worker. A live leader
+    /// opens one in milliseconds, so each attempt waits at most `open_within`: a node that hangs
+    /// with its port open (a stopped process, one stuck in the kernel) is passed over for the
+    /// next instead of holding the worker for the call timeout while a new leader counts its lease.
+    pub async fn session(&self, first: WorkerEvent, open_within: Duration) -> Result<Session, ClientError> {
+        let t = open_within.min(self.timeout());
         let sender: Mutex<Option<mpsc::Sender<WorkerEvent>>> = Mutex::new(None);
         let directives = self
             .call("Workers.Session", true, t, |c| {

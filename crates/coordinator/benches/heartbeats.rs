@@ -135,7 +135,7 @@ async fn run(n: usize, window: Duration, dir: &Path, addrs: &[String], nodes: &[
             // Workers start at different times: spread the beats over the second.
             tokio::time::sleep(Duration::from_micros((i as u64 * 1_000_000) / n as u64)).await;
             let mut seq = 0;
-            let mut session = c.session(beat(seq)).await.expect("a session");
+            let mut session = c.session(beat(seq), Duration::from_secs(10)).await.expect("a session");
             opened.fetch_add(1, Ordering::Relaxed);
             let mut sent: HashMap<u64, Instant> = HashMap::from([(0, Instant::now())]);
             let mut ticker = tokio::time::interval(Duration::from_secs(1));
@@ -164,7 +164,7 @@ async fn run(n: usize, window: Duration, dir: &Path, addrs: &[String], nodes: &[
                             reconnects.fetch_add(1, Ordering::Relaxed);
                             seq += 1;
                             sent.insert(seq, Instant::now());
-                            session = c.session(beat(seq)).await.expect("a new session");
+                            session = c.session(beat(seq), Duration::from_secs(10)).await.expect("a new session");
                         }
                     }
                 }

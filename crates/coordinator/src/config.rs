@@ -68,7 +68,7 @@ pub struct Timeouts {
     pub abandon_after: Duration,
     /// After the last step, how long to wait for the final checkpoint before completing.
     pub final_checkpoint: Duration,
-    /// How long `ReportStep` waits for the step's commit before answering anyway.
+    /// How long `ReportStep` and `ReportCheckpoint` wait for the commit before answering anyway.
     pub report_wait: Duration,
     /// The longest `Kv.Get` wait.
     pub kv_wait_max: Duration,

@@ -393,3 +393,92 @@ fn a_job_survives_the_leaders_sigkill_with_real_workers() {
         assert_eq!(listed, vec![20, 25, 30], "{run}: `podctl ckpt list` shows {listed:?}");
     }
 }
+
+/// A cluster without a leader for longer than one call's retries (here its one node SIGKILLed
+/// and started again 40 s later; two of three nodes killed or hung at once do the same, as a
+/// soak's `podctl launch` met) is waited out by what follows a job: `podctl launch`, `podctl
+/// status --watch` and `podctl logs -f` each say once that no coordinator answers, and carry on
+/// when one does.
+#[test]
+fn followers_wait_out_a_cluster_without_a_leader_for_longer_than_a_call_s_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let tls = dir.join("tls");
+    let files = coordinator::tls::create_dev_ca(&tls, &[]).unwrap();
+    std::fs::write(dir.join("admin-token"), ADMIN).unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut node = Node::start(
+        vec![
+            "--id".into(),
+            "1".into(),
+            "--listen".into(),
+            addr.clone(),
+            "--peers".into(),
+            format!("1={addr}"),
+            "--data-dir".into(),
+            dir.join("node1").display().to_string(),
+            "--tls-dir".into(),
+            tls.display().to_string(),
+        ],
+        dir.join("node1.log"),
+    );
+    let connect = |command: &mut Command| {
+        command
+            .args(["--coordinator", &addr, "--ca"])
+            .arg(&files.ca)
+            .arg("--token-file")
+            .arg(dir.join("admin-token"));
+    };
+    // No workers: the job stays pending until it is stopped.
+    let mut launch = podctl();
+    launch.arg("launch").arg(spec(dir, "outage"));
+    connect(&mut launch);
+    let mut launch = launch.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut stdout = BufReader::new(launch.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("following it here") {
+        line.clear();
+        assert!(stdout.read_line(&mut line).unwrap() > 0, "launch did not follow its job");
+    }
+    let mut watch = podctl();
+    watch.args(["status", "outage", "--watch", "--json", "--interval-ms", "200"]);
+    connect(&mut watch);
+    let watch = watch.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut logs = podctl();
+    logs.args(["logs", "outage", "-f"]);
+    connect(&mut logs);
+    let logs = logs.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+
+    // Longer than any follower's retries (`podctl launch` 20 s, `status` and `logs` 15 s). The
+    // node comes back with its log: the job is still there.
+    node.child.kill().unwrap();
+    node.child.wait().unwrap();
+    std::thread::sleep(Duration::from_secs(40));
+    let _node = Node::start(node.args.clone(), node.log.clone());
+    // Each has asked again since: the launch every 0.5 s, the others every second after a failure.
+    std::thread::sleep(Duration::from_secs(5));
+    let mut stop = podctl();
+    stop.args(["stop", "outage"]);
+    connect(&mut stop);
+    let stopped = stop.output().unwrap();
+    assert!(stopped.status.success(), "{}", String::from_utf8_lossy(&stopped.stderr));
+
+    let launched = launch.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&launched.stderr);
+    // A stopped job is one that did not complete: status 1, not 3 (coordinators out of reach).
+    assert_eq!(launched.status.code(), Some(1), "{said}");
+    assert!(said.contains("the job ended stopped"), "{said}");
+    assert_eq!(said.matches("no coordinator answers").count(), 1, "said once: {said}");
+    assert!(said.contains("the coordinators answer again after"), "{said}");
+    let watched = watch.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&watched.stderr);
+    assert!(watched.status.success(), "{said}");
+    assert_eq!(said.matches("no coordinator answers").count(), 1, "said once: {said}");
+    let last = String::from_utf8_lossy(&watched.stdout).lines().last().unwrap_or_default().to_string();
+    assert!(last.contains("\"state\":\"stopped\""), "the watch saw the stop: {last}");
+    let followed = logs.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&followed.stderr);
+    assert!(followed.status.success(), "{said}");
+    assert_eq!(said.matches("no coordinator answers").count(), 1, "said once: {said}");
+}

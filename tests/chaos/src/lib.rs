@@ -244,6 +244,11 @@ pub struct EventRecord {
     /// The slot's host label and member worker id at injection, and the ids before it.
     worker_ids_before: BTreeSet<String>,
     join_started: Option<Instant>,
+    /// The committed step when the replacement started or the cut healed.
+    join_step: Option<u64>,
+    /// A cut that healed before the leader removed the worker (a new leader's lease had just
+    /// begun, say): it trained on as a member, with nothing to fence.
+    stayed: bool,
     started: Instant,
 }
 
@@ -290,11 +295,42 @@ enum Sequel {
     Replace(usize),
     Heal(usize),
     Restart(u64),
+    Resume(u64),
     Reboot(usize),
     EndFault(Kind),
 }
 
 impl EventRecord {
+    /// `event`, the `index`th of the schedule, injected at `now` into a job in `status`.
+    fn new(index: usize, event: &Event, status: &JobStatus, at_seconds: f64, now: Instant) -> Self {
+        EventRecord {
+            index,
+            kind: event.kind,
+            slice: event.kind.hits_a_slice().then_some(event.slice),
+            target: String::new(),
+            at_step: status.step,
+            at_seconds,
+            generation: status.generation,
+            resumed_after: None,
+            next_step_after: None,
+            steps_lost: None,
+            resumed_from: None,
+            join_after: None,
+            join_pause: None,
+            committed_after: None,
+            faulted_requests: None,
+            fault_ended: None,
+            proxy_counts: [0; 4],
+            unix: unix_now(),
+            removed_unix: None,
+            worker_ids_before: BTreeSet::new(),
+            join_started: None,
+            join_step: None,
+            stayed: false,
+            started: now,
+        }
+    }
+
     /// Whether the job is over this failure: training went on, the slice it hit is a member
     /// again, a checkpoint committed after the disk or store fault ended.
     pub fn recovered(&self) -> bool {
@@ -603,22 +639,17 @@ impl Harness {
                     Sequel::Replace(k) if slots[k].child.is_some() => still.push((due, sequel)),
                     Sequel::Replace(k) => {
                         slots[k].spawn(&self.launcher, &self.network, job_id, token)?;
-                        if let Some(record) = last_of_slice(&mut run.events, k) {
-                            record.join_started = Some(now);
-                        }
+                        join_begins(&mut run.events, k, now, status.step);
                     }
                     Sequel::Heal(k) => {
                         self.network.heal(k)?;
-                        if let Some(record) = last_of_slice(&mut run.events, k) {
-                            record.join_started = Some(now);
-                        }
+                        join_begins(&mut run.events, k, now, status.step);
                     }
                     Sequel::Restart(id) => self.coordinators.restart(id)?,
+                    Sequel::Resume(id) => self.coordinators.nodes[id as usize - 1].signal(Signal::SIGCONT)?,
                     Sequel::Reboot(k) => {
                         slots[k].restart_host(&self.launcher, &self.network, job_id, token)?;
-                        if let Some(record) = last_of_slice(&mut run.events, k) {
-                            record.join_started = Some(now);
-                        }
+                        join_begins(&mut run.events, k, now, status.step);
                     }
                     Sequel::EndFault(kind)
                         if run.events.iter().rev().find(|r| r.kind == kind).is_some_and(|r| {
@@ -670,9 +701,9 @@ impl Harness {
                 let open: Vec<&EventRecord> = run.events.iter().filter(|r| !r.recovered()).collect();
                 let pending = |lane: &dyn Fn(&Sequel) -> bool| sequels.iter().any(|(_, s)| lane(s));
                 match event.kind {
-                    Kind::LeaderKill => {
-                        !open.iter().any(|r| r.kind == Kind::LeaderKill)
-                            && !pending(&|s| matches!(s, Sequel::Restart(_)))
+                    kind if kind.hits_the_leader() => {
+                        !open.iter().any(|r| r.kind.hits_the_leader())
+                            && !pending(&|s| matches!(s, Sequel::Restart(_) | Sequel::Resume(_)))
                             && self.coordinators.all_alive()
                     }
                     kind if kind.hits_storage() => {
@@ -698,36 +729,20 @@ impl Harness {
                 continue;
             }
             let at_seconds = now.duration_since(first).as_secs_f64();
-            let mut record = EventRecord {
-                index: next,
-                kind: event.kind,
-                slice: event.kind.hits_a_slice().then_some(event.slice),
-                target: String::new(),
-                at_step: status.step,
-                at_seconds,
-                generation: status.generation,
-                resumed_after: None,
-                next_step_after: None,
-                steps_lost: None,
-                resumed_from: None,
-                join_after: None,
-                join_pause: None,
-                committed_after: None,
-                faulted_requests: None,
-                fault_ended: None,
-                proxy_counts: self.object_store.as_ref().map_or([0; 4], |s| s.counts.snapshot()),
-                unix: unix_now(),
-                removed_unix: None,
-                worker_ids_before: BTreeSet::new(),
-                join_started: None,
-                started: now,
-            };
+            let mut record = EventRecord::new(next, event, &status, at_seconds, now);
+            record.proxy_counts = self.object_store.as_ref().map_or([0; 4], |s| s.counts.snapshot());
             match event.kind {
                 Kind::LeaderKill => {
                     let Some(leader) = self.leader() else { continue };
                     record.target = format!("node {leader}");
                     self.coordinators.nodes[leader as usize - 1].kill()?;
                     sequels.push((now + event.then_after, Sequel::Restart(leader)));
+                }
+                Kind::LeaderHang => {
+                    let Some(leader) = self.leader() else { continue };
+                    record.target = format!("node {leader}");
+                    self.coordinators.nodes[leader as usize - 1].signal(Signal::SIGSTOP)?;
+                    sequels.push((now + event.then_after, Sequel::Resume(leader)));
                 }
                 kind if kind.hits_storage() => {
                     record.target = self.start_fault(kind)?;
@@ -771,7 +786,9 @@ impl Harness {
             if policy == Policy::RestartAll {
                 // Every worker goes and new ones start (on healthy machines: the cut heals);
                 // they resume from the last committed checkpoint.
-                sequels.retain(|(_, s)| matches!(s, Sequel::Restart(_) | Sequel::EndFault(_)));
+                sequels.retain(|(_, s)| {
+                    matches!(s, Sequel::Restart(_) | Sequel::Resume(_) | Sequel::EndFault(_))
+                });
                 for slot in slots.iter_mut() {
                     if slot.child.is_some() {
                         slot.kill();
@@ -984,9 +1001,17 @@ fn observe(
         record.committed_after = Some(since);
     }
     if let (Some(k), Some(started), None) = (record.slice, record.join_started, record.join_after)
-        && members.get(&k).is_some_and(|(_, id)| !record.worker_ids_before.contains(id))
+        && let Some((_, id)) = members.get(&k)
     {
-        record.join_after = Some(now.duration_since(started).as_secs_f64());
+        // The cut worker itself, still a member when a step commits after the heal: it took part
+        // in that step, so the leader never removed it.
+        let stayed = record.kind == Kind::Cut
+            && *id == record.target
+            && record.join_step.is_some_and(|healed_at| status.step > healed_at);
+        if stayed || !record.worker_ids_before.contains(id) {
+            record.stayed = stayed;
+            record.join_after = Some(now.duration_since(started).as_secs_f64());
+        }
     }
 }
 
@@ -1028,9 +1053,13 @@ fn removal_of(history: &[(f64, String, String)], since_unix: f64, worker: &str) 
         .map(|(unix, _, _)| *unix)
 }
 
-/// The newest event that hit slice `k`.
-fn last_of_slice(events: &mut [EventRecord], k: usize) -> Option<&mut EventRecord> {
-    events.iter_mut().rev().find(|r| r.slice == Some(k))
+/// Notes on the newest event that hit slice `k` that its slice's worker starts again (a
+/// replacement, a heal, a rebooted host's worker) at `now`, with `step` committed.
+fn join_begins(events: &mut [EventRecord], k: usize, now: Instant, step: u64) {
+    if let Some(record) = events.iter_mut().rev().find(|r| r.slice == Some(k)) {
+        record.join_started = Some(now);
+        record.join_step = Some(step);
+    }
 }
 
 /// What [`verify`] found.
@@ -1092,8 +1121,11 @@ pub fn verify(harness: &Harness, calm: &JobRun, chaos: &JobRun) -> Result<Verifi
         .collect();
     for record in chaos.events.iter().filter(|r| r.kind == Kind::Cut) {
         let worker = &record.target;
-        let removed =
-            record.removed_unix.with_context(|| format!("no recovery removed {worker} after its cut"))?;
+        let removed = match record.removed_unix {
+            Some(removed) => removed,
+            None if record.stayed => continue,
+            None => bail!("no recovery removed {worker} after its cut"),
+        };
         let later_generations: Vec<u64> = chaos
             .history
             .iter()
@@ -1207,5 +1239,42 @@ mod tests {
         assert_eq!(removal_of(&history, 10.0, "j.w2"), Some(13.0));
         assert_eq!(removal_of(&history, 9.9, "j.w1"), Some(10.2));
         assert_eq!(removal_of(&history, 10.0, "j.w0"), None);
+    }
+
+    #[test]
+    fn a_cut_that_heals_before_the_worker_is_removed_ends_when_it_trains_again() {
+        let at = |step, generation| JobStatus {
+            step,
+            generation,
+            state: Some(JobState::Running),
+            ..Default::default()
+        };
+        let cut = Event {
+            trigger: Trigger::Step(50),
+            kind: Kind::Cut,
+            slice: 2,
+            then_after: Duration::from_secs(5),
+        };
+        let started = Instant::now();
+        let mut record = EventRecord::new(0, &cut, &at(50, 7), 1.0, started);
+        record.target = "j.w16".into();
+        record.worker_ids_before = ["j.w16".to_string()].into();
+        let members: BTreeMap<usize, (String, String)> = [(2, ("h2".into(), "j.w16".into()))].into();
+        // A new leader's lease kept it in while it was cut; it heals at step 53.
+        record.join_started = Some(started + Duration::from_secs(5));
+        record.join_step = Some(53);
+        observe(&mut record, &at(53, 8), &members, &[], started + Duration::from_secs(5));
+        assert!(!record.recovered(), "not yet seen to train: {record:?}");
+        observe(&mut record, &at(54, 8), &members, &[], started + Duration::from_secs(6));
+        assert!(record.recovered() && record.stayed, "{record:?}");
+        assert_eq!(record.join_after, Some(1.0));
+        // Another worker's id in the slice is a replacement, as before.
+        let mut replaced = EventRecord::new(0, &cut, &at(50, 7), 1.0, started);
+        replaced.target = "j.w16".into();
+        replaced.worker_ids_before = ["j.w16".to_string()].into();
+        replaced.join_started = Some(started);
+        let rejoined: BTreeMap<usize, (String, String)> = [(2, ("h2".into(), "j.w17".into()))].into();
+        observe(&mut replaced, &at(51, 8), &rejoined, &[], started + Duration::from_secs(2));
+        assert!(replaced.recovered() && !replaced.stayed, "{replaced:?}");
     }
 }

@@ -8,7 +8,7 @@
 //!
 //! With `--soak`, the soak instead ([`podctl_chaos::soak`]): every kind of failure, disk and
 //! object store included, `--per-kind` times each (the process and network kinds twice as often),
-//! e.g. `cargo run --release -p podctl-chaos -- --soak --per-kind 63` for 1,008 failures.
+//! e.g. `cargo run --release -p podctl-chaos -- --soak --per-kind 63` for 1,134 failures.
 #![forbid(unsafe_code)]
 
 use anyhow::{Context, Result, bail};
@@ -63,8 +63,8 @@ fn parse() -> Result<Args> {
                      kind (SIGTERM, SIGKILL, leader SIGKILL, network cut), the first at STEP, then every GAP steps \
                      once settled\n  --soak: two such jobs, one checkpointing to a disk the harness fills and slows, \
                      one to an S3 bucket (moto) behind a proxy that throttles, fails, drops and delays requests; N \
-                     failures of each of those kinds and 2N of SIGTERM, SIGKILL, leader SIGKILL, network cut and node \
-                     restart, each job against a calm run, its checkpoints kept by `keep: K` (default 3); failures \
+                     failures of each of those kinds and 2N of SIGTERM, SIGKILL, leader SIGKILL, leader hang (SIGSTOP), \
+                     network cut and node restart, each job against a calm run, its checkpoints kept by `keep: K` (default 3); failures \
                      overlap (a slice fails while another rejoins, the leader or the store fails meanwhile) unless \
                      --serial"
                 );
@@ -152,11 +152,13 @@ fn run_soak(setup: Setup, args: &Args) -> Result<()> {
         gap: args.gap,
         // Steps take ~0.1-0.15 s in a release build, ~0.45 s in a debug one. One failure after
         // another, each takes ~5 s; overlapping, one starts every ~2 s (~13 steps of a release
-        // build measured, with 16 failures at load average 6-9).
+        // build measured, with 16 failures at load average 6-9). The store's faults come one at a
+        // time, each 3-7 s and then a commit: at 20 steps a failure the bucket job of the
+        // 1,008-failure soak ran out of steps with 507 of its 567 injected (steps of 0.12 s).
         steps_per_failure: match (cfg!(debug_assertions), args.serial) {
-            (true, _) => 16,
+            (true, _) => 24,
             (false, true) => 48,
-            (false, false) => 20,
+            (false, false) => 24,
         },
         keep: args.keep,
         seq_len: 128,

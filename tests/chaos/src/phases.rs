@@ -248,7 +248,7 @@ pub fn analyse(failures: &[Failure], history: &[(f64, String, String)], trained:
                 cost: Cost::default(),
             };
             let mut recovered_in = f.generation;
-            if f.kind == Kind::LeaderKill {
+            if f.kind.hits_the_leader() {
                 phases.detected = since(t0, f.elected);
                 let first = steps.iter().find(|t| t.unix > t0).map(|t| t.unix);
                 phases.first_step = since(t0, first);
@@ -381,7 +381,9 @@ pub fn failures(run: &JobRun, leading: &[f64]) -> Vec<Failure> {
                 kind: r.kind,
                 unix: r.unix,
                 generation: r.generation,
-                elected: (r.kind == Kind::LeaderKill)
+                elected: r
+                    .kind
+                    .hits_the_leader()
                     .then(|| leading.iter().copied().find(|&t| t >= r.unix))
                     .flatten(),
                 committed: at(r.next_step_after),

@@ -84,6 +84,12 @@ impl Node {
         self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
+    /// Sends `sig` (SIGSTOP and SIGCONT hang and resume it).
+    pub fn signal(&self, sig: Signal) -> Result<()> {
+        let child = self.child.as_ref().with_context(|| format!("coordinator {} is not running", self.id))?;
+        signal(child.id(), sig)
+    }
+
     /// SIGKILL, and reap.
     pub fn kill(&mut self) -> Result<()> {
         if let Some(mut child) = self.child.take() {

@@ -14,6 +14,9 @@ pub enum Kind {
     Kill,
     /// SIGKILL of the Raft leader among the coordinators; it restarts later.
     LeaderKill,
+    /// SIGSTOP of the Raft leader: it hangs with its port and connections open (a paused VM, a
+    /// process stuck in the kernel), then resumes (SIGCONT) and finds another leader in charge.
+    LeaderHang,
     /// The slice's network is cut (coordinators and peers alike); it heals later and the
     /// cut-off worker rejoins.
     Cut,
@@ -39,10 +42,11 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in a fixed order.
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 12] = [
         Kind::Preempt,
         Kind::Kill,
         Kind::LeaderKill,
+        Kind::LeaderHang,
         Kind::Cut,
         Kind::NodeRestart,
         Kind::DiskFull,
@@ -54,14 +58,19 @@ impl Kind {
     ];
 
     /// The failures of processes and of the network: what any job can be put through.
-    pub const PROCESSES: [Kind; 5] =
-        [Kind::Preempt, Kind::Kill, Kind::LeaderKill, Kind::Cut, Kind::NodeRestart];
+    pub const PROCESSES: [Kind; 6] =
+        [Kind::Preempt, Kind::Kill, Kind::LeaderKill, Kind::LeaderHang, Kind::Cut, Kind::NodeRestart];
 
     /// The failures of the checkpoint folder's disk.
     pub const DISK: [Kind; 2] = [Kind::DiskFull, Kind::SlowDisk];
 
     /// The failures of the object store in front of the checkpoint bucket.
     pub const STORE: [Kind; 4] = [Kind::StoreThrottle, Kind::StoreError, Kind::StoreDrop, Kind::StoreSlow];
+
+    /// Whether the failure hits the Raft leader (one at a time, with every coordinator up).
+    pub fn hits_the_leader(self) -> bool {
+        matches!(self, Kind::LeaderKill | Kind::LeaderHang)
+    }
 
     /// Whether the failure hits a worker slice.
     pub fn hits_a_slice(self) -> bool {
@@ -81,6 +90,7 @@ impl fmt::Display for Kind {
             Kind::Preempt => "SIGTERM",
             Kind::Kill => "SIGKILL",
             Kind::LeaderKill => "leader SIGKILL",
+            Kind::LeaderHang => "leader hang",
             Kind::Cut => "network cut",
             Kind::NodeRestart => "node restart",
             Kind::DiskFull => "disk full",
@@ -148,6 +158,9 @@ fn sequel(rng: &mut Rng, kind: Kind) -> Duration {
         // A new VM takes a moment; the survivors carry the lost ranks meanwhile.
         Kind::Preempt | Kind::Kill => rng.range(1_000, 4_000),
         Kind::LeaderKill => rng.range(1_000, 3_000),
+        // Past a worker's session silence and a lease: the soak met a killed leader that hung
+        // 10 s in the kernel before it died.
+        Kind::LeaderHang => rng.range(4_000, 10_000),
         // Longer than a lease, so the job goes on without the cut slice before it heals.
         Kind::Cut => rng.range(5_000, 9_000),
         // A reboot.
@@ -230,7 +243,7 @@ mod tests {
     #[test]
     fn every_kind_appears_as_often_as_asked_on_valid_slices_with_rising_triggers() {
         let events = by_steps(3, &Kind::ALL, 6, 4, 10, 8);
-        assert_eq!(events.len(), 66);
+        assert_eq!(events.len(), 72);
         for kind in Kind::ALL {
             assert_eq!(events.iter().filter(|e| e.kind == kind).count(), 6, "{kind}");
         }

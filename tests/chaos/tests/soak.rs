@@ -1,4 +1,4 @@
-//! The soak's short variant (CI): every kind of failure the harness knows, 16 in all (each process
+//! The soak's short variant (CI): every kind of failure the harness knows, 18 in all (each process
 //! and network kind once per job, each disk and store kind once), on two 4-slice jobs (checkpoints on the harness's disk, then in its S3 bucket behind the fault
 //! proxy), each checked against a calm run. Needs root (namespaces, the loop device, the block
 //! I/O controller) and moto (`scripts/setup.sh --test`).
@@ -30,7 +30,7 @@ fn a_soak_of_every_kind_of_failure_recovers_each_loses_nothing_and_keeps_what_th
         steps: 0,
         first: 8,
         gap: 4,
-        steps_per_failure: 16,
+        steps_per_failure: 24,
         keep: 3,
         seq_len: 128,
         // Past it the harness stops the job and fails, so the test cannot hang.

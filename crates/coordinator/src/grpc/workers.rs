@@ -488,8 +488,37 @@ impl Workers for WorkersService {
             )));
         }
         let part = SaveReport { worker_id: r.worker_id, report, spec };
-        let uri = crate::jobs::report_checkpoint(&ctx, job, part).await?;
-        Ok(Response::new(CheckpointAck { committed: uri.is_some(), uri: uri.unwrap_or_default() }))
+        let (job_id, step, save_id) = (job.id.clone(), r.step, r.save_id);
+        if let Some(uri) = crate::jobs::report_checkpoint(&ctx, job, part).await? {
+            return Ok(Response::new(CheckpointAck { committed: true, uri }));
+        }
+        // Parts are missing, and they live only in this leader's memory: answer once the save
+        // commits, the generation changes, or the wait ends. A member told "not yet" reports
+        // again, so a leader that dies holding its part loses nothing (the next one hears it).
+        let deadline = tokio::time::Instant::now() + ctx.config.timeouts.report_wait;
+        let mut applied = ctx.shared.applied.subscribe();
+        loop {
+            let (uri, generation, state) = ctx
+                .shared
+                .read(|s| {
+                    s.jobs.get(&job_id).map(|j| {
+                        let done = j.checkpoints.iter().find(|c| c.record.step == step && c.record.save_id == save_id);
+                        (done.map(|c| c.uri.clone()), j.generation, j.state)
+                    })
+                })
+                .ok_or_else(|| Status::not_found("the job vanished"))?;
+            if let Some(uri) = uri {
+                return Ok(Response::new(CheckpointAck { committed: true, uri }));
+            }
+            if generation != r.generation || state.is_terminal() {
+                return Ok(Response::new(CheckpointAck { committed: false, uri: String::new() }));
+            }
+            match tokio::time::timeout_at(deadline, applied.changed()).await {
+                Ok(Ok(())) => ctx.require_leader()?,
+                Ok(Err(_)) => return Err(Status::unavailable("the node is shutting down; retry")),
+                Err(_) => return Ok(Response::new(CheckpointAck { committed: false, uri: String::new() })),
+            }
+        }
     }
 
     async fn push_logs(

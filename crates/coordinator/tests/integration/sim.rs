@@ -243,7 +243,9 @@ pub async fn run(client: Client, job_id: String, name: String, opts: SimOptions)
     let mut work: Option<WorkFuture> = None;
     let mut seq = 0u64;
     loop {
-        let session = client.session(heartbeat(&worker_id, generation, steps_done, seq, "ready")).await;
+        let session = client
+            .session(heartbeat(&worker_id, generation, steps_done, seq, "ready"), Duration::from_secs(10))
+            .await;
         let Ok(mut session) = session else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;

@@ -6,6 +6,7 @@ use crate::error::{Part, WorkerError};
 use collective::GroupSpec;
 use proto::v1::{Assignment, FailureKind, Peer, StepAck, StepReport, directive, resume};
 use std::net::{AddrParseError, SocketAddr};
+use std::time::Duration;
 
 /// An assignment this worker cannot carry out as given.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -174,6 +175,15 @@ pub(super) fn departure(d: &directive::Directive) -> Option<Departure> {
     }
 }
 
+/// How long a session may hear nothing from the leader (heartbeats are acknowledged every
+/// `heartbeat`) before the worker takes it for dead and looks for another leader: half the
+/// `lease`, and no less than three heartbeats. A new leader grants every worker one lease from
+/// when it leads, some way into the silence, so the worker must notice the silence and find the
+/// new leader within that one lease, even when the old leader hangs with its connections open.
+pub(super) fn session_silence(lease: Duration, heartbeat: Duration) -> Duration {
+    (lease / 2).max(heartbeat * 3)
+}
+
 /// What the trainer side does with a message from the session.
 #[derive(Debug, PartialEq)]
 pub(super) enum Next {
@@ -332,6 +342,20 @@ pub(super) fn group_spec(a: &Assignment, worker_id: &str) -> Result<GroupSpec, U
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_silent_leader_is_given_up_with_time_to_find_the_next_within_its_lease() {
+        let (lease, heartbeat) = (Duration::from_secs(3), Duration::from_millis(500));
+        let silence = session_silence(lease, heartbeat);
+        // The new leader leads an election timeout (0.6-1 s) after the old one went quiet and
+        // grants a lease from then: noticing and reconnecting must fit in lease + 0.6 s.
+        assert!(silence + heartbeat < lease, "{silence:?}: no time left to reconnect");
+        assert!(silence >= heartbeat * 3, "{silence:?}: a late ack or two is no silence");
+        assert_eq!(
+            session_silence(Duration::from_millis(600), Duration::from_millis(500)),
+            Duration::from_millis(1500)
+        );
+    }
 
     #[test]
     fn a_failed_assignment_tells_the_leader_what_kind_of_failure_it_is() {

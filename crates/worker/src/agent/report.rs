@@ -13,7 +13,12 @@ use crate::step::StepResult;
 use client::{Client, LogLine};
 use proto::v1::{CheckpointReport, StepReport};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 use tokio::sync::mpsc;
+
+/// How often a trainer waiting for room in the report queue looks for a newer generation.
+const INTERRUPT_POLL: Duration = Duration::from_millis(50);
 
 /// Stops a generation's run when the worker stops or a newer generation is asked for.
 pub(super) struct GenerationControl {
@@ -58,8 +63,24 @@ impl Sink for AgentSink<'_> {
             tokens: step.tokens,
             metrics: reported.into_iter().collect(),
         };
-        // Closed only when this registration ended; the driver stops at the next boundary.
-        let _ = side.reports.blocking_send(report);
+        // Full while no leader takes the reports: the trainer waits, `REPORTS_IN_FLIGHT` steps
+        // ahead, unless a newer generation is asked for meanwhile, which carries the steps done
+        // and not committed (so this report goes unsent) and must hear this worker answer now,
+        // not once a hung leader's calls time out. Closed only when this registration ended.
+        if let Err(mpsc::error::TrySendError::Full(report)) = side.reports.try_send(report) {
+            loop {
+                let reports = &side.reports;
+                let space = side
+                    .runtime
+                    .block_on(async { tokio::time::timeout(INTERRUPT_POLL, reports.reserve()).await });
+                match space {
+                    Ok(Ok(permit)) => break permit.send(report),
+                    Ok(Err(_closed)) => break,
+                    Err(_waiting) if side.shared.interrupted(side.generation) => break,
+                    Err(_waiting) => {}
+                }
+            }
+        }
         side.log("info", format!("step {} loss {:.4} ({:.2}s)", step.step, step.loss(), step.seconds));
     }
 
@@ -117,9 +138,13 @@ impl Sink for AgentSink<'_> {
 pub(super) struct CoordinatorCommit {
     client: Client,
     runtime: tokio::runtime::Handle,
+    shared: Arc<Shared>,
     logs: mpsc::Sender<LogLine>,
     line: LogLine,
     generation: u64,
+    /// The newest step this generation's saves committed: an earlier save still waiting for a
+    /// member's part (one whose upload failed) is past hoping for, and stops asking.
+    newest_committed: Arc<AtomicU64>,
     metrics: Arc<WorkerMetrics>,
 }
 
@@ -128,9 +153,11 @@ impl CoordinatorCommit {
         Self {
             client: side.client.clone(),
             runtime: side.runtime.clone(),
+            shared: side.shared.clone(),
             logs: side.logs.clone(),
             line: side.line_template(),
             generation,
+            newest_committed: Arc::new(AtomicU64::new(0)),
             metrics: side.metrics.clone(),
         }
     }
@@ -156,15 +183,39 @@ impl Commit for CoordinatorCommit {
             upload_seconds: saved.upload_seconds,
         };
         let (client, logs, line) = (self.client.clone(), self.logs.clone(), self.line.clone());
+        let (shared, newest_committed, generation) =
+            (self.shared.clone(), self.newest_committed.clone(), self.generation);
+        // The leader holds the parts reported so far in memory only, and answers "not yet" once
+        // its wait ends: the report goes again until the save commits, so a leader that dies
+        // holding this part loses nothing. It stops once the generation ends (or the worker
+        // stops), or a later save committed.
         let send = async move {
-            let answer = client.report_checkpoint(report).await;
-            let message = match &answer {
-                Ok(ack) if ack.committed => format!("checkpoint of step {step} committed: {}", ack.uri),
-                Ok(_) => format!("checkpoint of step {step} uploaded; waiting for the other members"),
-                Err(e) => format!("checkpoint of step {step}: the report was refused: {e}"),
-            };
-            log(&logs, LogLine { step, ..line }, "info", message);
-            answer
+            let mut waiting_told = false;
+            loop {
+                let answer = client.report_checkpoint(report.clone()).await;
+                let message = match &answer {
+                    Ok(ack) if ack.committed => {
+                        newest_committed.fetch_max(step, Ordering::SeqCst);
+                        format!("checkpoint of step {step} committed: {}", ack.uri)
+                    }
+                    Ok(_) if shared.interrupted(generation) => format!(
+                        "checkpoint of step {step} not committed: generation {generation} ended before every member's part came"
+                    ),
+                    Ok(_) if newest_committed.load(Ordering::SeqCst) > step => format!(
+                        "checkpoint of step {step} not committed: a member's part never came, and a later save committed"
+                    ),
+                    Ok(_) if waiting_told => continue,
+                    Ok(_) => {
+                        waiting_told = true;
+                        let message = format!("checkpoint of step {step} uploaded; waiting for the other members");
+                        log(&logs, LogLine { step, ..line.clone() }, "info", message);
+                        continue;
+                    }
+                    Err(e) => format!("checkpoint of step {step}: the report was refused: {e}"),
+                };
+                log(&logs, LogLine { step, ..line }, "info", message);
+                return answer;
+            }
         };
         if !last {
             self.runtime.spawn(send);

@@ -68,8 +68,10 @@ pub(super) struct SessionSide {
 impl SessionSide {
     /// Keeps a session with whichever node leads, reconnecting when it ends.
     /// A session on which the leader says nothing (not even a heartbeat's ack) for `silence`
-    /// is taken for dead and replaced: after a partition heals, the worker is back at once
-    /// instead of when its transport's keepalive gives up.
+    /// is taken for dead and replaced, asking another node first: after a partition heals, the
+    /// worker is back at once instead of when its transport's keepalive gives up, and a leader
+    /// that hangs with its connections open (stopped, or stuck in the kernel while it is killed)
+    /// holds no attempt longer than `silence`.
     pub(super) async fn run(
         self,
         heartbeat_every: Duration,
@@ -87,7 +89,7 @@ impl SessionSide {
             seq += 1;
             let first = heartbeat(&self.worker_id, &status.borrow(), seq);
             let connected = tokio::select! {
-                connected = self.client.session(first) => connected,
+                connected = self.client.session(first, silence) => connected,
                 // Leaving while no leader can be reached: there is nobody to tell.
                 true = shut_down(&mut shutdown) => {
                     tracing::warn!(
@@ -128,6 +130,7 @@ impl SessionSide {
                     _ = beat.tick() => {
                         if heard.elapsed() > silence {
                             tracing::warn!("no word from the coordinator for {:?}", heard.elapsed());
+                            self.client.suspect_leader();
                             break;
                         }
                         send_heartbeat = true;
@@ -250,6 +253,8 @@ impl SessionSide {
     /// Reports steps in order; a report is repeated until the step is committed or the job has
     /// moved to another generation (which commits or drops it).
     pub(super) async fn report_steps(self, mut reports: mpsc::Receiver<StepReport>) {
+        let mut suspicions = self.client.suspicions();
+        let mut status = self.shared.status.subscribe();
         while let Some(report) = reports.recv().await {
             loop {
                 if self.shared.stop.load(Ordering::SeqCst)
@@ -257,7 +262,17 @@ impl SessionSide {
                 {
                     break;
                 }
-                match self.client.report_step(report.clone()).await {
+                suspicions.mark_unchanged();
+                // A report waits for its step's commit. Held by a node that hangs (the session
+                // has left it), it is asked again where the session went; once the trainer is in
+                // a newer generation, which carries the steps not committed, it is dropped. Either
+                // way the queue behind it moves on instead of waiting out the call's timeout.
+                let answer = tokio::select! {
+                    answer = self.client.report_step(report.clone()) => answer,
+                    _ = suspicions.changed() => continue,
+                    _ = status.wait_for(|s| s.generation > report.generation) => break,
+                };
+                match answer {
                     Ok(ack) if decide::report_settled(&report, &ack) => break,
                     Ok(_) => continue,
                     Err(e) if e.code() == tonic::Code::Unavailable => {

@@ -186,7 +186,7 @@ impl TrainerSide {
         self.events = events_tx;
         self.reports = reports_tx;
         let heartbeat = Duration::from_millis(registered.heartbeat_ms.max(50));
-        let silence = Duration::from_millis(registered.lease_ms.max(registered.heartbeat_ms * 2).max(100));
+        let silence = decide::session_silence(Duration::from_millis(registered.lease_ms), heartbeat);
         let session = SessionSide {
             client: self.client.clone(),
             worker_id: self.worker_id.clone(),
