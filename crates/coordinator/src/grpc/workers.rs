@@ -502,7 +502,10 @@ impl Workers for WorkersService {
                 .shared
                 .read(|s| {
                     s.jobs.get(&job_id).map(|j| {
-                        let done = j.checkpoints.iter().find(|c| c.record.step == step && c.record.save_id == save_id);
+                        let done = j
+                            .checkpoints
+                            .iter()
+                            .find(|c| c.record.step == step && c.record.save_id == save_id);
                         (done.map(|c| c.uri.clone()), j.generation, j.state)
                     })
                 })

@@ -207,7 +207,8 @@ impl Commit for CoordinatorCommit {
                     Ok(_) if waiting_told => continue,
                     Ok(_) => {
                         waiting_told = true;
-                        let message = format!("checkpoint of step {step} uploaded; waiting for the other members");
+                        let message =
+                            format!("checkpoint of step {step} uploaded; waiting for the other members");
                         log(&logs, LogLine { step, ..line.clone() }, "info", message);
                         continue;
                     }
