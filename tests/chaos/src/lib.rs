@@ -33,7 +33,7 @@ use client::{Client, ClientConfig, ClientTls, JobState, JobStatus};
 use disk::Disk;
 use net::Network;
 use nix::sys::signal::Signal;
-use procs::{ADMIN, Coordinators, Slot, WorkerLauncher};
+use procs::{ADMIN, Coordinators, FAILED_SAVE, FailedSaves, Slot, WorkerLauncher};
 use schedule::{Event, Kind, Trigger};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
@@ -53,6 +53,9 @@ const SLOW_DISK_BYTES_PER_SECOND: u64 = 1 << 20;
 /// A disk or store fault ends no sooner than this many steps past a checkpoint's step after it
 /// began: that checkpoint's write has started by then.
 const FAULT_SPANS_STEPS: u64 = 2;
+/// A full disk stays full until a save failed on it, or this long past its time: long enough for
+/// the next due save after a leader's outage or a slow disk's upload.
+const DISK_FULL_WAITS_FOR_A_SAVE: Duration = Duration::from_secs(60);
 
 /// Where the harness finds its tools and keeps its files.
 #[derive(Debug, Clone)]
@@ -232,12 +235,14 @@ pub struct EventRecord {
     /// For a disk or object-store fault: seconds from the failure to the first checkpoint
     /// committed after the fault ended.
     pub committed_after: Option<f64>,
-    /// For an object-store fault: the requests the proxy answered with it.
-    pub faulted_requests: Option<u64>,
+    /// What the fault met: for an object-store fault, the requests the proxy answered with it;
+    /// for a full disk, the saves that failed on it (one per host).
+    pub faulted: Option<u64>,
     /// For a disk or object-store fault: when it ended, and the newest committed checkpoint's
     /// step then.
     fault_ended: Option<(Instant, u64)>,
     proxy_counts: [u64; 4],
+    failed_saves_before: u64,
     /// When it was injected (Unix seconds), and when the job removed the worker it hit.
     unix: f64,
     removed_unix: Option<f64>,
@@ -318,9 +323,10 @@ impl EventRecord {
             join_after: None,
             join_pause: None,
             committed_after: None,
-            faulted_requests: None,
+            faulted: None,
             fault_ended: None,
             proxy_counts: [0; 4],
+            failed_saves_before: 0,
             unix: unix_now(),
             removed_unix: None,
             worker_ids_before: BTreeSet::new(),
@@ -473,7 +479,7 @@ impl Harness {
         let mut run = outcome?;
         for slot in &slots {
             let log = std::fs::read_to_string(&slot.log).unwrap_or_default();
-            for line in log.lines().filter(|l| l.contains("checkpoint upload of step")) {
+            for line in log.lines().filter(|l| l.contains(FAILED_SAVE)) {
                 run.failed_saves.0 += 1;
                 run.failed_saves.1 += usize::from(line.contains("No space left on device"));
             }
@@ -581,6 +587,7 @@ impl Harness {
         let mut first_step: Option<Instant> = None;
         let mut last_commit = Instant::now();
         let mut deliberate: BTreeSet<usize> = BTreeSet::new();
+        let mut failed_saves = FailedSaves::default();
         let status = loop {
             if Instant::now() > deadline {
                 bail!("job {} did not end in time (next event {next} of {})", spec.name, schedule.len());
@@ -654,6 +661,9 @@ impl Harness {
                     Sequel::EndFault(kind)
                         if run.events.iter().rev().find(|r| r.kind == kind).is_some_and(|r| {
                             status.step < r.at_step + spec.checkpoint_every + FAULT_SPANS_STEPS
+                                || kind == Kind::DiskFull
+                                    && failed_saves.count(&slots) == r.failed_saves_before
+                                    && now < due + DISK_FULL_WAITS_FOR_A_SAVE
                         }) =>
                     {
                         // A fault spans a checkpoint write: while other failures hold training
@@ -665,6 +675,10 @@ impl Harness {
                         if let Some(record) = run.events.iter_mut().rev().find(|r| r.kind == kind) {
                             let committed = status.last_checkpoint.as_ref().map_or(0, |c| c.step);
                             record.fault_ended = Some((now, committed));
+                            if kind == Kind::DiskFull {
+                                record.faulted =
+                                    Some(failed_saves.count(&slots) - record.failed_saves_before);
+                            }
                             if let Some(store) = &self.object_store {
                                 let counts = store.counts.snapshot();
                                 let faulted: u64 = counts
@@ -672,7 +686,9 @@ impl Harness {
                                     .zip(record.proxy_counts)
                                     .map(|(now, then)| now - then)
                                     .sum();
-                                record.faulted_requests = Kind::STORE.contains(&kind).then_some(faulted);
+                                if Kind::STORE.contains(&kind) {
+                                    record.faulted = Some(faulted);
+                                }
                             }
                         }
                     }
@@ -731,6 +747,7 @@ impl Harness {
             let at_seconds = now.duration_since(first).as_secs_f64();
             let mut record = EventRecord::new(next, event, &status, at_seconds, now);
             record.proxy_counts = self.object_store.as_ref().map_or([0; 4], |s| s.counts.snapshot());
+            record.failed_saves_before = failed_saves.count(&slots);
             match event.kind {
                 Kind::LeaderKill => {
                     let Some(leader) = self.leader() else { continue };

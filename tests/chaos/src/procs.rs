@@ -347,3 +347,70 @@ impl Drop for Slot {
         self.kill();
     }
 }
+
+/// What a worker logs when one of its saves fails to upload.
+pub const FAILED_SAVE: &str = "checkpoint upload of step";
+
+/// Counts the failed saves the slots' logs tell of as they grow, reading only what is new: a
+/// full disk ends only once a save met it (workers run some steps ahead of the committed step,
+/// so the step a fault began at says little about which saves it will meet).
+#[derive(Debug, Default)]
+pub struct FailedSaves {
+    /// Per slot: bytes read so far, and an unfinished last line.
+    read: Vec<(u64, String)>,
+    seen: u64,
+}
+
+impl FailedSaves {
+    /// Failed saves in the slots' logs so far.
+    pub fn count(&mut self, slots: &[Slot]) -> u64 {
+        use std::io::{Read, Seek, SeekFrom};
+        self.read.resize_with(slots.len(), Default::default);
+        for (slot, (offset, partial)) in slots.iter().zip(&mut self.read) {
+            let Ok(mut file) = std::fs::File::open(&slot.log) else { continue };
+            let mut new = Vec::new();
+            if file.seek(SeekFrom::Start(*offset)).is_err() || file.read_to_end(&mut new).is_err() {
+                continue;
+            }
+            *offset += new.len() as u64;
+            partial.push_str(&String::from_utf8_lossy(&new));
+            let Some(end) = partial.rfind('\n') else { continue };
+            self.seen += partial[..end].lines().filter(|l| l.contains(FAILED_SAVE)).count() as u64;
+            partial.drain(..=end);
+        }
+        self.seen
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn failed_saves_are_counted_once_each_and_only_when_their_line_is_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let slots: Vec<Slot> = (0..2)
+            .map(|k| {
+                Slot::new(k, dir.path().join(format!("worker-{k}.log")), dir.path().join(format!("host-{k}")))
+            })
+            .collect();
+        let mut failed = FailedSaves::default();
+        assert_eq!(failed.count(&slots), 0, "no log yet");
+        let append = |k: usize, text: &str| {
+            let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&slots[k].log).unwrap();
+            file.write_all(text.as_bytes()).unwrap();
+        };
+        append(
+            0,
+            "step 10 loss 1.0\nWARN the checkpoint upload of step 10 failed: No space left on device\n",
+        );
+        append(1, "WARN the checkpoint upload of step 10 fai");
+        assert_eq!(failed.count(&slots), 1);
+        append(1, "led: No space left on device\nstep 11 loss 0.9\n");
+        assert_eq!(failed.count(&slots), 2);
+        assert_eq!(failed.count(&slots), 2, "read once");
+        append(0, "WARN the checkpoint upload of step 20 failed: No space left on device\n");
+        assert_eq!(failed.count(&slots), 3);
+    }
+}

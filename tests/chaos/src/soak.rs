@@ -174,7 +174,7 @@ impl Soak {
                 of.iter().filter_map(|r| r.join_after.or(r.committed_after).or(r.next_step_after)).collect();
             let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
             let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
-            let faulted: u64 = of.iter().filter_map(|r| r.faulted_requests).sum();
+            let faulted: u64 = of.iter().filter_map(|r| r.faulted).sum();
             println!(
                 "{:<16} {:>6} {:>9} {:>10} {:>14.2}s {:>14.2}s {:>8.2}/{:>6.2}s {:>9}",
                 kind.to_string(),
@@ -185,11 +185,12 @@ impl Soak {
                 max(&next),
                 mean(&recovery),
                 max(&recovery),
-                if Kind::STORE.contains(&kind) { faulted.to_string() } else { "-".into() }
+                if of.iter().any(|r| r.faulted.is_some()) { faulted.to_string() } else { "-".into() }
             );
         }
         println!(
-            "(recovery: the slice a member again; for a disk or store fault, a checkpoint committed after it ended)"
+            "(recovery: the slice a member again; for a disk or store fault, a checkpoint committed after it ended;\n \
+             faulted: the requests a store fault answered, the saves (one per host) a full disk failed)"
         );
         println!(
             "calm run: {} steps in {:.1}s, final state {}",

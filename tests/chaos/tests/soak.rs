@@ -50,11 +50,8 @@ fn a_soak_of_every_kind_of_failure_recovers_each_loses_nothing_and_keeps_what_th
         // A replica always survives, and a failed save is tried again: nothing committed is
         // computed again.
         assert_eq!(event.steps_lost, Some(0), "{event:?}");
-        if Kind::STORE.contains(&event.kind) {
-            assert!(
-                event.faulted_requests.is_some_and(|n| n > 0),
-                "the store's fault met requests: {event:?}"
-            );
+        if Kind::STORE.contains(&event.kind) || event.kind == Kind::DiskFull {
+            assert!(event.faulted.is_some_and(|n| n > 0), "the fault met requests or saves: {event:?}");
         }
     }
     for phase in &soak.phases {
