@@ -662,7 +662,7 @@ impl Harness {
                         if run.events.iter().rev().find(|r| r.kind == kind).is_some_and(|r| {
                             status.step < r.at_step + spec.checkpoint_every + FAULT_SPANS_STEPS
                                 || kind == Kind::DiskFull
-                                    && failed_saves.count(&slots) == r.failed_saves_before
+                                    && failed_saves.count(slots) == r.failed_saves_before
                                     && now < due + DISK_FULL_WAITS_FOR_A_SAVE
                         }) =>
                     {
@@ -676,8 +676,7 @@ impl Harness {
                             let committed = status.last_checkpoint.as_ref().map_or(0, |c| c.step);
                             record.fault_ended = Some((now, committed));
                             if kind == Kind::DiskFull {
-                                record.faulted =
-                                    Some(failed_saves.count(&slots) - record.failed_saves_before);
+                                record.faulted = Some(failed_saves.count(slots) - record.failed_saves_before);
                             }
                             if let Some(store) = &self.object_store {
                                 let counts = store.counts.snapshot();
@@ -747,7 +746,7 @@ impl Harness {
             let at_seconds = now.duration_since(first).as_secs_f64();
             let mut record = EventRecord::new(next, event, &status, at_seconds, now);
             record.proxy_counts = self.object_store.as_ref().map_or([0; 4], |s| s.counts.snapshot());
-            record.failed_saves_before = failed_saves.count(&slots);
+            record.failed_saves_before = failed_saves.count(slots);
             match event.kind {
                 Kind::LeaderKill => {
                     let Some(leader) = self.leader() else { continue };
