@@ -33,7 +33,7 @@ use client::{Client, ClientConfig, ClientTls, JobState, JobStatus};
 use disk::Disk;
 use net::Network;
 use nix::sys::signal::Signal;
-use procs::{ADMIN, Coordinators, FAILED_SAVE, FailedSaves, Slot, WorkerLauncher};
+use procs::{ADMIN, Coordinators, FailedSaves, Slot, WorkerLauncher};
 use schedule::{Event, Kind, Trigger};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
@@ -477,13 +477,8 @@ impl Harness {
         }
         let launched = wait_with_deadline(&mut launch, Duration::from_secs(30));
         let mut run = outcome?;
-        for slot in &slots {
-            let log = std::fs::read_to_string(&slot.log).unwrap_or_default();
-            for line in log.lines().filter(|l| l.contains(FAILED_SAVE)) {
-                run.failed_saves.0 += 1;
-                run.failed_saves.1 += usize::from(line.contains("No space left on device"));
-            }
-        }
+        let mut failed_saves = FailedSaves::default();
+        run.failed_saves = (failed_saves.count(&slots) as usize, failed_saves.no_space as usize);
         if !launched.is_some_and(|s| s.success()) {
             bail!(
                 "podctl launch of {} did not succeed; see {}",

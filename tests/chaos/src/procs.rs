@@ -349,7 +349,7 @@ impl Drop for Slot {
 }
 
 /// What a worker logs when one of its saves fails to upload.
-pub const FAILED_SAVE: &str = "checkpoint upload of step";
+const FAILED_SAVE: &str = "checkpoint upload of step";
 
 /// Counts the failed saves the slots' logs tell of as they grow, reading only what is new: a
 /// full disk ends only once a save met it (workers run some steps ahead of the committed step,
@@ -359,6 +359,8 @@ pub struct FailedSaves {
     /// Per slot: bytes read so far, and an unfinished last line.
     read: Vec<(u64, String)>,
     seen: u64,
+    /// Of those, the ones a full disk failed (`ENOSPC`).
+    pub no_space: u64,
 }
 
 impl FailedSaves {
@@ -375,7 +377,10 @@ impl FailedSaves {
             *offset += new.len() as u64;
             partial.push_str(&String::from_utf8_lossy(&new));
             let Some(end) = partial.rfind('\n') else { continue };
-            self.seen += partial[..end].lines().filter(|l| l.contains(FAILED_SAVE)).count() as u64;
+            for line in partial[..end].lines().filter(|l| l.contains(FAILED_SAVE)) {
+                self.seen += 1;
+                self.no_space += u64::from(line.contains("No space left on device"));
+            }
             partial.drain(..=end);
         }
         self.seen
@@ -412,5 +417,6 @@ mod tests {
         assert_eq!(failed.count(&slots), 2, "read once");
         append(0, "WARN the checkpoint upload of step 20 failed: No space left on device\n");
         assert_eq!(failed.count(&slots), 3);
+        assert_eq!(failed.no_space, 3);
     }
 }
