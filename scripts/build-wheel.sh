@@ -4,20 +4,24 @@
 # published; install it with
 #   python3 -m venv ENV && ENV/bin/pip install target/wheels/podctl-*.whl    # [tpu] adds libtpu
 #
-#   scripts/build-wheel.sh [--debug] [--out DIR]
+#   scripts/build-wheel.sh [--debug [--reuse-only]] [--out DIR]
 # Release build by default; --debug builds from the dev profile, reusing the tests' build in
-# target/ (see below). Prints the wheel's path last.
+# target/ (see below); with --reuse-only it fails, naming them, if any dependency had to be
+# compiled again (the install test's check that it costs CI seconds, not 20 minutes). Prints the
+# wheel's path last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 maturin_version=1.16.0
 profile=release
+reuse_only=0
 out=target/wheels
 while [ $# -gt 0 ]; do
   case "$1" in
     --debug) profile=dev ;;
+    --reuse-only) reuse_only=1 ;;
     --out) out=$2; shift ;;
-    *) echo "usage: scripts/build-wheel.sh [--debug] [--out DIR]" >&2; exit 2 ;;
+    *) echo "usage: scripts/build-wheel.sh [--debug [--reuse-only]] [--out DIR]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -54,6 +58,23 @@ if [ "$profile" = dev ]; then
       options+=(--features "$dep/$feature")
     done
   done
+  # Features of podctl's indirect dependencies cannot be given here: a workspace member that
+  # changes them (or builds a host-only crate for the target, which gives it other debug info)
+  # makes this build compile the dependencies above it again. Built with cargo first to see
+  # what it compiled; maturin's build below then finds every unit fresh.
+  messages=$(mktemp)
+  trap 'rm -f "$messages"' EXIT
+  cargo build --locked --profile dev -p podctl --bin podctl "${options[@]}" \
+    --message-format json-render-diagnostics >"$messages"
+  compiled=$(grep '"reason":"compiler-artifact"' "$messages" | grep '"fresh":false' |
+    grep -o '"package_id":"registry+[^"]*"' | sed 's/.*#//; s/"$//' | sort -u | tr '\n' ' ' || true)
+  if [ -n "$compiled" ]; then
+    echo "build-wheel: compiled dependencies the tests' build (cargo test --workspace) has in other features or profiles: $compiled" >&2
+    if [ "$reuse_only" = 1 ]; then
+      echo "build-wheel: --reuse-only: find the workspace member that changes them with 'cargo tree --workspace -e features -i <crate>' (or build the tests with --workspace first)" >&2
+      exit 1
+    fi
+  fi
   # A test's wheel is unpacked once: no time spent compressing it.
   options+=(--compression-method stored)
 fi

@@ -5,11 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --test
-echo "test: crate layering (docs/ARCHITECTURE.md)"
+echo "test: [${SECONDS}s] crate layering (docs/ARCHITECTURE.md)"
 cargo run --quiet --locked -p podctl-layering
-echo "test: Rust workspace"
+echo "test: [${SECONDS}s] Rust workspace"
 cargo nextest run --workspace --locked --no-fail-fast
-echo "test: fail points (collective, checkpoint, coordinator)"
+echo "test: [${SECONDS}s] fail points (collective, checkpoint, coordinator)"
 # `fail_point!`s are compiled only with each crate's `failpoints` feature, and their test binaries
 # require it, so the run above skips them. `--workspace` keeps the dependencies' features those of
 # the run above (nothing of theirs is rebuilt); `--test failpoints` builds only the three fail-point
@@ -17,9 +17,10 @@ echo "test: fail points (collective, checkpoint, coordinator)"
 # of compiling (3.5 min wall at load average 20 on 2 cores) and 70 s of tests.
 cargo nextest run --workspace --locked --no-fail-fast --test failpoints \
   --features podctl-collective/failpoints,podctl-checkpoint/failpoints,podctl-coordinator/failpoints
-echo "test: fuzz targets compile (fuzz/, run by scripts/fuzz.sh)"
+echo "test: [${SECONDS}s] fuzz targets compile (fuzz/, run by scripts/fuzz.sh)"
 # Its own workspace, so the run above never builds it; a wire change once broke it unseen until
 # CI's fuzz run. Its target directory sits under target/, which CI removes before fuzzing.
 CARGO_TARGET_DIR=target/fuzz-check cargo check --quiet --locked --manifest-path fuzz/Cargo.toml --bins
-echo "test: exporter (pytest)"
+echo "test: [${SECONDS}s] exporter (pytest)"
 .venv/bin/python -m pytest -q models/tests
+echo "test: done after ${SECONDS}s"

@@ -1,7 +1,9 @@
 //! Installing podctl as its users do (issue 28), as an unprivileged user (`nobody` through
 //! setpriv when the test runs as root, as CI does; the current user otherwise):
-//! - the wheel: scripts/build-wheel.sh builds it from the tests' debug build, pip installs it into
-//!   a new virtual environment in a temporary directory, and the user, whose HOME is another
+//! - the wheel: scripts/build-wheel.sh builds it from the tests' debug build, compiling no
+//!   dependency again (`--reuse-only`: features that differed once made this test compile ~160
+//!   crates, 20 minutes of CI with the build directory locked), pip installs it into a new
+//!   virtual environment in a temporary directory, and the user, whose HOME is another
 //!   temporary directory and whose environment names no checkout, writes a 5-step job there and
 //!   launches it: the run record appears there and the bundle in the user's cache directory;
 //!   `podctl doctor` passes, and fails naming the fix once the CPU plugin is removed;
@@ -99,7 +101,7 @@ fn the_wheel_trains_a_job_from_any_directory_as_an_unprivileged_user() {
     open_to_user(scratch.path());
     let dist = scratch.path().join("dist");
     let built = Command::new(root.join("scripts/build-wheel.sh"))
-        .args(["--debug", "--out"])
+        .args(["--debug", "--reuse-only", "--out"])
         .arg(&dist)
         .output()
         .unwrap();
