@@ -24,5 +24,5 @@ if [ "${PODCTL_FUZZ_CHECK:-1}" != 0 ]; then
   CARGO_TARGET_DIR=target/fuzz-check cargo check --quiet --locked --manifest-path fuzz/Cargo.toml --bins
 fi
 echo "test: [${SECONDS}s] exporter (pytest)"
-.venv/bin/python -m pytest -q models/tests
+.venv/bin/python -m pytest -q --durations=8 models/tests
 echo "test: done after ${SECONDS}s"
