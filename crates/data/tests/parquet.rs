@@ -234,3 +234,18 @@ fn a_page_the_decoder_panics_on_is_an_error_naming_the_file() {
     assert!(errors.iter().any(|e| e.contains("is damaged; the Parquet decoder failed")), "{errors:?}");
     assert!(errors.iter().all(|e| e.contains("dictionary-page-missing.parquet")), "{errors:?}");
 }
+
+/// Found by the fuzzer: a dictionary page claiming some 2.7 billion strings in a few hundred
+/// bytes. The `parquet` crate allocates for the claim before reading (65 GB: the allocation fails
+/// and ends the process); the claim is checked against the page first and refused by name.
+#[test]
+fn a_dictionary_page_claiming_more_values_than_its_bytes_hold_is_refused() {
+    let source = open_damaged("dictionary-claims-billions.parquet").expect("its footer is sound");
+    let errors: Vec<String> =
+        (0..source.len()).filter_map(|row| source.example(row).err()).map(|e| e.to_string()).collect();
+    assert!(
+        errors.iter().any(|e| e.contains("has a dictionary page that claims") && e.contains("values in")),
+        "{errors:?}"
+    );
+    assert!(errors.iter().all(|e| e.contains("dictionary-claims-billions.parquet")), "{errors:?}");
+}
