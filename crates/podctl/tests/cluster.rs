@@ -278,7 +278,9 @@ fn a_job_survives_the_leaders_sigkill_with_real_workers() {
     let (args, log) = (nodes[leader as usize - 1].args.clone(), nodes[leader as usize - 1].log.clone());
     nodes[leader as usize - 1] = Node::start(args, log);
     // The live nodes said once that it went, and logged little else while it was down (the
-    // issue saw an error twice a second per node: 160 lines in 25 s).
+    // issue saw an error twice a second per node: 160 lines in 25 s). The moment it went costs
+    // about 7 lines (openraft's vote and replication errors, ours); a loaded machine can add an
+    // election round, so the bound is twice that, still far below a line per heartbeat.
     let dead = format!("coordinator node {leader} at {}", addrs[leader as usize - 1]);
     for i in (0..3).filter(|&i| i != leader as usize - 1) {
         let text = node_log(i)[logged_before[i]..].to_string();
@@ -288,7 +290,7 @@ fn a_job_survives_the_leaders_sigkill_with_real_workers() {
             i + 1,
             warned.len()
         );
-        assert!(warned.len() <= 8, "node {}: {warned:#?}", i + 1);
+        assert!(warned.len() <= 16, "node {}: {warned:#?}", i + 1);
         let about = warned.iter().filter(|l| l.contains(&format!("{dead} is unreachable"))).count();
         assert!(about <= 1, "node {} said more than once that node {leader} went: {warned:#?}", i + 1);
     }
