@@ -34,6 +34,11 @@ use std::sync::{Arc, Mutex};
 /// recently used row group is dropped and decoded again when needed.
 pub const DECODED_BYTES: u64 = 512 << 20;
 
+/// The most rows one row group may hold. A row group is decoded whole, so a larger one could not
+/// be held in memory anyway; pyarrow writes 1Mi rows a group unless told otherwise. It also bounds
+/// a damaged footer's claim (the fuzzer's file claimed 155 billion rows in 758 bytes).
+pub const MAX_GROUP_ROWS: u64 = 1 << 24;
+
 /// How much a page header read asks the file for at a time: headers are tens of bytes (more
 /// with long statistics, read in more pieces), and what a read takes past the column chunk is
 /// bytes of a row group that may not be wanted.
@@ -78,10 +83,11 @@ impl ParquetSource {
                 })?;
             check_schema(reader.metadata(), &format)
                 .and_then(|()| check_chunks(reader.metadata(), file.len()))
-                .map_err(|message| DataError::Parquet { path, message })?;
+                .map_err(|message| DataError::Parquet { path: path.clone(), message })?;
             let shard = shards.len();
             for (group, meta) in reader.metadata().row_groups().iter().enumerate() {
-                let rows = u64::try_from(meta.num_rows()).unwrap_or(0);
+                let rows = group_rows(group, meta.num_rows())
+                    .map_err(|message| DataError::Parquet { path: path.clone(), message })?;
                 if rows > 0 {
                     starts.push(starts.last().copied().unwrap_or(0) + rows);
                     groups.push((shard, group));
@@ -136,7 +142,9 @@ impl ParquetSource {
             let reader = shard.reader.get_row_group(index).map_err(|e| error(first_row, e.to_string()))?;
             check_dictionaries(reader.as_ref())
                 .map_err(|e| error(first_row, format!("row group {index} {e}")))?;
-            let mut rows = Vec::with_capacity((self.starts[group + 1] - first_row) as usize);
+            // Grown as rows decode, not sized by the footer's count: a damaged page ends the
+            // decode early.
+            let mut rows = Vec::new();
             for (offset, row) in
                 reader.get_row_iter(None).map_err(|e| error(first_row, e.to_string()))?.enumerate()
             {
@@ -313,6 +321,19 @@ fn check_schema(metadata: &ParquetMetaData, format: &RowFormat) -> std::result::
         }
     }
     Ok(())
+}
+
+/// The rows row group `group` claims, refused when negative or above [`MAX_GROUP_ROWS`].
+fn group_rows(group: usize, claimed: i64) -> std::result::Result<u64, String> {
+    match u64::try_from(claimed) {
+        Ok(rows) if rows <= MAX_GROUP_ROWS => Ok(rows),
+        Ok(rows) => Err(format!(
+            "row group {group} holds {rows} rows, more than the {MAX_GROUP_ROWS} podctl decodes at once (it reads \
+             a row group whole): write the file with smaller row groups, e.g. pyarrow's \
+             `pq.write_table(table, path, row_group_size=100_000)`"
+        )),
+        Err(_) => Err(format!("is damaged: row group {group} claims {claimed} rows")),
+    }
 }
 
 /// Every column chunk lies inside the file. The `parquet` crate asserts it (a panic) when a

@@ -250,3 +250,14 @@ fn a_dictionary_page_claiming_more_values_than_its_bytes_hold_is_refused() {
     );
     assert!(errors.iter().all(|e| e.contains("dictionary-claims-billions.parquet")), "{errors:?}");
 }
+
+/// Found by the fuzzer: a footer whose first row group claims 155 billion rows in 758 bytes.
+/// Decoding allocated room for the claim (3.7 TB: the process ended); the claim is refused when
+/// the file is opened, by name, and so is a row group too large to decode whole.
+#[test]
+fn a_row_group_claiming_more_rows_than_podctl_decodes_at_once_is_refused_when_opened() {
+    let message = open_damaged("rows-claimed-in-the-billions.parquet").expect_err("refused").to_string();
+    assert!(message.contains("rows-claimed-in-the-billions.parquet"), "{message}");
+    assert!(message.contains("row group 0 holds 155266774649 rows, more than the 16777216"), "{message}");
+    assert!(message.contains("row_group_size="), "{message}");
+}
