@@ -31,7 +31,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 /// Decoded rows kept in memory (by the row groups' uncompressed size): beyond it the least
-/// recently used row group is dropped and decoded again when needed.
+/// recently used row group is dropped and decoded again when needed. A row group larger than
+/// this is kept alone (it is in memory while its rows are read anyway), so reading its rows
+/// decodes it once, not once a row.
 pub const DECODED_BYTES: u64 = 512 << 20;
 
 /// The most rows one row group may hold. A row group is decoded whole, so a larger one could not
@@ -419,9 +421,6 @@ impl Decoded {
     }
 
     fn insert(&mut self, group: usize, rows: Arc<Vec<Row>>, size: u64) {
-        if size > DECODED_BYTES {
-            return;
-        }
         while self.bytes + size > DECODED_BYTES {
             let Some((&oldest, &(_, bytes, _))) = self.groups.iter().min_by_key(|(_, (_, _, used))| *used)
             else {
@@ -480,5 +479,39 @@ impl std::io::Read for ChunkRead {
         let n = out.len().min(self.buffer.len());
         self.buffer.copy_to_slice(&mut out[..n]);
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows() -> Arc<Vec<Row>> {
+        Arc::new(Vec::new())
+    }
+
+    #[test]
+    fn the_least_recently_used_group_goes_first() {
+        let mut decoded = Decoded::default();
+        decoded.insert(0, rows(), DECODED_BYTES / 2);
+        decoded.insert(1, rows(), DECODED_BYTES / 2);
+        assert!(decoded.get(0).is_some());
+        decoded.insert(2, rows(), DECODED_BYTES / 2);
+        assert!(decoded.get(1).is_none(), "group 1 was used least recently");
+        assert!(decoded.get(0).is_some() && decoded.get(2).is_some());
+        assert_eq!(decoded.bytes, DECODED_BYTES);
+    }
+
+    #[test]
+    fn a_group_larger_than_the_bound_is_kept_alone() {
+        let mut decoded = Decoded::default();
+        decoded.insert(0, rows(), DECODED_BYTES / 4);
+        decoded.insert(1, rows(), DECODED_BYTES * 3);
+        assert!(decoded.get(1).is_some(), "read again for its next row, it is not decoded again");
+        assert!(decoded.get(0).is_none());
+        assert_eq!(decoded.bytes, DECODED_BYTES * 3);
+        decoded.insert(2, rows(), 1);
+        assert!(decoded.get(1).is_none() && decoded.get(2).is_some());
+        assert_eq!(decoded.bytes, 1);
     }
 }
