@@ -36,9 +36,9 @@ use std::sync::{Arc, Mutex};
 /// decodes it once, not once a row.
 pub const DECODED_BYTES: u64 = 512 << 20;
 
-/// The most rows one row group may hold. A row group is decoded whole, so a larger one could not
-/// be held in memory anyway; pyarrow writes 1Mi rows a group unless told otherwise. It also bounds
-/// a damaged footer's claim (the fuzzer's file claimed 155 billion rows in 758 bytes).
+/// The most rows one row group may hold. A row group is decoded whole into memory, so this bounds
+/// what one decode holds (pyarrow writes 1Mi rows a group unless told otherwise) and a damaged
+/// footer's claim (the fuzzer's file claimed 155 billion rows in 758 bytes).
 pub const MAX_GROUP_ROWS: u64 = 1 << 24;
 
 /// How much a page header read asks the file for at a time: headers are tens of bytes (more
