@@ -369,6 +369,10 @@ fn check_chunks(metadata: &ParquetMetaData, file_len: u64) -> std::result::Resul
 fn check_dictionaries(group: &dyn RowGroupReader) -> std::result::Result<(), String> {
     for column in 0..group.num_columns() {
         let mut pages = group.get_column_page_reader(column).map_err(|e| e.to_string())?;
+        // The header says whether a dictionary comes first; a data page is not read for nothing.
+        if !pages.peek_next_page().map_err(|e| e.to_string())?.is_some_and(|page| page.is_dict) {
+            continue;
+        }
         let Some(Page::DictionaryPage { buf, num_values, .. }) =
             pages.get_next_page().map_err(|e| e.to_string())?
         else {
